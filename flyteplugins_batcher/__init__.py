@@ -1,0 +1,65 @@
+"""flyteplugins-batcher: keep GPUs saturated during batch inference on Flyte 2.
+
+Many concurrent producers feed one in-process `DynamicBatcher` (or `TokenBatcher` for LLMs),
+which assembles cost-budgeted batches for a model that is loaded once per process. A drop-in
+replacement for `flyte.extras.DynamicBatcher` / `TokenBatcher`: switching is a change of import.
+
+Example:
+    ```python
+    from flyteplugins_batcher import TokenBatcher
+
+    async with TokenBatcher(inference_fn=engine.generate, token_estimator=engine.estimate_tokens) as batcher:
+        answers = await batcher.run(prompts)
+    ```
+"""
+
+from __future__ import annotations
+
+from flyteplugins_batcher._batcher import DynamicBatcher, OnError, Oversized
+from flyteplugins_batcher._errors import (
+    BatcherClosedError,
+    BatcherError,
+    BatcherFailedError,
+    BatcherNotRunningError,
+    CostBudgetExceededError,
+    ProcessFnCancelledError,
+    ResultCountError,
+)
+from flyteplugins_batcher._histogram import Distribution
+from flyteplugins_batcher._invoke import BlockingProcessFnWarning
+from flyteplugins_batcher._records import (
+    CostEstimator,
+    CostEstimatorFn,
+    InferenceFn,
+    ProcessFn,
+    Prompt,
+    TokenEstimator,
+    TokenEstimatorFn,
+)
+from flyteplugins_batcher._stats import BatchStats, DispatchReason
+from flyteplugins_batcher._token_batcher import TokenBatcher
+
+__all__ = [
+    "BatchStats",
+    "BatcherClosedError",
+    "BatcherError",
+    "BatcherFailedError",
+    "BatcherNotRunningError",
+    "BlockingProcessFnWarning",
+    "CostBudgetExceededError",
+    "CostEstimator",
+    "CostEstimatorFn",
+    "DispatchReason",
+    "Distribution",
+    "DynamicBatcher",
+    "InferenceFn",
+    "OnError",
+    "Oversized",
+    "ProcessFn",
+    "ProcessFnCancelledError",
+    "Prompt",
+    "ResultCountError",
+    "TokenBatcher",
+    "TokenEstimator",
+    "TokenEstimatorFn",
+]
