@@ -1,0 +1,68 @@
+"""Stats worth reading: utilization over the active window, percentiles, reasons, summary."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+
+import flyteplugins_batcher as ours
+from flyteplugins_batcher._histogram import LogHistogram
+
+
+def busy_model(batch: list[int]) -> list[int]:
+    time.sleep(0.02)
+    return batch
+
+
+async def test_utilization_ignores_idle_time_before_the_first_submit_and_between_jobs():
+    async with ours.DynamicBatcher(busy_model, max_batch_size=4) as batcher:
+        await asyncio.sleep(0.3)  # a replica waiting for work: not "idle device"
+        await batcher.run(range(16))
+        await asyncio.sleep(0.3)
+        await batcher.run(range(16))
+    stats = batcher.stats
+    assert stats.total_batches == 8
+    assert stats.busy_time_s == pytest.approx(8 * 0.02, rel=0.5)
+    assert stats.active_time_s < 0.5
+    assert stats.utilization > 0.8
+
+
+async def test_latency_percentiles_and_batch_distributions():
+    async with ours.DynamicBatcher(busy_model, max_batch_size=5) as batcher:
+        await batcher.run(range(20))
+    stats = batcher.stats
+    assert stats.batch_size.count == stats.total_batches == 4
+    assert stats.batch_size.max == 5 and stats.batch_size.mean == 5
+    assert stats.latency_s.count == 20
+    assert 0.015 < stats.latency_s.p50 <= stats.latency_s.p95 <= stats.latency_s.p99 <= stats.latency_s.max + 1e-9
+    assert stats.queue_wait_s.p99 <= stats.latency_s.p99
+    assert stats.records_per_s == pytest.approx(20 / stats.active_time_s)
+    assert sum(stats.batches_by_reason.values()) == 4
+
+
+async def test_as_dict_is_json_ready_and_summary_is_one_line():
+    async with ours.DynamicBatcher(busy_model) as batcher:
+        await batcher.run(range(3))
+    stats = batcher.stats
+    plain = json.loads(json.dumps(stats.as_dict()))
+    assert plain["total_completed"] == 3
+    assert plain["latency_s"]["count"] == 3
+    assert plain["utilization"] == pytest.approx(stats.utilization)
+    line = stats.summary()
+    assert "\n" not in line and "3/3 records" in line and "utilization" in line
+
+
+def test_histogram_percentiles_are_within_two_percent():
+    histogram = LogHistogram()
+    values = [i / 1000 for i in range(1, 10001)]  # 1 ms .. 10 s, uniform
+    for value in values:
+        histogram.add(value)
+    for fraction in (0.5, 0.95, 0.99):
+        exact = values[int(fraction * len(values)) - 1]
+        assert histogram.percentile(fraction) == pytest.approx(exact, rel=0.02)
+    summary = histogram.summary()
+    assert summary.min == 0.001 and summary.max == 10.0
+    assert summary.mean == pytest.approx(sum(values) / len(values))
