@@ -17,13 +17,13 @@ How a batch is formed (all decisions run on the event loop, in one dispatcher ta
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Sequence
 from typing import Any, Generic, Literal
 
+from flyteplugins_batcher._cost import CostResolver
 from flyteplugins_batcher._errors import (
     BatcherClosedError,
     BatcherFailedError,
@@ -35,6 +35,8 @@ from flyteplugins_batcher._errors import (
     short_repr,
 )
 from flyteplugins_batcher._invoke import ProcessFnCaller
+from flyteplugins_batcher._iterate import aiter_records, outcome
+from flyteplugins_batcher._pending import Envelope, PendingQueue
 from flyteplugins_batcher._records import CostEstimatorFn, ProcessFn, RecordT, ResultT
 from flyteplugins_batcher._stats import BatchStats, DispatchReason, StatsRecorder
 
@@ -44,22 +46,6 @@ OnError = Literal["raise", "split"]
 Oversized = Literal["run_alone", "reject"]
 
 _NEW, _RUNNING, _STOPPING, _STOPPED, _FAILED = "new", "running", "stopping", "stopped", "failed"
-
-
-class _Envelope:
-    """A submitted record with its future and accounting; lives only until its batch resolves."""
-
-    __slots__ = ("cost", "future", "record", "seq", "submitted_at")
-
-    def __init__(self, record: Any, cost: int, future: asyncio.Future[Any], submitted_at: float, seq: int) -> None:
-        self.record = record
-        self.cost = cost
-        self.future = future
-        self.submitted_at = submitted_at
-        self.seq = seq
-
-    def describe(self) -> str:
-        return f"record #{self.seq} {short_repr(self.record)}"
 
 
 class DynamicBatcher(Generic[RecordT, ResultT]):
@@ -173,7 +159,7 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
         self._on_error = on_error
         self._oversized = oversized
         self._caller = ProcessFnCaller(process_fn, max_workers=max_concurrent_batches, owner=self.name)
-        self._protocol_cache: dict[type, Callable[[Any], Any] | None] = {}
+        self._costs = CostResolver(self.name, cost_estimator, default_cost, self._cost_protocols)
         self._stats = StatsRecorder()
         self._state = _NEW
         self._failure: BatcherFailedError | None = None
@@ -182,12 +168,10 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
         self._reset_runtime_state()
 
     def _reset_runtime_state(self) -> None:
-        self._pending: deque[_Envelope] = deque()
-        self._pending_cost = 0
-        self._space_waiters: deque[asyncio.Future[None]] = deque()
+        self._pending = PendingQueue(self._max_queue_size, self._stats)
         self._wakeup: asyncio.Future[None] | None = None
         self._inflight: set[asyncio.Task[None]] = set()
-        self._inflight_batches: dict[asyncio.Task[None], tuple[list[_Envelope], int]] = {}
+        self._inflight_batches: dict[asyncio.Task[None], tuple[list[Envelope], int]] = {}
         self._inflight_cost = 0
         self._flush_upto = -1
         self._aborting = False
@@ -249,9 +233,9 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
             return
         if self._state == _RUNNING:
             self._state = _STOPPING
-            self._release_space_waiters(BatcherClosedError(f"{self.name} is stopping and takes no new records"))
+            self._pending.release_waiters(BatcherClosedError(f"{self.name} is stopping and takes no new records"))
         if cancel_pending:
-            self._drop_pending(cancelled=True)
+            self._drop_pending()
         self._wake()
         dispatcher = self._dispatcher
         try:
@@ -304,19 +288,20 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
         loop = self._loop
         if loop is not asyncio.get_running_loop():
             raise RuntimeError(f"{self.name} runs on another event loop; submit from the loop that started it")
-        cost = self._resolve_cost(record, estimated_cost)
+        cost = self._costs.resolve(record, estimated_cost)
         if cost > self._target_batch_cost and self._oversized == "reject":
             raise CostBudgetExceededError(
                 f"{self.name}: {short_repr(record)} costs {cost}, more than target_batch_cost="
                 f"{self._target_batch_cost}; it can never fit a batch (oversized='reject')"
             )
-        if self._max_queue_size and len(self._pending) >= self._max_queue_size:
-            await self._wait_for_space()
+        while self._pending.is_full():
+            await self._pending.wait_for_space()
+            if self._state != _RUNNING:
+                raise self._not_accepting_error()
         future: asyncio.Future[ResultT] = loop.create_future()
         now = time.monotonic()
         self._seq += 1
-        self._pending.append(_Envelope(record, cost, future, now, self._seq))
-        self._pending_cost += cost
+        self._pending.append(Envelope(record, cost, future, now, self._seq))
         self._stats.record_submit(now)
         if self._wakeup is not None:
             self._wake()
@@ -381,14 +366,14 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
         window: deque[asyncio.Future[ResultT]] = deque()
         last_seq = -1
         try:
-            async for record in _aiter(records):
+            async for record in aiter_records(records):
                 window.append(await self._submit_or_failed_future(record))
                 last_seq = self._seq
                 while len(window) >= window_size:
-                    yield await _outcome(window.popleft(), return_exceptions)
+                    yield await outcome(window.popleft(), return_exceptions)
             self._flush_through(last_seq)  # the input ended: its tail need not wait for batch_timeout_s
             while window:
-                yield await _outcome(window.popleft(), return_exceptions)
+                yield await outcome(window.popleft(), return_exceptions)
         finally:
             for future in window:
                 future.cancel()
@@ -423,82 +408,6 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
             failed: asyncio.Future[ResultT] = asyncio.get_running_loop().create_future()
             failed.set_exception(exc)
             return failed
-
-    # -- cost --------------------------------------------------------------------------------------
-
-    def _resolve_cost(self, record: RecordT, explicit: int | None) -> int:
-        if explicit is not None:
-            return self._checked_cost(record, explicit, "estimated_cost")
-        estimator = self._cost_estimator
-        source = "cost_estimator"
-        if estimator is None:
-            estimator = self._protocol_estimator(record)
-            source = "the record's estimate method"
-            if estimator is None:
-                return self._default_cost
-        try:
-            cost = estimator(record)
-        except Exception as exc:
-            add_note(exc, f"{self.name}: {source} failed for {short_repr(record)}")
-            raise
-        return self._checked_cost(record, cost, source)
-
-    def _protocol_estimator(self, record: RecordT) -> Callable[[Any], Any] | None:
-        # isinstance() against a runtime-checkable Protocol costs microseconds per call; look the
-        # method up once per record type instead.
-        record_type = type(record)
-        try:
-            return self._protocol_cache[record_type]
-        except KeyError:
-            pass
-        method = None
-        for attribute in self._cost_protocols:
-            candidate = getattr(record_type, attribute, None)
-            if callable(candidate):
-                method = candidate
-                break
-        self._protocol_cache[record_type] = method
-        return method
-
-    def _checked_cost(self, record: RecordT, cost: Any, source: str) -> int:
-        if type(cost) is int and cost >= 0:
-            return cost
-        if isinstance(cost, (int, float)) and not isinstance(cost, bool) and cost >= 0:
-            return int(cost + 0.999999) if isinstance(cost, float) else int(cost)
-        raise ValueError(f"{self.name}: {source} gave {cost!r} for {short_repr(record)}; a cost must be a number >= 0")
-
-    # -- backpressure ------------------------------------------------------------------------------
-
-    async def _wait_for_space(self) -> None:
-        loop = asyncio.get_running_loop()
-        while self._max_queue_size and len(self._pending) >= self._max_queue_size:
-            waiter: asyncio.Future[None] = loop.create_future()
-            self._space_waiters.append(waiter)
-            try:
-                await waiter
-            except BaseException:
-                waiter.cancel()
-                with contextlib.suppress(ValueError):
-                    self._space_waiters.remove(waiter)
-                if not waiter.cancelled() and waiter.exception() is None:
-                    self._wake_space_waiters()  # pass on the slot we were given but will not use
-                raise
-            if self._state != _RUNNING:
-                raise self._not_accepting_error()
-
-    def _wake_space_waiters(self) -> None:
-        free = (self._max_queue_size - len(self._pending)) if self._max_queue_size else len(self._space_waiters)
-        while free > 0 and self._space_waiters:
-            waiter = self._space_waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                free -= 1
-
-    def _release_space_waiters(self, error: BaseException) -> None:
-        while self._space_waiters:
-            waiter = self._space_waiters.popleft()
-            if not waiter.done():
-                waiter.set_exception(error)
 
     def _not_accepting_error(self) -> BaseException:
         if self._state == _FAILED and self._failure is not None:
@@ -536,10 +445,10 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
         while self._pending:
             if len(self._inflight) >= self._max_concurrent_batches:
                 return None
-            self._drop_cancelled_head()
+            self._pending.drop_cancelled_head()
             if not self._pending:
                 return None
-            head = self._pending[0]
+            head = self._pending.head
             room = self._max_inflight_cost - self._inflight_cost
             if self._inflight and head.cost > room:
                 return None  # the in-flight bound is reached; a completion will wake us
@@ -547,13 +456,13 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
             reason = self._dispatch_reason(head, budget)
             if reason is None:
                 return head.submitted_at + self._batch_timeout_s
-            self._launch(self._take_batch(budget), reason)
+            self._launch(self._pending.take_batch(budget, self._max_batch_size), reason)
         return None
 
-    def _dispatch_reason(self, head: _Envelope, budget: int) -> DispatchReason | None:
+    def _dispatch_reason(self, head: Envelope, budget: int) -> DispatchReason | None:
         if len(self._pending) >= self._max_batch_size:
             return "full"
-        if self._pending_cost >= budget:
+        if self._pending.cost >= budget:
             return "budget"
         if self._state != _RUNNING or head.seq <= self._flush_upto:
             return "drain"
@@ -563,40 +472,10 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
             return "idle"
         return None
 
-    def _take_batch(self, budget: int) -> list[_Envelope]:
-        pending = self._pending
-        batch: list[_Envelope] = []
-        cost = 0
-        max_size = self._max_batch_size
-        while pending and len(batch) < max_size:
-            envelope = pending[0]
-            if envelope.future.done():  # cancelled by its caller while it waited
-                pending.popleft()
-                self._pending_cost -= envelope.cost
-                self._stats.record_dropped(time.monotonic(), 1, cancelled=True)
-                continue
-            if batch and cost + envelope.cost > budget:
-                break
-            pending.popleft()
-            self._pending_cost -= envelope.cost
-            cost += envelope.cost
-            batch.append(envelope)
-        if len(batch) == 1 and batch[0].cost > self._target_batch_cost:
-            self._stats.oversized += 1
-        return batch
-
-    def _drop_cancelled_head(self) -> None:
-        pending = self._pending
-        if not pending[0].future.done():
-            return
-        while pending and pending[0].future.done():
-            envelope = pending.popleft()
-            self._pending_cost -= envelope.cost
-            self._stats.record_dropped(time.monotonic(), 1, cancelled=True)
-        self._wake_space_waiters()
-
-    def _launch(self, batch: list[_Envelope], reason: DispatchReason) -> None:
+    def _launch(self, batch: list[Envelope], reason: DispatchReason) -> None:
         cost = sum(envelope.cost for envelope in batch)
+        if len(batch) == 1 and cost > self._target_batch_cost:
+            self._stats.oversized += 1
         self._stats.record_dispatch(time.monotonic(), [envelope.submitted_at for envelope in batch], cost, reason)
         self._inflight_cost += cost
         assert self._loop is not None
@@ -606,7 +485,6 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
         # The batch task settles its own accounting before its callers resume; this callback only
         # covers a task cancelled before its first step, whose body (and `finally`) never ran.
         task.add_done_callback(self._finish_batch)
-        self._wake_space_waiters()
 
     def _finish_batch(self, task: asyncio.Task[None]) -> None:
         entry = self._inflight_batches.pop(task, None)
@@ -648,7 +526,7 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
 
     # -- running a batch ---------------------------------------------------------------------------
 
-    async def _run_batch(self, batch: list[_Envelope]) -> None:
+    async def _run_batch(self, batch: list[Envelope]) -> None:
         try:
             await self._process_guarded(batch)
         finally:
@@ -656,7 +534,7 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
             if task is not None:
                 self._finish_batch(task)
 
-    async def _process_guarded(self, batch: list[_Envelope]) -> None:
+    async def _process_guarded(self, batch: list[Envelope]) -> None:
         try:
             await self._process(batch)
         except asyncio.CancelledError:
@@ -671,7 +549,7 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
         except BaseException as exc:  # anything else that is not an Exception kills the batcher, loudly
             self._fail(exc)
 
-    async def _process(self, batch: list[_Envelope]) -> None:
+    async def _process(self, batch: list[Envelope]) -> None:
         live = [envelope for envelope in batch if not envelope.future.done()]
         if not live:
             return
@@ -689,12 +567,12 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
             return
         self._resolve(live, results)
 
-    async def _bisect(self, batch: list[_Envelope]) -> None:
+    async def _bisect(self, batch: list[Envelope]) -> None:
         middle = len(batch) // 2
         for half in (batch[:middle], batch[middle:]):
             await self._process(half)
 
-    def _resolve(self, batch: list[_Envelope], results: Sequence[Any]) -> None:
+    def _resolve(self, batch: list[Envelope], results: Sequence[Any]) -> None:
         for envelope, result in zip(batch, results, strict=True):
             future = envelope.future
             if future.done():
@@ -705,7 +583,7 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
             else:
                 future.set_result(result)
 
-    def _fail_batch(self, batch: list[_Envelope], error: BaseException) -> None:
+    def _fail_batch(self, batch: list[Envelope], error: BaseException) -> None:
         if len(batch) == 1:
             add_note(error, f"{self.name}: failed {batch[0].describe()}")
         else:
@@ -734,38 +612,28 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
         logger.error("%s failed; failing all pending records", self.name, exc_info=cause)
         self._failure = failure
         self._state = _FAILED
-        self._release_space_waiters(failure)
+        self._pending.release_waiters(failure)
         for batch, _ in self._inflight_batches.values():
             for envelope in batch:
                 if not envelope.future.done():
                     envelope.future.set_exception(failure)
-        self._drop_pending(cancelled=False, error=failure)
+        self._drop_pending(failure)
         self._wake()
 
     def _abort(self) -> None:
         """Cancel everything left: queued records and in-flight batches."""
         self._aborting = True
-        self._drop_pending(cancelled=True)
+        self._drop_pending()
         for task in list(self._inflight):
             task.cancel()
         if self._dispatcher is not None:
             self._dispatcher.cancel()
 
-    def _drop_pending(self, *, cancelled: bool, error: BaseException | None = None) -> None:
-        now = time.monotonic()
-        count = len(self._pending)
-        while self._pending:
-            future = self._pending.popleft().future
-            if future.done():
-                continue
-            if error is None:
-                future.cancel()
-            else:
-                future.set_exception(error)
-        self._pending_cost = 0
-        if count:
-            self._stats.record_dropped(now, count, cancelled=cancelled)
-        self._wake_space_waiters()
+    def _drop_pending(self, error: BaseException | None = None) -> None:
+        """Cancel every queued record, or fail it with `error`."""
+        dropped = self._pending.clear(error)
+        if dropped:
+            self._stats.record_dropped(time.monotonic(), dropped, cancelled=error is None)
 
 
 def _require(condition: bool, message: str) -> None:
@@ -793,25 +661,3 @@ def _cancel_requested() -> bool:
     task = asyncio.current_task()
     cancelling = getattr(task, "cancelling", None)
     return bool(cancelling and cancelling())
-
-
-async def _aiter(records: Iterable[Any] | AsyncIterable[Any]) -> AsyncIterator[Any]:
-    if isinstance(records, AsyncIterable):
-        async for record in records:
-            yield record
-    else:
-        for record in records:
-            yield record
-
-
-async def _outcome(future: asyncio.Future[Any], return_exceptions: bool) -> Any:
-    if not return_exceptions:
-        return await future
-    try:
-        return await future
-    except asyncio.CancelledError as exc:
-        if future.cancelled():
-            return exc
-        raise
-    except Exception as exc:
-        return exc

@@ -1,0 +1,79 @@
+"""Costing a record: explicit cost > estimator function > the record's own method > default."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from flyteplugins_batcher._errors import add_note, short_repr
+
+
+class CostResolver:
+    """Decides what a record costs against the batch budget.
+
+    Args:
+        owner: The batcher's name, for error messages.
+        estimator: `f(record) -> cost`, or `None`.
+        default_cost: Cost when nothing else gives one.
+        protocol_methods: Record methods to try, in order (`estimate_tokens`, `estimate_cost`).
+    """
+
+    def __init__(
+        self,
+        owner: str,
+        estimator: Callable[[Any], Any] | None,
+        default_cost: int,
+        protocol_methods: tuple[str, ...],
+    ) -> None:
+        self._owner = owner
+        self._estimator = estimator
+        self._default_cost = default_cost
+        self._protocol_methods = protocol_methods
+        self._method_by_type: dict[type, Callable[[Any], Any] | None] = {}
+
+    def resolve(self, record: Any, explicit: Any = None) -> int:
+        """The record's cost, validated as a number >= 0 (floats round up).
+
+        Raises:
+            ValueError: The cost is negative or not a number; the message names the record.
+            Exception: Whatever the estimator raised, with a note naming the record.
+        """
+        if explicit is not None:
+            return self._checked(record, explicit, "estimated_cost")
+        estimator, source = self._estimator, "cost_estimator"
+        if estimator is None:
+            estimator, source = self._method_for(type(record)), "the record's estimate method"
+            if estimator is None:
+                return self._default_cost
+        try:
+            cost = estimator(record)
+        except Exception as exc:
+            add_note(exc, f"{self._owner}: {source} failed for {short_repr(record)}")
+            raise
+        return self._checked(record, cost, source)
+
+    def _method_for(self, record_type: type) -> Callable[[Any], Any] | None:
+        # isinstance() against a runtime-checkable Protocol costs microseconds per call; look the
+        # method up once per record type instead.
+        try:
+            return self._method_by_type[record_type]
+        except KeyError:
+            pass
+        method = None
+        for name in self._protocol_methods:
+            candidate = getattr(record_type, name, None)
+            if callable(candidate):
+                method = candidate
+                break
+        self._method_by_type[record_type] = method
+        return method
+
+    def _checked(self, record: Any, cost: Any, source: str) -> int:
+        if type(cost) is int and cost >= 0:
+            return cost
+        if isinstance(cost, (int, float)) and not isinstance(cost, bool) and cost >= 0 and math.isfinite(cost):
+            return math.ceil(cost)
+        raise ValueError(
+            f"{self._owner}: {source} gave {cost!r} for {short_repr(record)}; a cost must be a number >= 0"
+        )
