@@ -15,7 +15,9 @@ Example:
 
 from __future__ import annotations
 
+from flyteplugins_batcher._batched import BatchedFunction, batched
 from flyteplugins_batcher._batcher import DynamicBatcher, OnError, Oversized
+from flyteplugins_batcher._environment import ReplicaStarvationWarning, inference_environment
 from flyteplugins_batcher._errors import (
     BatcherClosedError,
     BatcherError,
@@ -36,11 +38,13 @@ from flyteplugins_batcher._records import (
     TokenEstimator,
     TokenEstimatorFn,
 )
+from flyteplugins_batcher._shared import SharedBatcher
 from flyteplugins_batcher._stats import BatchStats, DispatchReason
 from flyteplugins_batcher._token_batcher import TokenBatcher
 
 __all__ = [
     "BatchStats",
+    "BatchedFunction",
     "BatcherClosedError",
     "BatcherError",
     "BatcherFailedError",
@@ -58,8 +62,12 @@ __all__ = [
     "ProcessFn",
     "ProcessFnCancelledError",
     "Prompt",
+    "ReplicaStarvationWarning",
     "ResultCountError",
+    "SharedBatcher",
     "TokenBatcher",
     "TokenEstimator",
     "TokenEstimatorFn",
+    "batched",
+    "inference_environment",
 ]

@@ -432,7 +432,15 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
                 await self._sleep_until(deadline)
         except asyncio.CancelledError:
             if not self._aborting:
-                self._fail(BatcherFailedError(f"{self.name}: its dispatcher task was cancelled"))
+                # Only the event loop shutting down (asyncio.run's exit) cancels the dispatcher:
+                # nothing can run any more, so cancel what is left and free the worker threads.
+                pending = len(self._pending)
+                self._release_without_loop()
+                logger.warning(
+                    "%s: the event loop shut down while it was running; cancelled %d queued records",
+                    self.name,
+                    pending,
+                )
             raise
         except (KeyboardInterrupt, SystemExit) as exc:
             self._fail(exc)
@@ -628,6 +636,19 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
             task.cancel()
         if self._dispatcher is not None:
             self._dispatcher.cancel()
+
+    def _release_without_loop(self) -> None:
+        """Let go of a batcher whose event loop stopped or closed: free its worker threads.
+
+        Nothing can run on a loop that is gone, so this cannot drain; what the loop still allows
+        (it is stopped but not closed) is cancelled.
+        """
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            self._abort()
+        self._caller.shutdown()
+        if self._state != _FAILED:
+            self._state = _STOPPED
 
     def _drop_pending(self, error: BaseException | None = None) -> None:
         """Cancel every queued record, or fail it with `error`."""

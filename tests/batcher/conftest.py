@@ -38,7 +38,6 @@ def fixed_in_ours(defect: str) -> pytest.MarkDecorator:
     )
 
 
-
 def run_isolated(main: Callable[[], Awaitable[T]], seconds: float) -> T:
     """Run `main()` on a fresh event loop in a daemon thread, with a deadline that cannot hang.
 

@@ -203,9 +203,18 @@ async def test_backpressure_bounds_the_queue():
         assert await asyncio.gather(*futures) == [*range(7), 99]
 
 
-@pytest.mark.parametrize("bad", [{"target_batch_cost": 0}, {"max_batch_size": 0}, {"min_batch_size": 300},
-                                 {"batch_timeout_s": -1}, {"max_concurrent_batches": 0}, {"on_error": "ignore"},
-                                 {"oversized": "truncate"}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"target_batch_cost": 0},
+        {"max_batch_size": 0},
+        {"min_batch_size": 300},
+        {"batch_timeout_s": -1},
+        {"max_concurrent_batches": 0},
+        {"on_error": "ignore"},
+        {"oversized": "truncate"},
+    ],
+)
 def test_invalid_settings_are_rejected(bad: dict):
     with pytest.raises(ValueError):
         ours.DynamicBatcher(CallLog(), **bad)

@@ -1,0 +1,122 @@
+"""`@batched`: call a batch function per record; calls from every concurrent task share its batches."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
+from typing import Any, Generic, overload
+
+from flyteplugins_batcher._batcher import DynamicBatcher
+from flyteplugins_batcher._records import ProcessFn, RecordT, ResultT
+from flyteplugins_batcher._shared import SharedBatcher
+from flyteplugins_batcher._stats import BatchStats
+
+
+class BatchedFunction(Generic[RecordT, ResultT]):
+    """A batch function you call one record at a time; see `batched`.
+
+    Every call in the process (every concurrent task on a reusable replica) goes through one
+    shared batcher, started on first use and rebuilt if the event loop changes.
+    """
+
+    def __init__(
+        self,
+        fn: ProcessFn[RecordT, ResultT],
+        batcher_class: type[DynamicBatcher[Any, Any]] = DynamicBatcher,
+        **batcher_options: Any,
+    ) -> None:
+        functools.update_wrapper(self, fn)  # type: ignore[arg-type]
+        self._fn = fn
+        options = {"name": getattr(fn, "__qualname__", None), **batcher_options}
+        # Fail on a bad keyword now, at decoration time, rather than inside the first task.
+        batcher_class(fn, **options)
+        self._shared: SharedBatcher[Any, DynamicBatcher[RecordT, ResultT]] = SharedBatcher(
+            load=_identity(fn),
+            make_batcher=lambda batch_fn, _key: batcher_class(batch_fn, **options),
+            name=options["name"],
+        )
+
+    async def __call__(self, record: RecordT, *, estimated_cost: int | None = None) -> ResultT:
+        """Process one record in whatever batch it joins; returns its result."""
+        batcher = await self._shared.get()
+        return await (await batcher.submit(record, estimated_cost=estimated_cost))
+
+    async def map(
+        self, records: Iterable[RecordT] | AsyncIterable[RecordT], *, return_exceptions: bool = False
+    ) -> AsyncIterator[ResultT | BaseException]:
+        """Results for `records` in input order, as they complete (see `DynamicBatcher.map`)."""
+        batcher = await self._shared.get()
+        async for result in batcher.map(records, return_exceptions=return_exceptions):
+            yield result
+
+    async def run(
+        self, records: Iterable[RecordT] | AsyncIterable[RecordT], *, return_exceptions: bool = False
+    ) -> list:
+        """All results for `records`, in input order (see `DynamicBatcher.run`)."""
+        batcher = await self._shared.get()
+        return await batcher.run(records, return_exceptions=return_exceptions)
+
+    @property
+    def batcher(self) -> DynamicBatcher[RecordT, ResultT] | None:
+        """The shared batcher, once a call has started it."""
+        return self._shared.batcher
+
+    @property
+    def stats(self) -> BatchStats:
+        """Statistics of the shared batcher (empty before the first call)."""
+        batcher = self._shared.batcher
+        return batcher.stats if batcher is not None else BatchStats()
+
+    async def aclose(self) -> None:
+        """Drain and stop the shared batcher."""
+        await self._shared.aclose()
+
+
+def _identity(fn: Any) -> Callable[[Any], Any]:
+    def load(_key: Any) -> Any:
+        return fn
+
+    return load
+
+
+@overload
+def batched(fn: ProcessFn[RecordT, ResultT], /) -> BatchedFunction[RecordT, ResultT]: ...
+
+
+@overload
+def batched(
+    *, batcher_class: type[DynamicBatcher[Any, Any]] = ..., **batcher_options: Any
+) -> Callable[[ProcessFn[RecordT, ResultT]], BatchedFunction[RecordT, ResultT]]: ...
+
+
+def batched(
+    fn: Any = None, /, *, batcher_class: type[DynamicBatcher[Any, Any]] = DynamicBatcher, **batcher_options: Any
+) -> Any:
+    """Decorate a batch function so that callers invoke it per record and share its batches.
+
+    The function takes a list of records and returns one result per record (a plain `def` runs
+    in a worker thread). Calls from every concurrent task in the process feed one batcher, so on
+    a reusable replica with `concurrency=10` the model sees batches built from all ten tasks.
+
+    Args:
+        fn: The batch function (when used without parentheses).
+        batcher_class: `DynamicBatcher` (default) or `TokenBatcher`.
+        **batcher_options: Any keyword of the batcher class (`max_batch_size`,
+            `target_batch_cost`, `batch_timeout_s`, `cost_estimator`, `on_error`, ...).
+
+    Example:
+        ```python
+        @batched(max_batch_size=64)
+        def embed(texts: list[str]) -> list[list[float]]:
+            return get_model().encode(texts)
+
+        @env.task
+        async def embed_document(doc: str) -> list[float]:
+            return await embed(doc)  # batched with every other task on this replica
+        ```
+    """
+
+    def decorate(batch_fn: ProcessFn[RecordT, ResultT]) -> BatchedFunction[RecordT, ResultT]:
+        return BatchedFunction(batch_fn, batcher_class, **batcher_options)
+
+    return decorate(fn) if fn is not None else decorate
