@@ -88,6 +88,11 @@ class SharedBatcher(Generic[ModelT, BatcherT]):
         self.batchers_built = 0
 
     @property
+    def loaded_model(self) -> ModelT | None:
+        """The model loaded in this process, if any."""
+        return self._model if self._model_loaded else None
+
+    @property
     def batcher(self) -> BatcherT | None:
         """The batcher serving the current loop, if one has been started."""
         return self._current

@@ -1,0 +1,75 @@
+"""Container images for the batch LLM workflow, defined once and used by `workflows/batch_llm.py`.
+
+- `gpu_image`: the reusable GPU worker. vLLM, hf-transfer (fast weight downloads, enabled with
+  `HF_HUB_ENABLE_HF_TRANSFER=1`), unionai-reuse (the reusable-container runtime) and this package.
+- `driver_image`: the driver that loads gsm8k, fans chunks out and scores answers: this package
+  with the `datasets` library, and no GPU stack.
+
+Override either with an image you built yourself, without editing code:
+
+    flyte run --image batch-llm-gpu=ghcr.io/me/gpu:v3 workflows/batch_llm.py main
+    BATCH_LLM_GPU_IMAGE=ghcr.io/me/gpu:v3 flyte deploy workflows/batch_llm.py driver_env
+
+(`--image name=uri` names are `batch-llm-gpu` and `batch-llm-driver`; the environment variables
+are `BATCH_LLM_GPU_IMAGE` and `BATCH_LLM_DRIVER_IMAGE`.) Set `BATCH_LLM_IMAGE_REGISTRY` to push the
+built images to your registry.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import flyte
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PYTHON_VERSION = (3, 11)
+GPU_IMAGE_NAME = "batch-llm-gpu"
+DRIVER_IMAGE_NAME = "batch-llm-driver"
+
+GPU_PACKAGES = ("vllm>=0.10", "hf-transfer>=0.1.8", "unionai-reuse>=0.1.9,<0.3")
+DRIVER_PACKAGES = ("datasets>=3.0",)
+
+
+def _base(name: str) -> flyte.Image:
+    # vLLM ships x86-64 CUDA wheels only; a multi-platform build would fail on arm64.
+    return flyte.Image.from_debian_base(
+        python_version=PYTHON_VERSION,
+        name=name,
+        registry=os.environ.get("BATCH_LLM_IMAGE_REGISTRY"),
+        platform=("linux/amd64",),
+    )
+
+
+def _with_this_package(image: flyte.Image) -> flyte.Image:
+    return image.with_uv_project(PROJECT_ROOT / "pyproject.toml", project_install_mode="install_project")
+
+
+def _override(name: str, env_var: str) -> str | None:
+    """An image URI given with `flyte run/deploy --image <name>=<uri>` or in `env_var`."""
+    if uri := os.environ.get(env_var):
+        return uri
+    try:
+        from flyte._initialize import get_init_config, is_initialized
+
+        return get_init_config().images.get(name) if is_initialized() else None
+    except Exception:  # an older or newer flyte without this internal: the env var still works
+        return None
+
+
+def build_gpu_image() -> flyte.Image:
+    """The GPU worker image as we define it."""
+    return _with_this_package(
+        _base(GPU_IMAGE_NAME).with_pip_packages(*GPU_PACKAGES).with_env_vars({"HF_HUB_ENABLE_HF_TRANSFER": "1"})
+    )
+
+
+def build_driver_image() -> flyte.Image:
+    """The driver image as we define it."""
+    return _with_this_package(_base(DRIVER_IMAGE_NAME).with_pip_packages(*DRIVER_PACKAGES))
+
+
+gpu_image: flyte.Image | str = _override(GPU_IMAGE_NAME, "BATCH_LLM_GPU_IMAGE") or build_gpu_image()
+driver_image: flyte.Image | str = _override(DRIVER_IMAGE_NAME, "BATCH_LLM_DRIVER_IMAGE") or build_driver_image()
+
+__all__ = ["build_driver_image", "build_gpu_image", "driver_image", "gpu_image"]
