@@ -1,0 +1,39 @@
+"""Early checks on a model reference, so a typo fails at construction rather than deep inside a loader."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
+
+
+def check_model_reference(model: str | os.PathLike[str]) -> None:
+    """Fail fast on a model reference that is neither an existing path nor a possible hub id.
+
+    Whether a hub id exists (or is cached, when offline) is only known when the model loads.
+
+    Raises:
+        FileNotFoundError: It looks like a filesystem path, and nothing is there.
+        ValueError: It is not a valid Hugging Face hub id either.
+
+    Example:
+        ```python
+        check_model_reference("HuggingFaceTB/SmolLM2-135M-Instruct")  # fine: a plausible hub id
+        check_model_reference("./models/missing")  # FileNotFoundError
+        ```
+    """
+    text = os.fspath(model)
+    if Path(text).expanduser().exists():
+        return
+    looks_like_path = text.startswith(("/", ".", "~")) or text.endswith(".gguf") or text.count("/") > 1 or "\\" in text
+    if looks_like_path:
+        raise FileNotFoundError(f"model path {text!r} does not exist")
+    if not _HUB_ID.match(text) or "--" in text or ".." in text:
+        raise ValueError(f"model {text!r} is neither an existing path nor a Hugging Face hub id like 'org/name'")
+
+
+def hub_offline() -> bool:
+    """Whether `HF_HUB_OFFLINE` is set, so that only locally cached hub models can load."""
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")

@@ -1,0 +1,65 @@
+"""Stop strings for Hugging Face `generate`: halt a row once its text contains one, then trim the text."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from transformers import StoppingCriteria
+
+_EXTRA_WINDOW_TOKENS = 8
+"""Tokens decoded beyond the longest stop string, so that a stop string split across tokens (or
+preceded by tokens that decode to nothing) is still seen whole."""
+
+
+class StopTextCriteria(StoppingCriteria):
+    """Marks a row done as soon as its newly generated text contains one of `stop`.
+
+    Only the tail of each row is decoded at every step: a stop string that first appears must end
+    in the newest token, and a string of `n` characters spans at most `n` tokens. A miss (for
+    example a token that decodes differently in isolation) costs only extra steps, because
+    `trim_at_stop` still cuts the final text.
+
+    Args:
+        tokenizer: The tokenizer that decodes the model's ids.
+        stop: Stop strings; none may be empty.
+        prompt_width: Width of the (left-padded) prompt block, where generation starts.
+
+    Example:
+        ```python
+        criteria = StopTextCriteria(tokenizer, ("\\n\\n",), prompt_width=input_ids.shape[1])
+        model.generate(input_ids, stopping_criteria=StoppingCriteriaList([criteria]))
+        ```
+    """
+
+    def __init__(self, tokenizer: Any, stop: Sequence[str], prompt_width: int) -> None:
+        if not stop or not all(stop):
+            raise ValueError(f"stop strings must be non-empty, got {list(stop)!r}")
+        self.tokenizer = tokenizer
+        self.stop = tuple(stop)
+        self.prompt_width = prompt_width
+        self.window_tokens = max(len(text) for text in self.stop) + _EXTRA_WINDOW_TOKENS
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
+        start = max(self.prompt_width, input_ids.shape[1] - self.window_tokens)
+        tails = self.tokenizer.batch_decode(input_ids[:, start:], skip_special_tokens=True)
+        done = [any(text in tail for text in self.stop) for tail in tails]
+        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+
+
+def trim_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
+    """Cut `text` at the earliest occurrence of any stop string.
+
+    Returns:
+        The text before the stop string (all of it when none occurs), and whether one occurred.
+
+    Example:
+        ```python
+        assert trim_at_stop("4\\n\\nNext", ["\\n\\n"]) == ("4", True)
+        ```
+    """
+    positions = [index for index in (text.find(candidate) for candidate in stop if candidate) if index >= 0]
+    if not positions:
+        return text, False
+    return text[: min(positions)], True

