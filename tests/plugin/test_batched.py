@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 
 import pytest
 
 import flyteplugins_batcher as ours
+from tests.plugin.conftest import wait_for_worker_threads
 
 batch_sizes: dict[str, list[int]] = {"square": [], "shout": []}
 
@@ -49,10 +49,10 @@ async def test_batched_keeps_the_function_identity_and_offers_map_and_run():
 
 def test_batched_survives_an_event_loop_change():
     first = asyncio.run(square(3))
-    threads = threading.active_count()
     second = asyncio.run(square(4))
     assert (first, second) == (9, 16)
-    assert threading.active_count() <= threads
+    # Each loop's batcher was released with its loop: no worker thread is left behind.
+    assert wait_for_worker_threads("square", at_most=0) == 0
     asyncio.run(square.aclose())
 
 

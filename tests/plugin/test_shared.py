@@ -8,6 +8,7 @@ import threading
 import pytest
 
 import flyteplugins_batcher as ours
+from tests.plugin.conftest import wait_for_worker_threads
 
 
 class FakeModel:
@@ -55,7 +56,6 @@ async def test_concurrent_tasks_share_one_model_and_one_batcher():
 
 def test_an_event_loop_change_stops_the_old_batcher_and_keeps_the_model():
     shared, loaded = make_shared()
-    threads_before = threading.active_count()
 
     async def use() -> tuple[ours.DynamicBatcher, str, bool]:
         batcher = await shared.get("m")
@@ -74,7 +74,7 @@ def test_an_event_loop_change_stops_the_old_batcher_and_keeps_the_model():
     assert len(loaded) == 1  # the model survived the loop change
     assert shared.batchers_built == 2
     asyncio.run(shared.aclose())
-    assert threading.active_count() <= threads_before + 1  # the old batcher's worker thread is gone
+    assert wait_for_worker_threads("DynamicBatcher", at_most=0) == 0  # no worker thread left behind
 
 
 def test_a_batcher_on_a_loop_still_running_in_another_thread_is_drained_there():
