@@ -6,7 +6,7 @@ import abc
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Union
+from typing import TYPE_CHECKING, Any, Literal
 
 from flyteplugins_batcher._errors import short_repr
 from flyteplugins_batcher._records import Prompt
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 ChatMessages = Sequence[Mapping[str, str]]
 """A chat conversation: `[{"role": "user", "content": "..."}, ...]`."""
 
-PromptRecord = Union[str, Prompt, ChatMessages]
+PromptRecord = str | Prompt | ChatMessages
 """What an engine accepts per record: plain text, a `Prompt`, or chat messages."""
 
 FinishReason = Literal["stop", "length"]

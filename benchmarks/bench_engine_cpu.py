@@ -1,0 +1,234 @@
+"""CPU engine benchmark: the same gsm8k questions through the bundled SmolLM2, four ways, in one process.
+
+Modes (greedy, float32, `max_new_tokens` 64 by default):
+
+1. one at a time: `engine.generate([question])` for each question in turn.
+2. fixed batches: `engine.generate(chunk)` over chunks of `--batch-size`, the offline ideal.
+3. flyte.extras.TokenBatcher, used as its docs show: `async def inference(batch)` that calls the
+   blocking `engine.generate` directly (so the event loop stalls while the model runs).
+4. ours: `flyteplugins_batcher.TokenBatcher(inference_fn=engine.generate, ...)`; the plain `def`
+   runs in a worker thread.
+
+In modes 3 and 4, `--producers` concurrent producers share the questions round-robin; each submits
+all of its questions, then awaits its answers. Both batchers get the same settings:
+`max_batch_size=--batch-size` (16, the fixed-batch size), `token_estimator=engine.estimate_tokens`
+(the tokenizer's exact prompt count + `max_new_tokens`), and `target_batch_tokens` set so that a
+full batch of the longest question fits (it never binds before `max_batch_size` does). The other
+settings are the defaults (`batch_timeout_s=0.05`, `min_batch_size=1`).
+
+Run from the repository root:
+
+    python benchmarks/bench_engine_cpu.py [--questions 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import os
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from flyteplugins_batcher.engines import Completion, GenerationConfig, TransformersEngine
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_DATA = REPO_ROOT / ".." / "shared" / "data" / "gsm8k" / "test.jsonl"
+
+SYSTEM_PROMPT = (
+    "You are a careful math tutor. Solve the word problem step by step, showing each calculation. "
+    "Finish with a final line of the form 'The answer is N', where N is a number."
+)
+
+
+@dataclass(frozen=True)
+class ModeResult:
+    """What one mode measured."""
+
+    name: str
+    seconds: float
+    batches: int
+    answers: list[str]
+    padding_efficiency: float
+
+    def questions_per_s(self) -> float:
+        return len(self.answers) / self.seconds
+
+    def avg_batch_size(self) -> float:
+        return len(self.answers) / self.batches
+
+
+def load_questions(path: Path, count: int) -> list[str]:
+    """The first `count` questions of a gsm8k JSONL file."""
+    with path.open() as handle:
+        questions = [json.loads(line)["question"] for line in itertools.islice(handle, count)]
+    if len(questions) < count:
+        raise SystemExit(f"{path} has only {len(questions)} questions, fewer than --questions {count}")
+    return questions
+
+
+def texts(results: Sequence[Completion | Exception]) -> list[str]:
+    """Completion texts; any failed record aborts the benchmark, since its numbers would be meaningless."""
+    failures = [result for result in results if isinstance(result, Exception)]
+    if failures:
+        raise RuntimeError(f"{len(failures)} records failed, first: {failures[0]!r}")
+    return [result.text for result in results if isinstance(result, Completion)]
+
+
+def measure(name: str, engine: TransformersEngine, run: Callable[[], tuple[list[str], int]]) -> ModeResult:
+    """Time `run` (which returns the answers and how many batches it used) and read the engine's padding."""
+    real_before, padded_before = engine.stats.real_tokens, engine.stats.padded_tokens
+    started = time.perf_counter()
+    answers, batches = run()
+    seconds = time.perf_counter() - started
+    real, padded = engine.stats.real_tokens - real_before, engine.stats.padded_tokens - padded_before
+    result = ModeResult(name, seconds, batches, answers, real / padded if padded else 1.0)
+    print(
+        f"  {name}: {seconds:.1f} s, {result.questions_per_s():.2f} questions/s, "
+        f"avg batch {result.avg_batch_size():.1f}",
+        flush=True,
+    )
+    return result
+
+
+def one_at_a_time(engine: TransformersEngine, questions: list[str]) -> tuple[list[str], int]:
+    return [texts(engine.generate([question]))[0] for question in questions], len(questions)
+
+
+def fixed_batches(engine: TransformersEngine, questions: list[str], batch_size: int) -> tuple[list[str], int]:
+    chunks = [questions[start : start + batch_size] for start in range(0, len(questions), batch_size)]
+    return [text for chunk in chunks for text in texts(engine.generate(chunk))], len(chunks)
+
+
+async def through_producers(
+    batcher: Any, questions: list[str], producers: int, stop_batcher: Callable[[], Awaitable[None]]
+) -> list[str]:
+    """Deal questions round-robin to concurrent producers; each submits all of its own, then awaits them."""
+    shares = [list(range(producer, len(questions), producers)) for producer in range(producers)]
+
+    async def produce(indices: list[int]) -> list[tuple[int, Completion | Exception]]:
+        futures = [await batcher.submit(questions[index]) for index in indices]
+        return list(zip(indices, await asyncio.gather(*futures), strict=True))
+
+    try:
+        per_producer = await asyncio.gather(*(produce(indices) for indices in shares))
+    finally:
+        await stop_batcher()
+    by_index = dict(pair for pairs in per_producer for pair in pairs)
+    return texts([by_index[index] for index in range(len(questions))])
+
+
+def batcher_settings(engine: TransformersEngine, questions: list[str], batch_size: int) -> dict[str, Any]:
+    """The settings both batchers share: size-capped batches, budgeted with the engine's exact token counts."""
+    longest = max(engine.estimate_tokens(question) for question in questions)
+    return {
+        "token_estimator": engine.estimate_tokens,
+        "max_batch_size": batch_size,
+        "target_batch_tokens": longest * batch_size,
+    }
+
+
+def flyte_extras_batcher(
+    engine: TransformersEngine, questions: list[str], batch_size: int, producers: int
+) -> tuple[list[str], int]:
+    from flyte.extras import TokenBatcher
+
+    async def inference(batch: list[str]) -> list[Completion | Exception]:
+        return engine.generate(batch)  # as the docs show: the model call blocks the event loop
+
+    async def main() -> tuple[list[str], int]:
+        batcher = TokenBatcher(inference_fn=inference, **batcher_settings(engine, questions, batch_size))
+        await batcher.start()
+        answers = await through_producers(batcher, questions, producers, batcher.stop)
+        return answers, batcher.stats.total_batches
+
+    return asyncio.run(main())
+
+
+def our_batcher(
+    engine: TransformersEngine, questions: list[str], batch_size: int, producers: int
+) -> tuple[list[str], int]:
+    from flyteplugins_batcher import TokenBatcher
+
+    async def main() -> tuple[list[str], int]:
+        batcher = TokenBatcher(inference_fn=engine.generate, **batcher_settings(engine, questions, batch_size))
+        await batcher.start()
+        answers = await through_producers(batcher, questions, producers, batcher.stop)
+        return answers, batcher.stats.total_batches
+
+    return asyncio.run(main())
+
+
+def markdown_table(results: list[ModeResult], ideal: ModeResult, flyte: ModeResult, reference: ModeResult) -> str:
+    lines = [
+        "| mode | questions/s | avg batch | vs fixed batches | vs flyte.extras | padding eff. "
+        "| answers = one-at-a-time |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for result in results:
+        same = sum(a == b for a, b in zip(result.answers, reference.answers, strict=True))
+        lines.append(
+            f"| {result.name} | {result.questions_per_s():.2f} | {result.avg_batch_size():.1f} "
+            f"| {result.questions_per_s() / ideal.questions_per_s():.2f}x "
+            f"| {result.questions_per_s() / flyte.questions_per_s():.2f}x "
+            f"| {result.padding_efficiency:.2f} | {same}/{len(result.answers)} |"
+        )
+    return "\n".join(lines)
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="gsm8k test.jsonl")
+    parser.add_argument("--questions", type=int, default=32)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--producers", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    questions = load_questions(args.data.resolve(), args.questions)
+    engine = TransformersEngine(
+        generation=GenerationConfig(max_new_tokens=args.max_new_tokens),
+        system_prompt=SYSTEM_PROMPT,
+        device="cpu",
+        dtype="float32",
+        num_threads=args.threads,
+    )
+    started = time.perf_counter()
+    engine.load()
+    print(f"Loaded bundled SmolLM2 in {time.perf_counter() - started:.1f} s; {len(questions)} questions", flush=True)
+    engine.generate(questions[:2])  # warm-up: the first call pays one-off allocation and dispatch costs
+
+    reference = measure("1. one at a time", engine, lambda: one_at_a_time(engine, questions))
+    ideal = measure(
+        f"2. fixed batches of {args.batch_size}", engine, lambda: fixed_batches(engine, questions, args.batch_size)
+    )
+    flyte = measure(
+        "3. flyte.extras TokenBatcher",
+        engine,
+        lambda: flyte_extras_batcher(engine, questions, args.batch_size, args.producers),
+    )
+    ours = measure(
+        "4. flyteplugins_batcher TokenBatcher",
+        engine,
+        lambda: our_batcher(engine, questions, args.batch_size, args.producers),
+    )
+    print()
+    print(
+        f"SmolLM2-135M-Instruct float32 on CPU, {args.threads} threads, greedy, max_new_tokens "
+        f"{args.max_new_tokens}, {len(questions)} gsm8k questions, {args.producers} producers\n"
+    )
+    print(markdown_table([reference, ideal, flyte, ours], ideal, flyte, reference))
+
+
+if __name__ == "__main__":
+    main()
