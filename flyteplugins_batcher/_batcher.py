@@ -170,7 +170,6 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
     def _reset_runtime_state(self) -> None:
         self._pending = PendingQueue(self._max_queue_size, self._stats)
         self._wakeup: asyncio.Future[None] | None = None
-        self._inflight: set[asyncio.Task[None]] = set()
         self._inflight_batches: dict[asyncio.Task[None], tuple[list[Envelope], int]] = {}
         self._inflight_cost = 0
         self._flush_upto = -1
@@ -427,7 +426,7 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
         try:
             while True:
                 deadline = self._dispatch_ready_batches()
-                if self._state != _RUNNING and not self._pending and not self._inflight:
+                if self._state != _RUNNING and not self._pending and not self._inflight_batches:
                     return
                 await self._sleep_until(deadline)
         except asyncio.CancelledError:
@@ -453,14 +452,14 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
     def _dispatch_ready_batches(self) -> float | None:
         """Dispatch every batch that may go now; return when to look again (None: on the next event)."""
         while self._pending:
-            if len(self._inflight) >= self._max_concurrent_batches:
+            if len(self._inflight_batches) >= self._max_concurrent_batches:
                 return None
             self._pending.drop_cancelled_head()
             if not self._pending:
                 return None
             head = self._pending.head
             room = self._max_inflight_cost - self._inflight_cost
-            if self._inflight and head.cost > room:
+            if self._inflight_batches and head.cost > room:
                 return None  # the in-flight bound is reached; a completion will wake us
             budget = min(self._target_batch_cost, room)
             reason = self._dispatch_reason(head, budget)
@@ -478,7 +477,7 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
             return "drain"
         if time.monotonic() - head.submitted_at >= self._batch_timeout_s:
             return "timeout"
-        if not self._inflight and len(self._pending) >= self._min_batch_size:
+        if not self._inflight_batches and len(self._pending) >= self._min_batch_size:
             return "idle"
         return None
 
@@ -490,7 +489,6 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
         self._inflight_cost += cost
         assert self._loop is not None
         task = self._loop.create_task(self._run_batch(batch), name=f"{self.name}-batch")
-        self._inflight.add(task)
         self._inflight_batches[task] = (batch, cost)
         # The batch task settles its own accounting before its callers resume; this callback only
         # covers a task cancelled before its first step, whose body (and `finally`) never ran.
@@ -501,7 +499,6 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
         if entry is None:
             return
         batch, cost = entry
-        self._inflight.discard(task)
         self._inflight_cost -= cost
         failed = 0
         for envelope in batch:
@@ -636,7 +633,7 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
         """Cancel everything left: queued records and in-flight batches."""
         self._aborting = True
         self._drop_pending()
-        for task in list(self._inflight):
+        for task in list(self._inflight_batches):
             task.cancel()
         if self._dispatcher is not None:
             self._dispatcher.cancel()

@@ -182,12 +182,13 @@ class StatsRecorder:
         active = self._active_total + (now - self._active_since if self._in_system else 0.0)
         busy = self._busy_total + (now - self._busy_since if self._inflight else 0.0)
         batches = self.batches
+        batch_size = self.batch_size.summary()
         return BatchStats(
             total_submitted=self.submitted,
             total_completed=self.completed,
             total_batches=batches,
             total_batch_cost=self.total_cost,
-            avg_batch_size=self.batch_size.summary().mean if batches else 0.0,
+            avg_batch_size=batch_size.mean,
             avg_batch_cost=self.total_cost / batches if batches else 0.0,
             busy_time_s=busy,
             idle_time_s=max(active - busy, 0.0),
@@ -199,7 +200,7 @@ class StatsRecorder:
             batches_by_reason=dict(self.reasons),
             queue_wait_s=self.queue_wait.summary(),
             latency_s=self.latency.summary(),
-            batch_size=self.batch_size.summary(),
+            batch_size=batch_size,
             batch_cost=self.batch_cost.summary(),
             queue_depth=queue_depth,
             inflight_batches=self._inflight,
