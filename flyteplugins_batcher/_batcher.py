@@ -500,7 +500,6 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
             return
         batch, cost = entry
         self._inflight_cost -= cost
-        failed = 0
         for envelope in batch:
             future = envelope.future
             if not future.done():  # the batch task died before resolving it
@@ -511,9 +510,8 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
                         self._failure
                         or BatcherFailedError(f"{self.name}: no result came back for {envelope.describe()}")
                     )
-            if not future.cancelled() and future.exception() is not None:
-                failed += 1
-        self._stats.record_batch_done(time.monotonic(), [envelope.submitted_at for envelope in batch], failed)
+        self._settle(batch)
+        self._stats.record_batch_done(time.monotonic())
         self._wake()
 
     async def _sleep_until(self, deadline: float | None) -> None:
@@ -560,6 +558,8 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
 
     async def _process(self, batch: list[Envelope]) -> None:
         live = [envelope for envelope in batch if not envelope.future.done()]
+        if len(live) < len(batch):  # cancelled by their callers since dispatch: they never run
+            self._settle_cancelled([envelope for envelope in batch if envelope.future.done()])
         if not live:
             return
         try:
@@ -591,6 +591,7 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
                 future.set_exception(result)
             else:
                 future.set_result(result)
+        self._settle(batch)
 
     def _fail_batch(self, batch: list[Envelope], error: BaseException) -> None:
         if len(batch) == 1:
@@ -606,6 +607,30 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
         for envelope in batch:
             if not envelope.future.done():
                 envelope.future.set_exception(error)
+        self._settle(batch)
+
+    def _settle(self, envelopes: list[Envelope]) -> None:
+        """Count records whose futures are resolved as finished, each once, as they resolve.
+
+        Counting per record rather than per batch keeps the stats true while a batch is still
+        being split, or while its other records are still running.
+        """
+        fresh = [envelope for envelope in envelopes if not envelope.settled]
+        if not fresh:
+            return
+        failed = 0
+        for envelope in fresh:
+            envelope.settled = True
+            future = envelope.future
+            failed += not future.cancelled() and future.exception() is not None
+        self._stats.record_settled(time.monotonic(), [envelope.submitted_at for envelope in fresh], failed)
+
+    def _settle_cancelled(self, envelopes: list[Envelope]) -> None:
+        fresh = [envelope for envelope in envelopes if not envelope.settled]
+        for envelope in fresh:
+            envelope.settled = True
+        if fresh:
+            self._stats.record_dropped(time.monotonic(), len(fresh), cancelled=True)
 
     # -- failure and abort -------------------------------------------------------------------------
 

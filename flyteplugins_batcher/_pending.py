@@ -15,7 +15,7 @@ from flyteplugins_batcher._stats import StatsRecorder
 class Envelope:
     """A submitted record with its future and accounting; lives only until its batch resolves."""
 
-    __slots__ = ("cost", "future", "record", "seq", "submitted_at")
+    __slots__ = ("cost", "future", "record", "seq", "settled", "submitted_at")
 
     def __init__(self, record: Any, cost: int, future: asyncio.Future[Any], submitted_at: float, seq: int) -> None:
         self.record = record
@@ -23,6 +23,7 @@ class Envelope:
         self.future = future
         self.submitted_at = submitted_at
         self.seq = seq
+        self.settled = False  # counted in the stats as finished (once, however it finished)
 
     def describe(self) -> str:
         """Names the record in error messages: its submission number and a short repr."""

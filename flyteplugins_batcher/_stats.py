@@ -162,16 +162,19 @@ class StatsRecorder:
             self._busy_since = now
         self._inflight += 1
 
-    def record_batch_done(self, now: float, submitted_at: list[float], failed: int) -> None:
+    def record_settled(self, now: float, submitted_at: list[float], failed: int) -> None:
+        """Records that went through the process function and whose futures are now resolved."""
         self.completed += len(submitted_at)
         self.failed += failed
-        self._inflight -= 1
-        if not self._inflight:
-            self._busy_total += now - self._busy_since
         latency = self.latency.add
         for at in submitted_at:
             latency(now - at)
         self._leave(now, len(submitted_at))
+
+    def record_batch_done(self, now: float) -> None:
+        self._inflight -= 1
+        if not self._inflight:
+            self._busy_total += now - self._busy_since
 
     def _leave(self, now: float, count: int) -> None:
         self._in_system -= count

@@ -66,3 +66,24 @@ def test_histogram_percentiles_are_within_two_percent():
     summary = histogram.summary()
     assert summary.min == 0.001 and summary.max == 10.0
     assert summary.mean == pytest.approx(sum(values) / len(values))
+
+
+async def test_records_count_as_completed_when_they_resolve_not_when_their_batch_ends():
+    seen_while_running: list[int] = []
+
+    def picky(batch: list[int]) -> list[int]:
+        if 0 in batch and len(batch) > 1:
+            raise ValueError("zero spoils the batch")
+        seen_while_running.append(batcher.stats.total_completed)
+        if batch == [0]:
+            raise ValueError("zero")
+        return batch
+
+    batcher = ours.DynamicBatcher(picky, on_error="split", batch_timeout_s=0.05)
+    async with batcher:
+        futures = await batcher.submit_batch([1, 2, 0, 3])
+        outcomes = await asyncio.gather(*futures, return_exceptions=True)
+    assert outcomes[:2] == [1, 2] and outcomes[3] == 3 and isinstance(outcomes[2], ValueError)
+    # split into [1, 2] and [0, 3], then [0] and [3]: each call saw the records already resolved
+    assert seen_while_running == [0, 2, 3]
+    assert batcher.stats.total_completed == 4 and batcher.stats.total_failed == 1
