@@ -18,6 +18,7 @@ built images to your registry.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import flyte
@@ -46,15 +47,31 @@ def _with_this_package(image: flyte.Image) -> flyte.Image:
 
 
 def _override(name: str, env_var: str) -> str | None:
-    """An image URI given with `flyte run/deploy --image <name>=<uri>` or in `env_var`."""
-    if uri := os.environ.get(env_var):
-        return uri
+    """An image URI from `env_var`, `flyte run/deploy --image <name>=<uri>`, or `flyte.init(images=...)`."""
+    return os.environ.get(env_var) or _cli_image_refs(sys.argv).get(name) or _initialized_image_refs().get(name)
+
+
+def _cli_image_refs(argv: list[str]) -> dict[str, str]:
+    # flyte's CLI imports this module before it initializes its config, so its `--image` values are
+    # not in the config yet; read them from the command line, as flyte will.
+    refs: dict[str, str] = {}
+    for position, argument in enumerate(argv):
+        value = argument.removeprefix("--image=") if argument.startswith("--image=") else None
+        if argument == "--image" and position + 1 < len(argv):
+            value = argv[position + 1]
+        if value and "=" in value:
+            name, uri = value.split("=", 1)
+            refs[name] = uri
+    return refs
+
+
+def _initialized_image_refs() -> dict[str, str]:
     try:
         from flyte._initialize import get_init_config, is_initialized
 
-        return get_init_config().images.get(name) if is_initialized() else None
-    except Exception:  # an older or newer flyte without this internal: the env var still works
-        return None
+        return dict(get_init_config().images) if is_initialized() else {}
+    except Exception:  # an older or newer flyte without this internal: the other two ways still work
+        return {}
 
 
 def build_gpu_image() -> flyte.Image:

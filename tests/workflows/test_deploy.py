@@ -77,3 +77,21 @@ def test_replicas_concurrency_gpu_and_images_can_be_set_from_the_environment():
     assert (replicas, concurrency) == ([3, 3], 16)  # flyte normalizes an int to (min, max)
     assert (gpu_image, driver_image) == ("ghcr.io/me/gpu:v3", "ghcr.io/me/driver:v3")
     assert "A100" in gpu
+
+
+def test_flyte_cli_image_overrides_are_read_from_the_command_line():
+    argv = [
+        "flyte",
+        "run",
+        "--image",
+        "batch-llm-gpu=ghcr.io/me/gpu:v3",
+        "--image=batch-llm-driver=ghcr.io/me/d:1",
+        "--image",
+        "ghcr.io/me/default:2",
+        "workflows/batch_llm.py",
+        "main",
+    ]
+    assert images._cli_image_refs(argv) == {
+        "batch-llm-gpu": "ghcr.io/me/gpu:v3",
+        "batch-llm-driver": "ghcr.io/me/d:1",
+    }
