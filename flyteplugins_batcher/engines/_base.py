@@ -258,13 +258,17 @@ class Engine(abc.ABC):
     def estimate_tokens(self, record: PromptRecord) -> int:
         """Token cost of a record for a `TokenBatcher` budget: prompt tokens + `max_new_tokens`.
 
-        Never raises: a record that cannot be rendered costs 1 token and fails later, alone,
-        with a clear error from `generate`.
+        Prompt tokens come from the model's tokenizer; only when there is none to ask (the engine
+        cannot tokenize) does it fall back to about 4 characters per token. Never raises: a record
+        that cannot be rendered costs 1 token and fails later, alone, with a clear error from
+        `generate`.
         """
         try:
             return self.prompt_tokens(record) + self.generation.max_new_tokens
-        except Exception:
+        except InvalidPromptError:
             return 1
+        except Exception:
+            return approximate_tokens(record) + self.generation.max_new_tokens
 
     @abc.abstractmethod
     def generate(self, records: list[PromptRecord]) -> list[Completion | Exception]:
@@ -291,6 +295,16 @@ class Engine(abc.ABC):
             **overrides,
         }
         return TokenBatcher(**options)
+
+
+def approximate_tokens(record: object) -> int:
+    """About 4 characters per token, for when no tokenizer can count (as `Prompt.estimate_tokens`)."""
+    try:
+        content = normalize_record(record)
+    except InvalidPromptError:
+        return 1
+    text = content if isinstance(content, str) else "".join(message["content"] for message in content)
+    return len(text) // 4 + 1
 
 
 def normalize_record(record: object) -> str | list[Mapping[str, str]]:
