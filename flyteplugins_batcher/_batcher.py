@@ -143,15 +143,11 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
         _require(oversized in ("run_alone", "reject"), f"oversized must be 'run_alone' or 'reject', got {oversized!r}")
 
         self.name = name or type(self).__name__
-        self._process_fn = process_fn
-        self._cost_estimator = cost_estimator
         self._target_batch_cost = target_batch_cost
         self._max_batch_size = max_batch_size
         self._min_batch_size = min_batch_size
         self._batch_timeout_s = batch_timeout_s
         self._max_queue_size = max_queue_size if max_queue_size > 0 else 0
-        self._prefetch_batches = prefetch_batches
-        self._default_cost = default_cost
         self._max_concurrent_batches = max_concurrent_batches
         self._max_inflight_cost = (
             max_inflight_cost if max_inflight_cost is not None else target_batch_cost * max_concurrent_batches

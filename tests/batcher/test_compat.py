@@ -149,9 +149,10 @@ async def test_cost_precedence_explicit_then_fn_then_protocol_then_default(impl)
 
 
 async def test_token_batcher_maps_token_keywords(impl):
-    batcher = impl.TokenBatcher(process_fn=echo_upper, target_batch_tokens=123, default_token_estimate=9)
-    assert batcher._target_batch_cost == 123
-    assert batcher._default_cost == 9
+    async with impl.TokenBatcher(process_fn=echo_upper, target_batch_tokens=123, default_token_estimate=9) as batcher:
+        assert batcher._target_batch_cost == 123
+        assert await (await batcher.submit("plain")) == "PLAIN"
+    assert batcher.stats.total_batch_cost == 9  # the default token estimate
     with pytest.raises(TypeError):
         impl.TokenBatcher()
 
