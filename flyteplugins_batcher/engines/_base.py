@@ -233,8 +233,7 @@ class Engine(abc.ABC):
                 or it is chat messages and the model has no chat template.
         """
         content = normalize_record(record)
-        use_template = self.chat_template if self.chat_template is not None else self._has_chat_template()
-        if use_template:
+        if self.uses_chat_template():
             messages = [{"role": "user", "content": content}] if isinstance(content, str) else list(content)
             if self.system_prompt and messages[0]["role"] != "system":
                 messages.insert(0, {"role": "system", "content": self.system_prompt})
@@ -242,6 +241,10 @@ class Engine(abc.ABC):
         if not isinstance(content, str):
             raise InvalidPromptError(f"{self.name}: chat messages need a chat template, and this model has none")
         return f"{self.system_prompt}\n\n{content}" if self.system_prompt else content
+
+    def uses_chat_template(self) -> bool:
+        """Whether records are rendered through the chat template (`chat_template`, else "if it has one")."""
+        return self.chat_template if self.chat_template is not None else self._has_chat_template()
 
     @abc.abstractmethod
     def _has_chat_template(self) -> bool:

@@ -204,7 +204,7 @@ class TransformersEngine(Engine):
         """Token ids of a rendered prompt; special tokens are added only when no chat template rendered it."""
         tokenizer = self._loaded_tokenizer()
         with self._tokenizer_lock:
-            return list(tokenizer.encode(text, add_special_tokens=not self._uses_chat_template()))
+            return list(tokenizer.encode(text, add_special_tokens=not self.uses_chat_template()))
 
     def _has_chat_template(self) -> bool:
         return bool(getattr(self._loaded_tokenizer(), "chat_template", None))
@@ -212,9 +212,6 @@ class TransformersEngine(Engine):
     def _apply_chat_template(self, messages: list[Mapping[str, str]]) -> str:
         rendered = self._loaded_tokenizer().apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         return str(rendered)
-
-    def _uses_chat_template(self) -> bool:
-        return self.chat_template if self.chat_template is not None else self._has_chat_template()
 
     def _loaded_tokenizer(self) -> Any:
         self.load()

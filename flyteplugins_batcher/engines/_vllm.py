@@ -171,7 +171,7 @@ class VLLMEngine(Engine):
         self._tokenizer = tokenizer
         self._limits = _Limits.read(vllm_config)
         # vLLM adds BOS to plain-text prompts; a chat template writes its own, so none is added then.
-        add_special_tokens = not self._uses_chat_template()
+        add_special_tokens = not self.uses_chat_template()
 
         @functools.lru_cache(maxsize=_TOKENIZE_CACHE_SIZE)
         def encode(text: str) -> tuple[int, ...]:
@@ -207,9 +207,6 @@ class VLLMEngine(Engine):
         return self._require(self._tokenizer).apply_chat_template(
             list(messages), tokenize=False, add_generation_prompt=True
         )
-
-    def _uses_chat_template(self) -> bool:
-        return self.chat_template if self.chat_template is not None else self._has_chat_template()
 
     # -- generation ----------------------------------------------------------------------------
 
