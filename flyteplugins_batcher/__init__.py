@@ -26,6 +26,7 @@ from flyteplugins_batcher._errors import (
     CostBudgetExceededError,
     ProcessFnCancelledError,
     ResultCountError,
+    UnrecoverableError,
 )
 from flyteplugins_batcher._histogram import Distribution
 from flyteplugins_batcher._invoke import BlockingProcessFnWarning
@@ -68,6 +69,7 @@ __all__ = [
     "TokenBatcher",
     "TokenEstimator",
     "TokenEstimatorFn",
+    "UnrecoverableError",
     "batched",
     "inference_environment",
 ]

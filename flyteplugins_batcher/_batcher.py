@@ -31,6 +31,7 @@ from flyteplugins_batcher._errors import (
     CostBudgetExceededError,
     ProcessFnCancelledError,
     ResultCountError,
+    UnrecoverableError,
     add_note,
     short_repr,
 )
@@ -563,6 +564,9 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
             _check_result_count(results, len(live))
         except ResultCountError as exc:
             self._fail_batch(live, exc)
+            return
+        except UnrecoverableError as exc:
+            self._fail(exc)
             return
         except Exception as exc:
             if self._on_error == "split" and len(live) > 1:

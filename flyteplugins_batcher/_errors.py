@@ -25,6 +25,23 @@ class BatcherFailedError(BatcherError):
     """
 
 
+class UnrecoverableError(BatcherError):
+    """Raised by a process function when no later batch can succeed either (the model or device is gone).
+
+    The batcher then stops running batches: every queued and in-flight record fails with this
+    exception, and every later `submit` raises `BatcherFailedError` caused by it. `SharedBatcher`
+    notices the failed batcher and loads a fresh model on its next `get()`.
+
+    Example:
+        ```python
+        def generate(batch):
+            if not engine_process.is_alive():
+                raise UnrecoverableError("the engine process died")
+            return engine.run(batch)
+        ```
+    """
+
+
 class CostBudgetExceededError(ValueError):
     """A record costs more than `target_batch_cost` and the batcher was built with `oversized="reject"`."""
 
