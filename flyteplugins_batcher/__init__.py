@@ -16,7 +16,7 @@ Example:
 from __future__ import annotations
 
 from flyteplugins_batcher._batched import BatchedFunction, batched
-from flyteplugins_batcher._batcher import DynamicBatcher, OnError, Oversized
+from flyteplugins_batcher._batcher import BatcherState, DynamicBatcher
 from flyteplugins_batcher._environment import ReplicaStarvationWarning, inference_environment
 from flyteplugins_batcher._errors import (
     BatcherClosedError,
@@ -25,6 +25,7 @@ from flyteplugins_batcher._errors import (
     BatcherNotRunningError,
     CostBudgetExceededError,
     ProcessFnCancelledError,
+    RecordExpiredError,
     ResultCountError,
     UnrecoverableError,
 )
@@ -39,6 +40,7 @@ from flyteplugins_batcher._records import (
     TokenEstimator,
     TokenEstimatorFn,
 )
+from flyteplugins_batcher._settings import BatcherOptions, BatcherSettings, Grouping, OnError, Oversized
 from flyteplugins_batcher._shared import SharedBatcher
 from flyteplugins_batcher._stats import BatchStats, DispatchReason
 from flyteplugins_batcher._token_batcher import TokenBatcher
@@ -50,6 +52,9 @@ __all__ = [
     "BatcherError",
     "BatcherFailedError",
     "BatcherNotRunningError",
+    "BatcherOptions",
+    "BatcherSettings",
+    "BatcherState",
     "BlockingProcessFnWarning",
     "CostBudgetExceededError",
     "CostEstimator",
@@ -57,12 +62,14 @@ __all__ = [
     "DispatchReason",
     "Distribution",
     "DynamicBatcher",
+    "Grouping",
     "InferenceFn",
     "OnError",
     "Oversized",
     "ProcessFn",
     "ProcessFnCancelledError",
     "Prompt",
+    "RecordExpiredError",
     "ReplicaStarvationWarning",
     "ResultCountError",
     "SharedBatcher",

@@ -8,6 +8,7 @@ from typing import Any, Generic, overload
 
 from flyteplugins_batcher._batcher import DynamicBatcher
 from flyteplugins_batcher._records import ProcessFn, RecordT, ResultT
+from flyteplugins_batcher._settings import BatcherOptions
 from flyteplugins_batcher._shared import SharedBatcher
 from flyteplugins_batcher._stats import BatchStats
 
@@ -26,20 +27,30 @@ class BatchedFunction(Generic[RecordT, ResultT]):
         **batcher_options: Any,
     ) -> None:
         functools.update_wrapper(self, fn)  # type: ignore[arg-type]
-        self._fn = fn
-        options = {"name": getattr(fn, "__qualname__", None), **batcher_options}
-        # Fail on a bad keyword now, at decoration time, rather than inside the first task.
-        batcher_class(fn, **options)
+        # Validated here, at decoration time, rather than inside the first task.
+        options = BatcherOptions.parse(batcher_options)
+        name = options.name or getattr(fn, "__qualname__", None)
+        self.options = options
         self._shared: SharedBatcher[Any, DynamicBatcher[RecordT, ResultT]] = SharedBatcher(
-            load=_identity(fn),
-            make_batcher=lambda batch_fn, _key: batcher_class(batch_fn, **options),
-            name=options["name"],
+            load=functools.partial(_identity, fn),
+            make_batcher=lambda batch_fn, _key: batcher_class.from_settings(
+                batch_fn, options.settings, cost_estimator=options.cost_estimator, name=name
+            ),
+            name=name,
         )
 
-    async def __call__(self, record: RecordT, *, estimated_cost: int | None = None) -> ResultT:
-        """Process one record in whatever batch it joins; returns its result."""
+    async def __call__(
+        self,
+        record: RecordT,
+        *,
+        estimated_cost: int | None = None,
+        priority: int = 0,
+        deadline_s: float | None = None,
+    ) -> ResultT:
+        """Process one record in whatever batch it joins; returns its result (see `DynamicBatcher.submit`)."""
         batcher = await self._shared.get()
-        return await (await batcher.submit(record, estimated_cost=estimated_cost))
+        future = await batcher.submit(record, estimated_cost=estimated_cost, priority=priority, deadline_s=deadline_s)
+        return await future
 
     async def map(
         self, records: Iterable[RecordT] | AsyncIterable[RecordT], *, return_exceptions: bool = False
@@ -72,11 +83,8 @@ class BatchedFunction(Generic[RecordT, ResultT]):
         await self._shared.aclose()
 
 
-def _identity(fn: Any) -> Callable[[Any], Any]:
-    def load(_key: Any) -> Any:
-        return fn
-
-    return load
+def _identity(fn: Any, _key: Any) -> Any:
+    return fn
 
 
 @overload
@@ -102,11 +110,12 @@ def batched(
         fn: The batch function (when used without parentheses).
         batcher_class: `DynamicBatcher` (default) or `TokenBatcher`.
         **batcher_options: Any keyword of the batcher class (`max_batch_size`,
-            `target_batch_cost`, `batch_timeout_s`, `cost_estimator`, `on_error`, ...).
+            `target_batch_cost`, `batch_timeout_s`, `cost_estimator`, `grouping`, `on_error`,
+            ...), validated at decoration time.
 
     Example:
         ```python
-        @batched(max_batch_size=64)
+        @batched(max_batch_size=64, grouping="by_cost", cost_estimator=count_tokens)
         def embed(texts: list[str]) -> list[list[float]]:
             return get_model().encode(texts)
 

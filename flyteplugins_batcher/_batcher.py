@@ -1,52 +1,67 @@
 """DynamicBatcher: many concurrent producers, one process function, cost-budgeted batches.
 
-How a batch is formed (all decisions run on the event loop, in one dispatcher task):
+The way of a record, one module per step:
 
-- Records wait in one FIFO list, bounded by `max_queue_size` (`submit` awaits when it is full).
-- A batch is taken from the head of the list in submission order and never costs more than
-  `target_batch_cost` (a record that would cross the budget waits for the next batch), nor holds
-  more than `max_batch_size` records.
-- It is dispatched as soon as a slot is free (fewer than `max_concurrent_batches` in flight) and
-  one of these holds: it is full (size or budget); nothing is in flight and at least
-  `min_batch_size` records wait (the engine must not idle while work waits); the oldest waiting
-  record was submitted `batch_timeout_s` ago; or the batcher is draining (`stop`, `flush`, the end
-  of `run`/`map`).
-- Records are never put back: a record cancelled by its caller is dropped before dispatch.
+1. `submit` (here) costs it (`_cost`) and queues it: producers wait when the queue is full.
+2. The waiting room (`_pending`) orders records by priority, then by submission (or by similar
+   cost, with `grouping="by_cost"`).
+3. The staging area (`_staging`) forms batches within the cost budget and stages full ones ahead
+   (`prefetch_batches`), where the device's runners take them.
+4. The device (`_device`) runs batches through the process function, in a worker thread for a
+   plain `def` or on the loop for an `async def`, and takes the next batch itself the moment one
+   returns.
+5. Settling (`_settle`) resolves each record's future, once, and counts it in the stats.
+
+This module orchestrates them on the event loop: lifecycle, backpressure, timers for timeouts and
+deadlines, and what happens when something fails.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import enum
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Sequence
-from typing import Any, Generic, Literal
+from typing import Any, Generic, TypeVar
 
 from flyteplugins_batcher._cost import CostResolver
+from flyteplugins_batcher._device import Device, DeviceHooks
 from flyteplugins_batcher._errors import (
     BatcherClosedError,
     BatcherFailedError,
     BatcherNotRunningError,
     CostBudgetExceededError,
-    ProcessFnCancelledError,
-    ResultCountError,
-    UnrecoverableError,
-    add_note,
     short_repr,
 )
-from flyteplugins_batcher._invoke import ProcessFnCaller
 from flyteplugins_batcher._iterate import aiter_records, outcome
-from flyteplugins_batcher._pending import Envelope, PendingQueue
+from flyteplugins_batcher._pending import Envelope
 from flyteplugins_batcher._records import CostEstimatorFn, ProcessFn, RecordT, ResultT
-from flyteplugins_batcher._stats import BatchStats, DispatchReason, StatsRecorder
+from flyteplugins_batcher._settings import BatcherSettings, Grouping, OnError, Oversized
+from flyteplugins_batcher._settle import Settler
+from flyteplugins_batcher._staging import Batch, StagingArea
+from flyteplugins_batcher._stats import BatchStats, Settled, StatsRecorder
 
 logger = logging.getLogger("flyteplugins_batcher")
 
-OnError = Literal["raise", "split"]
-Oversized = Literal["run_alone", "reject"]
+BatcherT = TypeVar("BatcherT", bound="DynamicBatcher[Any, Any]")
 
-_NEW, _RUNNING, _STOPPING, _STOPPED, _FAILED = "new", "running", "stopping", "stopped", "failed"
+
+class BatcherState(enum.Enum):
+    """Where a batcher is in its life."""
+
+    NEW = "new"  # built, never started
+    RUNNING = "running"  # taking records
+    DRAINING = "draining"  # `stop()`: no new records; the queued ones still run
+    ABORTING = "aborting"  # `stop()` ran out of time: what is left is being cancelled
+    STOPPED = "stopped"  # may start again
+    FAILED = "failed"  # the process function raised something no batch survives; see `failure`
+
+
+_ACTIVE = (BatcherState.RUNNING, BatcherState.DRAINING, BatcherState.ABORTING)
 
 
 class DynamicBatcher(Generic[RecordT, ResultT]):
@@ -55,7 +70,8 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
     A drop-in replacement for `flyte.extras.DynamicBatcher` (same constructor keywords,
     defaults, methods and semantics) that never blocks the event loop, treats the cost budget as
     a hard limit, cannot deadlock on timeouts or `min_batch_size`, isolates failing records,
-    and reports latency percentiles and utilization.
+    keeps the next batch staged at the device, supports per-record priorities and deadlines, and
+    reports latency percentiles and the device's own utilization.
 
     Type Parameters:
         RecordT: The record type producers submit.
@@ -64,34 +80,38 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
     Args:
         process_fn: `f(batch: list[RecordT]) -> list[ResultT]`, results in input order. A plain
             `def` runs in a worker thread; an `async def` is awaited on the loop. A slot may hold
-            an `Exception` instance to fail only that record.
+            an `Exception` instance to fail only that record. Raising `UnrecoverableError` fails
+            the batcher (every pending record and later submit).
         cost_estimator: `f(record) -> int`. Cost precedence: explicit `estimated_cost` >
             `cost_estimator` > `record.estimate_cost()` > `default_cost`.
         target_batch_cost: Cost budget per batch, a hard limit. A single record costlier than the
             budget runs alone (or is rejected, see `oversized`).
         max_batch_size: Most records per batch.
-        min_batch_size: Records to wait for before dispatching to an idle engine; the batch goes
+        min_batch_size: Records to wait for before dispatching to an idle device; the batch goes
             anyway once its oldest record has waited `batch_timeout_s`.
         batch_timeout_s: Longest a record waits for its batch to fill, counted from its
-            `submit`. An idle engine does not wait for it (see `min_batch_size`).
-        max_queue_size: Records that may wait; when full, `submit` awaits (backpressure).
-            0 or less means unbounded.
-        prefetch_batches: Accepted for compatibility. Batches are assembled just in time, when
-            the engine has room, so records that arrive meanwhile still join them; there is
-            nothing to prefetch.
+            `submit`. An idle device does not wait for it (see `min_batch_size`).
+        max_queue_size: Records that may wait beyond the staged batches and the batch being
+            assembled; when full, `submit` awaits (backpressure). 0 or less means unbounded.
+        prefetch_batches: Full batches assembled ahead and staged at the device, so the next
+            batch starts the moment the previous one returns.
         default_cost: Cost of a record when nothing else estimates it.
         max_concurrent_batches: Batches that may be inside the process function at once, for
             engines that overlap work (or serve several requests). Results always reach the
             right futures.
         max_inflight_cost: Upper bound on the summed cost of all batches in flight; `None` means
-            `target_batch_cost * max_concurrent_batches`. With many tiny concurrent batches this
-            bounds what a streaming engine holds at once.
+            `target_batch_cost * max_concurrent_batches`.
         on_error: When the process function raises for a whole batch: `"raise"` (default) fails
             every record of the batch with that exception; `"split"` bisects the batch and re-runs
             the halves until the failing records are isolated, so healthy records still get
             results. Splitting costs about `2 * log2(batch size)` extra calls per failing record.
         oversized: A record costlier than `target_batch_cost`: `"run_alone"` (default) runs it
             in a batch of its own; `"reject"` makes `submit` raise `CostBudgetExceededError`.
+        grouping: `"fifo"` (default) forms batches in submission order; `"by_cost"` groups
+            records of similar cost (for padded models, where a batch costs what its longest row
+            costs), always including the oldest waiting record so that nothing starves.
+        priority_aging_s: A waiting record gains one priority level per this many seconds, so
+            low priorities cannot starve; `None` means strict priorities.
         name: Used in logs, warnings and thread names.
 
     Example:
@@ -123,67 +143,124 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
         max_inflight_cost: int | None = None,
         on_error: OnError = "raise",
         oversized: Oversized = "run_alone",
+        grouping: Grouping = "fifo",
+        priority_aging_s: float | None = 10.0,
         name: str | None = None,
     ) -> None:
-        _require(callable(process_fn), f"process_fn must be callable, got {type(process_fn).__name__}")
-        _require(target_batch_cost > 0, f"target_batch_cost must be > 0, got {target_batch_cost}")
-        _require(max_batch_size >= 1, f"max_batch_size must be >= 1, got {max_batch_size}")
-        _require(
-            1 <= min_batch_size <= max_batch_size,
-            f"min_batch_size must be between 1 and max_batch_size ({max_batch_size}), got {min_batch_size}",
+        settings = BatcherSettings(
+            target_batch_cost=target_batch_cost,
+            max_batch_size=max_batch_size,
+            min_batch_size=min_batch_size,
+            batch_timeout_s=batch_timeout_s,
+            max_queue_size=max_queue_size,
+            prefetch_batches=prefetch_batches,
+            default_cost=default_cost,
+            max_concurrent_batches=max_concurrent_batches,
+            max_inflight_cost=max_inflight_cost,
+            on_error=on_error,
+            oversized=oversized,
+            grouping=grouping,
+            priority_aging_s=priority_aging_s,
         )
-        _require(batch_timeout_s >= 0, f"batch_timeout_s must be >= 0, got {batch_timeout_s}")
-        _require(prefetch_batches >= 0, f"prefetch_batches must be >= 0, got {prefetch_batches}")
-        _require(default_cost >= 0, f"default_cost must be >= 0, got {default_cost}")
-        _require(max_concurrent_batches >= 1, f"max_concurrent_batches must be >= 1, got {max_concurrent_batches}")
-        _require(
-            max_inflight_cost is None or max_inflight_cost > 0,
-            f"max_inflight_cost must be > 0, got {max_inflight_cost}",
-        )
-        _require(on_error in ("raise", "split"), f"on_error must be 'raise' or 'split', got {on_error!r}")
-        _require(oversized in ("run_alone", "reject"), f"oversized must be 'run_alone' or 'reject', got {oversized!r}")
+        self._setup(process_fn, settings, cost_estimator, name)
 
+    @classmethod
+    def from_settings(
+        cls: type[BatcherT],
+        process_fn: ProcessFn[Any, Any],
+        settings: BatcherSettings,
+        *,
+        cost_estimator: CostEstimatorFn[Any] | None = None,
+        name: str | None = None,
+    ) -> BatcherT:
+        """A batcher built from a `BatcherSettings` value.
+
+        Example:
+            ```python
+            settings = BatcherSettings(max_batch_size=64, grouping="by_cost")
+            batcher = DynamicBatcher.from_settings(embed, settings, cost_estimator=count_tokens)
+            ```
+        """
+        batcher = cls.__new__(cls)
+        batcher._setup(process_fn, settings, cost_estimator, name)
+        return batcher
+
+    def _setup(
+        self,
+        process_fn: ProcessFn[RecordT, ResultT],
+        settings: BatcherSettings,
+        cost_estimator: CostEstimatorFn[RecordT] | None,
+        name: str | None,
+    ) -> None:
+        if not callable(process_fn):
+            raise ValueError(f"process_fn must be callable, got {type(process_fn).__name__}")
         self.name = name or type(self).__name__
-        self._target_batch_cost = target_batch_cost
-        self._max_batch_size = max_batch_size
-        self._min_batch_size = min_batch_size
-        self._batch_timeout_s = batch_timeout_s
-        self._max_queue_size = max_queue_size if max_queue_size > 0 else 0
-        self._max_concurrent_batches = max_concurrent_batches
-        self._max_inflight_cost = (
-            max_inflight_cost if max_inflight_cost is not None else target_batch_cost * max_concurrent_batches
-        )
-        self._on_error = on_error
-        self._oversized = oversized
-        self._caller = ProcessFnCaller(process_fn, max_workers=max_concurrent_batches, owner=self.name)
-        self._costs = CostResolver(self.name, cost_estimator, default_cost, self._cost_protocols)
-        self._stats = StatsRecorder()
-        self._state = _NEW
+        self._settings = settings
+        self._process_fn = process_fn
+        self._costs = CostResolver(self.name, cost_estimator, settings.default_cost, self._cost_protocols)
+        self._capacity = settings.queue_capacity
+        self._state = BatcherState.NEW
         self._failure: BatcherFailedError | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._seq = 0
+        # Statistics describe the batcher's whole life, across restarts.
+        self._stats = StatsRecorder()
+        self._settler = Settler(self.name, self._stats, split_hint=settings.on_error == "raise")
         self._reset_runtime_state()
 
     def _reset_runtime_state(self) -> None:
-        self._pending = PendingQueue(self._max_queue_size, self._stats)
-        self._wakeup: asyncio.Future[None] | None = None
-        self._inflight_batches: dict[asyncio.Task[None], tuple[list[Envelope], int]] = {}
-        self._inflight_cost = 0
-        self._flush_upto = -1
-        self._aborting = False
-        self._dispatcher: asyncio.Task[None] | None = None
+        settings = self._settings
+        self._staging = StagingArea(settings)
+        self._device = Device(
+            self._process_fn,
+            owner=self.name,
+            staging=self._staging,
+            busy=self._stats.busy,
+            hooks=DeviceHooks(self._on_dispatched, self._on_outcome, self._on_done, self._on_retired, self._on_fatal),
+            split=settings.on_error == "split",
+            max_runners=settings.max_concurrent_batches,
+        )
+        self._inflight: set[Batch] = set()
+        self._space_waiters: deque[asyncio.Future[None]] = deque()
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf
+        self._drained: asyncio.Future[None] | None = None
+        self._stopped: asyncio.Future[None] | None = None
+        self._watchdog: asyncio.Task[None] | None = None
 
     # -- properties --------------------------------------------------------------------------------
 
     @property
+    def settings(self) -> BatcherSettings:
+        """The batcher's settings."""
+        return self._settings
+
+    @property
     def stats(self) -> BatchStats:
         """A fresh `BatchStats` snapshot."""
-        return self._stats.snapshot(time.monotonic(), queue_depth=len(self._pending))
+        return self._stats.snapshot(
+            time.monotonic(), queue_depth=self._staging.waiting, inflight_batches=self._staging.inflight_batches
+        )
+
+    @property
+    def state(self) -> BatcherState:
+        """Where the batcher is in its life."""
+        return self._state
 
     @property
     def is_running(self) -> bool:
         """Whether the batcher has started and has not finished stopping."""
-        return self._state in (_RUNNING, _STOPPING)
+        return self._state in _ACTIVE
+
+    @property
+    def is_failed(self) -> bool:
+        """Whether the process function raised something that no batch survives (see `failure`)."""
+        return self._state is BatcherState.FAILED
+
+    @property
+    def failure(self) -> BatcherFailedError | None:
+        """Why the batcher failed (its `__cause__` is what the process function raised), or `None`."""
+        return self._failure
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None:
@@ -193,23 +270,25 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
     @property
     def is_async(self) -> bool:
         """Whether the process function is awaited on the loop (else it runs in a worker thread)."""
-        return self._caller.is_async
+        return self._device.is_async
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Start the dispatcher on the running event loop.
+        """Start taking records on the running event loop.
 
         Raises:
             RuntimeError: If the batcher is already running.
         """
-        if self._state in (_RUNNING, _STOPPING):
+        if self._state in _ACTIVE:
             raise RuntimeError(f"{self.name} is already running")
         self._reset_runtime_state()
         self._failure = None
-        self._loop = asyncio.get_running_loop()
-        self._state = _RUNNING
-        self._dispatcher = self._loop.create_task(self._dispatch_loop(), name=f"{self.name}-dispatcher")
+        loop = self._loop = asyncio.get_running_loop()
+        self._device.attach(loop)
+        self._state = BatcherState.RUNNING
+        self._stopped = loop.create_future()
+        self._watchdog = loop.create_task(self._watch_loop(self._stopped), name=f"{self.name}-watchdog")
         logger.debug("%s started", self.name)
 
     async def stop(self, timeout: float | None = None, *, cancel_pending: bool = False) -> None:
@@ -225,30 +304,44 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
             cancel_pending: Cancel queued records that have not been dispatched instead of
                 running them; batches already in flight still finish.
         """
-        if self._state in (_NEW, _STOPPED):
+        if self._state in (BatcherState.NEW, BatcherState.STOPPED):
             return
-        if self._state == _RUNNING:
-            self._state = _STOPPING
-            self._pending.release_waiters(BatcherClosedError(f"{self.name} is stopping and takes no new records"))
-        if cancel_pending:
-            self._drop_pending()
-        self._wake()
-        dispatcher = self._dispatcher
         try:
-            if dispatcher is not None and not dispatcher.done():
-                done, _ = await asyncio.wait({dispatcher}, timeout=timeout)
-                if not done:
-                    logger.warning("%s: stop timed out after %ss; cancelling the remaining records", self.name, timeout)
-                    self._abort()
-                    await asyncio.wait({dispatcher})
+            if self._state is BatcherState.RUNNING:
+                self._state = BatcherState.DRAINING
+                self._release_space_waiters(BatcherClosedError(f"{self.name} is stopping and takes no new records"))
+            if self._state is BatcherState.DRAINING:
+                if cancel_pending:
+                    self._settler.settle(self._staging.remove_everything(), Settled.CANCELLED)
+                self._staging.start_draining()
+                self._pump()
+                await self._wait_drained(timeout)
         except asyncio.CancelledError:
             self._abort()
             raise
         finally:
-            self._caller.shutdown()
-            if self._state != _FAILED:
-                self._state = _STOPPED
+            self._finish()
         logger.info("%s stopped: %s", self.name, self.stats.summary())
+
+    def release(self) -> None:
+        """Let go of a batcher whose event loop has stopped or closed: cancel what is left, free its threads.
+
+        Nothing can run on a loop that is gone, so nothing drains; while the loop still runs, use
+        `stop()`. `SharedBatcher` calls this for a batcher whose loop went away.
+
+        Raises:
+            RuntimeError: The batcher's event loop is still running.
+        """
+        if self._state in (BatcherState.NEW, BatcherState.STOPPED):
+            return
+        loop = self._loop
+        if loop is not None and loop.is_running():
+            raise RuntimeError(f"{self.name}: its event loop still runs; call stop() on that loop instead")
+        left = self._staging.remove_everything() + [e for batch in self._inflight for e in batch.envelopes]
+        self._inflight.clear()
+        with contextlib.suppress(RuntimeError):  # a closed loop cannot run the futures' callbacks
+            self._settler.settle(left, Settled.CANCELLED)
+        self._finish()
 
     async def __aenter__(self) -> DynamicBatcher[RecordT, ResultT]:
         await self.start()
@@ -257,17 +350,74 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
     async def __aexit__(self, *exc_info: object) -> None:
         await self.stop()
 
+    async def _wait_drained(self, timeout: float | None) -> None:
+        if not self._settler.outstanding:
+            return
+        assert self._loop is not None
+        drained = self._drained = self._loop.create_future()
+        done, _ = await asyncio.wait({drained}, timeout=timeout)
+        if not done:
+            logger.warning("%s: stop timed out after %ss; cancelling the remaining records", self.name, timeout)
+            self._abort()
+
+    def _abort(self) -> None:
+        """Cancel everything left: waiting records and batches in flight."""
+        if self._state not in _ACTIVE:
+            return
+        self._state = BatcherState.ABORTING
+        left = self._staging.remove_everything() + [e for batch in self._inflight for e in batch.envelopes]
+        self._inflight.clear()
+        self._settler.settle(left, Settled.CANCELLED)
+        self._device.cancel_runners()
+
+    def _finish(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer, self._timer_at = None, math.inf
+        self._device.shutdown()
+        stopped = self._stopped
+        if stopped is not None and not stopped.done():
+            with contextlib.suppress(RuntimeError):
+                stopped.set_result(None)
+        if self._state is not BatcherState.FAILED:
+            self._state = BatcherState.STOPPED
+
+    async def _watch_loop(self, stopped: asyncio.Future[None]) -> None:
+        """Waits for `stop`; if the event loop shuts down first (`asyncio.run` returning), lets go."""
+        try:
+            await stopped
+        except asyncio.CancelledError:
+            if self._state in _ACTIVE:
+                left = self._settler.outstanding
+                self._abort()
+                self._finish()
+                logger.warning(
+                    "%s: the event loop shut down while it was running; cancelled %d records", self.name, left
+                )
+            raise
+
     # -- submitting --------------------------------------------------------------------------------
 
-    async def submit(self, record: RecordT, *, estimated_cost: int | None = None) -> asyncio.Future[ResultT]:
+    async def submit(
+        self,
+        record: RecordT,
+        *,
+        estimated_cost: int | None = None,
+        priority: int = 0,
+        deadline_s: float | None = None,
+    ) -> asyncio.Future[ResultT]:
         """Queue one record; returns a future for its result.
 
         Awaits while the queue is full (backpressure).
 
         Args:
-            record: The record.
-            estimated_cost: Its cost; when omitted, the `cost_estimator`, then the record's
+            record: The record to process.
+            estimated_cost: Its cost against the batch budget; if omitted, `cost_estimator`, then
                 `estimate_cost()`, then `default_cost` decide.
+            priority: Higher goes first (FIFO within a level); a waiting record gains one level
+                per `priority_aging_s` seconds. Batches already staged keep their records.
+            deadline_s: Seconds from now after which the record must not be dispatched: it then
+                fails with `RecordExpiredError` and never reaches the process function.
 
         Returns:
             A future resolving to this record's entry of the process function's results.
@@ -275,32 +425,37 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
         Raises:
             BatcherNotRunningError: Before `start()` (a `RuntimeError`).
             BatcherClosedError: While stopping or after `stop()` (a `RuntimeError`).
-            BatcherFailedError: After the batcher died.
+            BatcherFailedError: After the batcher failed.
             CostBudgetExceededError: The record costs more than the budget and `oversized="reject"`.
+            ValueError: `deadline_s` is not a positive number, or `priority` not an integer.
             Exception: Whatever the cost estimator raised, with a note naming the record.
         """
-        if self._state != _RUNNING:
+        if self._state is not BatcherState.RUNNING:
             raise self._not_accepting_error()
         loop = self._loop
         if loop is not asyncio.get_running_loop():
             raise RuntimeError(f"{self.name} runs on another event loop; submit from the loop that started it")
         cost = self._costs.resolve(record, estimated_cost)
-        if cost > self._target_batch_cost and self._oversized == "reject":
+        if cost > self._settings.target_batch_cost and self._settings.oversized == "reject":
             raise CostBudgetExceededError(
                 f"{self.name}: {short_repr(record)} costs {cost}, more than target_batch_cost="
-                f"{self._target_batch_cost}; it can never fit a batch (oversized='reject')"
+                f"{self._settings.target_batch_cost}; it can never fit a batch (oversized='reject')"
             )
-        while self._pending.is_full():
-            await self._pending.wait_for_space()
-            if self._state != _RUNNING:
-                raise self._not_accepting_error()
-        future: asyncio.Future[ResultT] = loop.create_future()
+        if priority.__class__ is not int:
+            _check_priority(priority)
+        if self._capacity and len(self._staging.pending) >= self._capacity:
+            await self._wait_for_space()
         now = time.monotonic()
+        future: asyncio.Future[ResultT] = loop.create_future()
         self._seq += 1
-        self._pending.append(Envelope(record, cost, future, now, self._seq))
+        envelope = Envelope(record, cost, future, now, self._seq, priority)
+        if deadline_s is not None:
+            _check_deadline(deadline_s)
+            envelope.deadline = now + deadline_s
+            envelope.timer = loop.call_later(deadline_s, self._expire, envelope)
         self._stats.record_submit(now)
-        if self._wakeup is not None:
-            self._wake()
+        self._settler.outstanding += 1
+        self._pump(now, envelope)
         return future
 
     async def submit_batch(
@@ -308,12 +463,16 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
         records: Sequence[RecordT],
         *,
         estimated_cost: Sequence[int] | None = None,
+        priority: int = 0,
+        deadline_s: float | None = None,
     ) -> list[asyncio.Future[ResultT]]:
         """Submit several records; returns their futures in order.
 
         Args:
             records: The records.
             estimated_cost: Optional per-record costs, as long as `records`.
+            priority: For every record (see `submit`).
+            deadline_s: For every record, from now (see `submit`).
 
         Raises:
             ValueError: `estimated_cost` has a different length than `records`.
@@ -321,16 +480,19 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
         if estimated_cost is not None and len(estimated_cost) != len(records):
             raise ValueError(f"estimated_cost has {len(estimated_cost)} entries for {len(records)} records")
         costs: Sequence[int | None] = estimated_cost if estimated_cost is not None else [None] * len(records)
-        return [await self.submit(record, estimated_cost=cost) for record, cost in zip(records, costs, strict=True)]
+        return [
+            await self.submit(record, estimated_cost=cost, priority=priority, deadline_s=deadline_s)
+            for record, cost in zip(records, costs, strict=True)
+        ]
 
     def flush(self) -> None:
         """Dispatch everything submitted so far without waiting for `batch_timeout_s` or `min_batch_size`."""
         self._flush_through(self._seq)
 
     def _flush_through(self, seq: int) -> None:
-        if seq > self._flush_upto:
-            self._flush_upto = seq
-            self._wake()
+        if self._state is BatcherState.RUNNING:
+            self._staging.flush(seq)
+            self._pump()
 
     async def map(
         self,
@@ -357,8 +519,10 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
                 write(answer)
             ```
         """
-        window_size = max_in_flight or self._max_batch_size * (self._max_concurrent_batches + 1)
-        _require(window_size >= 1, f"max_in_flight must be >= 1, got {max_in_flight}")
+        settings = self._settings
+        window_size = max_in_flight or settings.max_batch_size * (settings.max_concurrent_batches + 1)
+        if window_size < 1:
+            raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
         window: deque[asyncio.Future[ResultT]] = deque()
         last_seq = -1
         try:
@@ -371,8 +535,12 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
             while window:
                 yield await outcome(window.popleft(), return_exceptions)
         finally:
-            for future in window:
-                future.cancel()
+            if window:
+                for future in window:
+                    future.cancel()
+                if self._state in _ACTIVE:  # count them now, not when their batch would have gone
+                    self._settler.settle(self._staging.remove_cancelled(), Settled.CANCELLED)
+                    self._pump()
 
     async def run(
         self, records: Iterable[RecordT] | AsyncIterable[RecordT], *, return_exceptions: bool = False
@@ -390,7 +558,7 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
             answers = await DynamicBatcher(model.predict).run(inputs)
             ```
         """
-        if self._state == _NEW or self._state == _STOPPED:
+        if self._state in (BatcherState.NEW, BatcherState.STOPPED):
             async with self:
                 return [result async for result in self.map(records, return_exceptions=return_exceptions)]
         return [result async for result in self.map(records, return_exceptions=return_exceptions)]
@@ -406,305 +574,156 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
             return failed
 
     def _not_accepting_error(self) -> BaseException:
-        if self._state == _FAILED and self._failure is not None:
+        if self._state is BatcherState.FAILED and self._failure is not None:
             return self._failure
-        if self._state == _NEW:
+        if self._state is BatcherState.NEW:
             return BatcherNotRunningError(f"{self.name} is not running. Call start() or use 'async with'.")
         return BatcherClosedError(f"{self.name} is stopped and takes no new records")
 
+    # -- backpressure ------------------------------------------------------------------------------
+
+    async def _wait_for_space(self) -> None:
+        assert self._loop is not None
+        while len(self._staging.pending) >= self._capacity:
+            waiter: asyncio.Future[None] = self._loop.create_future()
+            self._space_waiters.append(waiter)
+            try:
+                await waiter
+            except BaseException:
+                slot_given = waiter.done() and not waiter.cancelled() and waiter.exception() is None
+                waiter.cancel()
+                with contextlib.suppress(ValueError):
+                    self._space_waiters.remove(waiter)
+                if slot_given:
+                    self._wake_space_waiters()  # pass on the slot this cancelled producer will not use
+                raise
+            if self._state is not BatcherState.RUNNING:
+                raise self._not_accepting_error()
+
+    def _wake_space_waiters(self) -> None:
+        waiters = self._space_waiters
+        free = self._capacity - len(self._staging.pending)
+        while free > 0 and waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                free -= 1
+
+    def _release_space_waiters(self, error: BaseException) -> None:
+        while self._space_waiters:
+            waiter = self._space_waiters.popleft()
+            if not waiter.done():
+                waiter.set_exception(error)
+
     # -- dispatching -------------------------------------------------------------------------------
 
-    def _wake(self) -> None:
-        wakeup = self._wakeup
-        if wakeup is not None and not wakeup.done():
-            wakeup.set_result(None)
+    def _pump(self, now: float | None = None, envelope: Envelope | None = None) -> None:
+        """Let the staging area act on a change: start runners, settle skipped records, arm the timer."""
+        plan = self._staging.plan(time.monotonic() if now is None else now, envelope)
+        if plan.runners_to_start:
+            self._device.start_runners(plan.runners_to_start)
+        if plan.skipped:
+            self._settle_skipped(plan.skipped)
+        if plan.wake_at is not None and plan.wake_at < self._timer_at:
+            self._arm_timer(plan.wake_at)
+        if self._space_waiters:
+            self._wake_space_waiters()
 
-    async def _dispatch_loop(self) -> None:
-        try:
-            while True:
-                deadline = self._dispatch_ready_batches()
-                if self._state != _RUNNING and not self._pending and not self._inflight_batches:
-                    return
-                await self._sleep_until(deadline)
-        except asyncio.CancelledError:
-            if not self._aborting:
-                # Only the event loop shutting down (asyncio.run's exit) cancels the dispatcher:
-                # nothing can run any more, so cancel what is left and free the worker threads.
-                pending = len(self._pending)
-                self._release_without_loop()
-                logger.warning(
-                    "%s: the event loop shut down while it was running; cancelled %d queued records",
-                    self.name,
-                    pending,
-                )
-            raise
-        except GeneratorExit:  # the loop was dropped with the task pending (interpreter exit): nothing to tell
-            raise
-        except (KeyboardInterrupt, SystemExit) as exc:
-            self._fail(exc)
-            raise
-        except BaseException as exc:  # a bug here must not leave futures hanging
-            self._fail(exc)
-
-    def _dispatch_ready_batches(self) -> float | None:
-        """Dispatch every batch that may go now; return when to look again (None: on the next event)."""
-        while self._pending:
-            if len(self._inflight_batches) >= self._max_concurrent_batches:
-                return None
-            self._pending.drop_cancelled_head()
-            if not self._pending:
-                return None
-            head = self._pending.head
-            room = self._max_inflight_cost - self._inflight_cost
-            if self._inflight_batches and head.cost > room:
-                return None  # the in-flight bound is reached; a completion will wake us
-            budget = min(self._target_batch_cost, room)
-            reason = self._dispatch_reason(head, budget)
-            if reason is None:
-                return head.submitted_at + self._batch_timeout_s
-            self._launch(self._pending.take_batch(budget, self._max_batch_size), reason)
-        return None
-
-    def _dispatch_reason(self, head: Envelope, budget: int) -> DispatchReason | None:
-        if len(self._pending) >= self._max_batch_size:
-            return "full"
-        if self._pending.cost >= budget:
-            return "budget"
-        if self._state != _RUNNING or head.seq <= self._flush_upto:
-            return "drain"
-        if time.monotonic() - head.submitted_at >= self._batch_timeout_s:
-            return "timeout"
-        if not self._inflight_batches and len(self._pending) >= self._min_batch_size:
-            return "idle"
-        return None
-
-    def _launch(self, batch: list[Envelope], reason: DispatchReason) -> None:
-        cost = sum(envelope.cost for envelope in batch)
-        if len(batch) == 1 and cost > self._target_batch_cost:
-            self._stats.oversized += 1
-        self._stats.record_dispatch(time.monotonic(), [envelope.submitted_at for envelope in batch], cost, reason)
-        self._inflight_cost += cost
-        assert self._loop is not None
-        task = self._loop.create_task(self._run_batch(batch), name=f"{self.name}-batch")
-        self._inflight_batches[task] = (batch, cost)
-        # The batch task settles its own accounting before its callers resume; this callback only
-        # covers a task cancelled before its first step, whose body (and `finally`) never ran.
-        task.add_done_callback(self._finish_batch)
-
-    def _finish_batch(self, task: asyncio.Task[None]) -> None:
-        entry = self._inflight_batches.pop(task, None)
-        if entry is None:
-            return
-        batch, cost = entry
-        self._inflight_cost -= cost
-        for envelope in batch:
-            future = envelope.future
-            if not future.done():  # the batch task died before resolving it
-                if self._aborting:
-                    future.cancel()
-                else:
-                    future.set_exception(
-                        self._failure
-                        or BatcherFailedError(f"{self.name}: no result came back for {envelope.describe()}")
-                    )
-        self._settle(batch)
-        self._stats.record_batch_done(time.monotonic())
-        self._wake()
-
-    async def _sleep_until(self, deadline: float | None) -> None:
+    def _arm_timer(self, when: float) -> None:
         loop = self._loop
         assert loop is not None
-        wakeup: asyncio.Future[None] = loop.create_future()
-        self._wakeup = wakeup
-        timer = None
-        if deadline is not None:
-            timer = loop.call_later(max(deadline - time.monotonic(), 0.0), _resolve, wakeup)
-        try:
-            await wakeup
-        finally:
-            self._wakeup = None
-            if timer is not None:
-                timer.cancel()
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = when
+        self._timer = loop.call_later(max(when - time.monotonic(), 0.0), self._on_timer)
 
-    # -- running a batch ---------------------------------------------------------------------------
+    def _on_timer(self) -> None:
+        self._timer, self._timer_at = None, math.inf
+        if self._state in _ACTIVE:
+            self._pump()
 
-    async def _run_batch(self, batch: list[Envelope]) -> None:
-        try:
-            await self._process_guarded(batch)
-        finally:
-            task = asyncio.current_task()
-            if task is not None:
-                self._finish_batch(task)
+    def _expire(self, envelope: Envelope) -> None:
+        envelope.timer = None
+        if self._staging.mark_expired(envelope):
+            self._settler.settle([envelope], Settled.EXPIRED)
+            self._check_drained()
 
-    async def _process_guarded(self, batch: list[Envelope]) -> None:
-        try:
-            await self._process(batch)
-        except asyncio.CancelledError:
-            if self._aborting or _cancel_requested():
-                for envelope in batch:
-                    envelope.future.cancel()
-                raise
-            self._fail_batch(batch, ProcessFnCancelledError(f"{self.name}: the process function raised CancelledError"))
-        except GeneratorExit:
-            raise
-        except (KeyboardInterrupt, SystemExit) as exc:
-            self._fail(exc)
-            raise
-        except BaseException as exc:  # anything else that is not an Exception kills the batcher, loudly
-            self._fail(exc)
+    def _settle_skipped(self, skipped: list[Envelope]) -> None:
+        cancelled = [envelope for envelope in skipped if envelope.future.done()]
+        if cancelled:
+            self._settler.settle(cancelled, Settled.CANCELLED)
+        if len(cancelled) < len(skipped):
+            self._settler.settle([envelope for envelope in skipped if not envelope.future.done()], Settled.EXPIRED)
 
-    async def _process(self, batch: list[Envelope]) -> None:
-        live = [envelope for envelope in batch if not envelope.future.done()]
-        if len(live) < len(batch):  # cancelled by their callers since dispatch: they never run
-            self._settle_cancelled([envelope for envelope in batch if envelope.future.done()])
-        if not live:
-            return
-        try:
-            results = await self._caller([envelope.record for envelope in live])
-            _check_result_count(results, len(live))
-        except ResultCountError as exc:
-            self._fail_batch(live, exc)
-            return
-        except UnrecoverableError as exc:
-            self._fail(exc)
-            return
-        except Exception as exc:
-            if self._on_error == "split" and len(live) > 1:
-                await self._bisect(live)
-            else:
-                self._fail_batch(live, exc)
-            return
-        self._resolve(live, results)
+    # -- device hooks (on the event loop) --------------------------------------------------------------
 
-    async def _bisect(self, batch: list[Envelope]) -> None:
-        middle = len(batch) // 2
-        for half in (batch[:middle], batch[middle:]):
-            await self._process(half)
-
-    def _resolve(self, batch: list[Envelope], results: Sequence[Any]) -> None:
-        for envelope, result in zip(batch, results, strict=True):
-            future = envelope.future
-            if future.done():
-                continue
-            if isinstance(result, Exception):
-                add_note(result, f"{self.name}: failed {envelope.describe()}")
-                future.set_exception(result)
-            else:
-                future.set_result(result)
-        self._settle(batch)
-
-    def _fail_batch(self, batch: list[Envelope], error: BaseException) -> None:
-        if len(batch) == 1:
-            add_note(error, f"{self.name}: failed {batch[0].describe()}")
-        else:
-            hint = "" if self._on_error == "split" else "; on_error='split' isolates the failing records"
-            add_note(
-                error,
-                f"{self.name}: failed a batch of {len(batch)} records (#{batch[0].seq}..#{batch[-1].seq}, first "
-                f"{short_repr(batch[0].record)}){hint}",
-            )
-        logger.error("%s: batch of %d records failed: %r", self.name, len(batch), error)
-        for envelope in batch:
-            if not envelope.future.done():
-                envelope.future.set_exception(error)
-        self._settle(batch)
-
-    def _settle(self, envelopes: list[Envelope]) -> None:
-        """Count records whose futures are resolved as finished, each once, as they resolve.
-
-        Counting per record rather than per batch keeps the stats true while a batch is still
-        being split, or while its other records are still running.
-        """
-        fresh = [envelope for envelope in envelopes if not envelope.settled]
-        if not fresh:
-            return
-        failed = 0
-        for envelope in fresh:
-            envelope.settled = True
-            future = envelope.future
-            failed += not future.cancelled() and future.exception() is not None
-        self._stats.record_settled(time.monotonic(), [envelope.submitted_at for envelope in fresh], failed)
-
-    def _settle_cancelled(self, envelopes: list[Envelope]) -> None:
-        fresh = [envelope for envelope in envelopes if not envelope.settled]
-        for envelope in fresh:
-            envelope.settled = True
-        if fresh:
-            self._stats.record_dropped(time.monotonic(), len(fresh), cancelled=True)
-
-    # -- failure and abort -------------------------------------------------------------------------
-
-    def _fail(self, cause: BaseException) -> None:
-        """The batcher cannot go on: fail everything unresolved and every later submit."""
-        if self._state == _FAILED:
-            return
-        failure = (
-            cause if isinstance(cause, BatcherFailedError) else BatcherFailedError(f"{self.name} failed: {cause!r}")
+    def _on_dispatched(self, batch: Batch, skipped: list[Envelope]) -> None:
+        if skipped:
+            self._settle_skipped(skipped)
+        self._inflight.add(batch)
+        envelopes = batch.envelopes
+        self._stats.record_dispatch(
+            time.monotonic(),
+            [envelope.submitted_at for envelope in envelopes],
+            batch.cost,
+            batch.reason,
+            oversized=len(envelopes) == 1 and batch.cost > self._settings.target_batch_cost,
         )
-        if failure is not cause:
+        if self._state in _ACTIVE:
+            self._pump()  # a staging slot is free: stage the next full batch, let waiting producers in
+
+    def _on_outcome(self, records: list[Envelope], outcome: Any) -> None:
+        self._settler.settle(records, Settled.RAN, outcome)
+
+    def _on_done(self, batch: Batch) -> None:
+        self._inflight.discard(batch)
+        if self._state in _ACTIVE:
+            self._pump()
+        self._check_drained()
+
+    def _on_retired(self, skipped: list[Envelope]) -> None:
+        if skipped:
+            self._settle_skipped(skipped)
+        if self._state in _ACTIVE and self._staging.has_waiting():
+            self._pump()  # records wait that may go later (a timeout): arm the timer
+        self._check_drained()
+
+    def _on_fatal(self, error: BaseException, batch: Batch) -> None:
+        self._inflight.discard(batch)
+        self._fail(error, batch)
+
+    def _check_drained(self) -> None:
+        drained = self._drained
+        if drained is not None and not drained.done() and not self._settler.outstanding:
+            drained.set_result(None)
+
+    # -- failure -----------------------------------------------------------------------------------
+
+    def _fail(self, cause: BaseException, batch: Batch) -> None:
+        """No batch can run any more: fail everything unresolved, and every later submit."""
+        record_error = cause if isinstance(cause, Exception) else BatcherFailedError(f"{self.name} failed: {cause!r}")
+        if record_error is not cause:
+            record_error.__cause__ = cause
+        if self._state is not BatcherState.FAILED:
+            failure = BatcherFailedError(f"{self.name} failed: {cause!r}")
             failure.__cause__ = cause
-        logger.error("%s failed; failing all pending records", self.name, exc_info=cause)
-        self._failure = failure
-        self._state = _FAILED
-        self._pending.release_waiters(failure)
-        for batch, _ in self._inflight_batches.values():
-            for envelope in batch:
-                if not envelope.future.done():
-                    envelope.future.set_exception(failure)
-        self._drop_pending(failure)
-        self._wake()
-
-    def _abort(self) -> None:
-        """Cancel everything left: queued records and in-flight batches."""
-        self._aborting = True
-        self._drop_pending()
-        for task in list(self._inflight_batches):
-            task.cancel()
-        if self._dispatcher is not None:
-            self._dispatcher.cancel()
-
-    def _release_without_loop(self) -> None:
-        """Let go of a batcher whose event loop stopped or closed: free its worker threads.
-
-        Nothing can run on a loop that is gone, so this cannot drain; what the loop still allows
-        (it is stopped but not closed) is cancelled.
-        """
-        loop = self._loop
-        if loop is not None and not loop.is_closed():
-            self._abort()
-        self._caller.shutdown()
-        if self._state != _FAILED:
-            self._state = _STOPPED
-
-    def _drop_pending(self, error: BaseException | None = None) -> None:
-        """Cancel every queued record, or fail it with `error`."""
-        dropped = self._pending.clear(error)
-        if dropped:
-            self._stats.record_dropped(time.monotonic(), dropped, cancelled=error is None)
+            self._failure = failure
+            self._state = BatcherState.FAILED
+            logger.error("%s failed; failing all pending records", self.name, exc_info=cause)
+            self._release_space_waiters(failure)
+        self._settler.settle(batch.envelopes, Settled.RAN, record_error)
+        left = self._staging.remove_everything() + [e for other in self._inflight for e in other.envelopes]
+        self._inflight.clear()
+        self._settler.settle(left, Settled.FAILED, record_error)
+        self._device.cancel_runners()
+        self._check_drained()
 
 
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise ValueError(message)
+def _check_priority(priority: Any) -> None:
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        raise ValueError(f"priority must be an int, got {priority!r}")
 
 
-def _check_result_count(results: Any, expected: int) -> None:
-    try:
-        count = len(results)
-    except TypeError:
-        raise ResultCountError(
-            f"process_fn must return a list with one result per record, got {type(results).__name__}"
-        ) from None
-    if count != expected:
-        raise ResultCountError(f"process_fn returned {count} results for batch of {expected} records")
-
-
-def _resolve(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
-
-
-def _cancel_requested() -> bool:
-    task = asyncio.current_task()
-    cancelling = getattr(task, "cancelling", None)
-    return bool(cancelling and cancelling())
+def _check_deadline(deadline_s: Any) -> None:
+    if not isinstance(deadline_s, (int, float)) or not deadline_s > 0 or not math.isfinite(deadline_s):
+        raise ValueError(f"deadline_s must be a positive number of seconds, got {deadline_s!r}")

@@ -42,6 +42,10 @@ class UnrecoverableError(BatcherError):
     """
 
 
+class RecordExpiredError(TimeoutError):
+    """A record's `deadline_s` passed before it was dispatched; it never reached the process function."""
+
+
 class CostBudgetExceededError(ValueError):
     """A record costs more than `target_batch_cost` and the batcher was built with `oversized="reject"`."""
 

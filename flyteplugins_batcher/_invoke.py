@@ -1,23 +1,17 @@
-"""Calling the user's process function without ever blocking the event loop.
+"""Telling async process functions from plain ones, and catching async ones that block the event loop.
 
-A plain `def` runs in a worker thread (model calls such as `llm.generate` or a CUDA forward pass
-release the GIL, so producers keep loading data meanwhile). An `async def` is awaited on the
-loop, step by step under a stopwatch: a step that holds the loop for long means the function
-calls blocking code directly, and we say so once, naming the fix.
+An `async def` is awaited on the loop, step by step under a stopwatch: a step that holds the loop
+for long means the function calls blocking code directly, and we say so once, naming the fix.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextvars
-import functools
 import inspect
 import logging
 import time
 import types
 import warnings
-from collections.abc import Awaitable, Callable, Coroutine, Generator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Awaitable, Callable, Coroutine, Generator
 from typing import Any
 
 logger = logging.getLogger("flyteplugins_batcher")
@@ -38,46 +32,28 @@ def is_async_callable(fn: Callable[..., Any]) -> bool:
     return call is not None and inspect.iscoroutinefunction(call)
 
 
-class ProcessFnCaller:
-    """Calls a process function on a batch of records, in a thread or on the loop as appropriate.
+class BlockingStepMonitor:
+    """Watches an `async def` process function for steps that hold the event loop, and warns once.
 
     Args:
-        fn: The user's process function.
-        max_workers: Worker threads for a plain `def` function (one per concurrent batch).
-        owner: Name used in thread names and warnings.
+        fn: The process function (named in the warning).
+        owner: The batcher's name.
     """
 
-    def __init__(self, fn: Callable[[list[Any]], Any], *, max_workers: int, owner: str) -> None:
-        self.fn = fn
-        self.is_async = is_async_callable(fn)
-        self._max_workers = max_workers
+    def __init__(self, fn: Callable[..., Any], owner: str) -> None:
+        self._fn = fn
         self._owner = owner
-        self._executor: ThreadPoolExecutor | None = None
-        self._warned_blocking = False
+        self._warned = False
 
-    async def __call__(self, records: list[Any]) -> Sequence[Any]:
-        if self.is_async:
-            return await _StopwatchAwaitable(self.fn(records), self._on_blocking_step)
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix=self._owner)
-        context = contextvars.copy_context()
-        loop = asyncio.get_running_loop()
-        result = await loop.run_in_executor(self._executor, functools.partial(context.run, self.fn, records))
-        if inspect.isawaitable(result):  # a plain def that returns a coroutine (e.g. a lambda wrapping one)
-            result = await result
-        return result
-
-    def shutdown(self) -> None:
-        """Release the worker threads; a batch still running in one finishes on its own."""
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
-            self._executor = None
+    def watch(self, awaitable: Awaitable[Any]) -> Awaitable[Any]:
+        """`awaitable`, timed step by step while it is awaited."""
+        return _StopwatchAwaitable(awaitable, self._on_blocking_step)
 
     def _on_blocking_step(self, seconds: float) -> None:
-        if self._warned_blocking:
+        if self._warned:
             return
-        self._warned_blocking = True
-        name = getattr(self.fn, "__qualname__", repr(self.fn))
+        self._warned = True
+        name = getattr(self._fn, "__qualname__", repr(self._fn))
         message = (
             f"{self._owner}: the async process function {name!r} blocked the event loop for {seconds:.2f}s in one "
             "step, so no producer could load or submit data meanwhile. Make it a plain `def` (the batcher runs "

@@ -1,151 +1,286 @@
-"""The waiting room: submitted records in FIFO order, with cost accounting and backpressure."""
+"""The waiting room: submitted records that no batch holds yet, by priority and then in FIFO order.
+
+Records leave only when a batch is formed and are never put back, so a bounded queue cannot
+deadlock on itself. The queue is not thread-safe on its own: the staging area (`_staging`) guards
+it with its lock, because the device's runner forms batches from it while the loop appends.
+
+Order: the record to go next is the head of the highest priority level, where a waiting record
+gains one level per `priority_aging_s` seconds (so low priorities cannot starve). Within a level,
+records go in submission order (`grouping="fifo"`), or, with `grouping="by_cost"`, the head goes
+with the records of that level whose cost is closest to its own.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
-import time
 from collections import deque
+from collections.abc import Iterator
 from typing import Any
 
 from flyteplugins_batcher._errors import short_repr
-from flyteplugins_batcher._stats import StatsRecorder
+from flyteplugins_batcher._settings import Grouping
 
 
 class Envelope:
-    """A submitted record with its future and accounting; lives only until its batch resolves."""
+    """A submitted record with its future and accounting; lives only until its record is settled."""
 
-    __slots__ = ("cost", "future", "record", "seq", "settled", "submitted_at")
+    __slots__ = (
+        "cost",
+        "deadline",
+        "dispatched",
+        "future",
+        "priority",
+        "record",
+        "seq",
+        "settled",
+        "submitted_at",
+        "taken",
+        "timer",
+    )
 
-    def __init__(self, record: Any, cost: int, future: asyncio.Future[Any], submitted_at: float, seq: int) -> None:
+    def __init__(
+        self,
+        record: Any,
+        cost: int,
+        future: asyncio.Future[Any],
+        submitted_at: float,
+        seq: int,
+        priority: int = 0,
+        deadline: float | None = None,
+    ) -> None:
         self.record = record
         self.cost = cost
         self.future = future
         self.submitted_at = submitted_at
         self.seq = seq
-        self.settled = False  # counted in the stats as finished (once, however it finished)
+        self.priority = priority
+        self.deadline = deadline  # time.monotonic() after which it must not be dispatched
+        self.timer: asyncio.TimerHandle | None = None  # fails it at its deadline if still waiting
+        self.taken = False  # left the queue (into a batch, or dropped)
+        self.dispatched = False  # handed to the process function
+        self.settled = False  # its outcome is counted in the stats (exactly once)
 
     def describe(self) -> str:
         """Names the record in error messages: its submission number and a short repr."""
         return f"record #{self.seq} {short_repr(self.record)}"
 
+    def is_expired(self, now: float) -> bool:
+        """Whether its deadline passed before it was dispatched."""
+        return self.deadline is not None and now >= self.deadline
+
 
 class PendingQueue:
-    """Records waiting for a batch, oldest first.
-
-    Records leave only from the head and are never put back, so a bounded queue cannot deadlock
-    on itself. Producers that find it full wait in FIFO order for space.
+    """Records waiting for a batch.
 
     Args:
-        max_size: Most records that may wait; 0 means unbounded.
-        stats: Told about records dropped because their caller cancelled them.
+        grouping: `"fifo"` or `"by_cost"` (see the module notes).
+        priority_aging_s: Seconds of waiting worth one priority level; `None`: strict priorities.
     """
 
-    def __init__(self, max_size: int, stats: StatsRecorder) -> None:
-        self.max_size = max_size
-        self.cost = 0
-        self._envelopes: deque[Envelope] = deque()
-        self._space_waiters: deque[asyncio.Future[None]] = deque()
-        self._stats = stats
+    def __init__(self, grouping: Grouping = "fifo", priority_aging_s: float | None = None) -> None:
+        self.cost = 0  # summed cost of the records still queued (cancelled ones until they are dropped)
+        self._count = 0
+        self._by_cost = grouping == "by_cost"
+        self._aging_s = priority_aging_s
+        self._queues: dict[int, deque[Envelope]] = {0: deque()}
+        self._levels: list[int] = [0]  # priority levels with a queue, highest first
+        # by_cost only: per level, (cost, seq, envelope) in ascending order; taken entries leave it
+        # at once, while the FIFO deques drop them lazily from their heads.
+        self._sorted: dict[int, list[tuple[int, int, Envelope]]] = {0: []}
 
     def __len__(self) -> int:
-        return len(self._envelopes)
+        return self._count
 
     def __bool__(self) -> bool:
-        return bool(self._envelopes)
+        return self._count > 0
 
-    @property
-    def head(self) -> Envelope:
-        """The oldest waiting record."""
-        return self._envelopes[0]
-
-    def is_full(self) -> bool:
-        """Whether a new record would have to wait for space."""
-        return bool(self.max_size) and len(self._envelopes) >= self.max_size
-
-    def append(self, envelope: Envelope) -> None:
-        """Queue a record (callers wait for space first)."""
-        self._envelopes.append(envelope)
+    def push(self, envelope: Envelope) -> None:
+        """Queue a record (the caller checked for space)."""
+        priority = envelope.priority
+        queue = self._queues.get(priority)
+        if queue is None:
+            queue = self._add_level(priority)
+        queue.append(envelope)
+        if self._by_cost:
+            bisect.insort(self._sorted[priority], (envelope.cost, envelope.seq, envelope))
+        self._count += 1
         self.cost += envelope.cost
 
-    async def wait_for_space(self) -> None:
-        """Wait until a slot frees up, or raise the error `release_waiters` hands out."""
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._space_waiters.append(waiter)
-        try:
-            await waiter
-        except BaseException:
-            slot_given = waiter.done() and not waiter.cancelled() and waiter.exception() is None
-            waiter.cancel()
-            with contextlib.suppress(ValueError):
-                self._space_waiters.remove(waiter)
-            if slot_given:
-                self.wake_waiters()  # pass on the slot this cancelled producer will not use
-            raise
+    def oldest(self, skipped: list[Envelope]) -> Envelope | None:
+        """The longest-waiting live record (its age drives `batch_timeout_s` and `flush`).
 
-    def wake_waiters(self) -> None:
-        """Let as many waiting producers in as there is space."""
-        free = self.max_size - len(self._envelopes) if self.max_size else len(self._space_waiters)
-        while free > 0 and self._space_waiters:
-            waiter = self._space_waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                free -= 1
-
-    def release_waiters(self, error: BaseException) -> None:
-        """Fail every producer waiting for space (the batcher is stopping or failed)."""
-        while self._space_waiters:
-            waiter = self._space_waiters.popleft()
-            if not waiter.done():
-                waiter.set_exception(error)
-
-    def drop_cancelled_head(self) -> None:
-        """Discard records at the head whose callers cancelled them."""
-        envelopes = self._envelopes
-        if not envelopes or not envelopes[0].future.done():
-            return
-        while envelopes and envelopes[0].future.done():
-            self._discard(envelopes.popleft())
-        self.wake_waiters()
-
-    def take_batch(self, budget: int, max_size: int) -> list[Envelope]:
-        """Take records from the head while they fit `budget` and `max_size`.
-
-        The first record is always taken, so one costlier than the budget runs alone; a later
-        record that would cross the budget stays for the next batch. Cancelled records are dropped.
+        Records found cancelled or expired at the heads are removed into `skipped`.
         """
-        envelopes = self._envelopes
+        oldest: Envelope | None = None
+        for level in self._levels:
+            head = self._live_head(level, skipped)
+            if head is not None and (oldest is None or head.seq < oldest.seq):
+                oldest = head
+        return oldest
+
+    def peek(self, now: float, skipped: list[Envelope]) -> Envelope | None:
+        """The record that goes first in the next batch (dead heads are removed into `skipped`)."""
+        level = self._next_level(now, skipped)
+        return None if level is None else self._queues[level][0]
+
+    def take_batch(self, budget: int, max_size: int, now: float, skipped: list[Envelope]) -> list[Envelope]:
+        """Remove and return the next batch: at most `max_size` records within `budget`.
+
+        The first record always goes, so one costlier than the budget runs alone; otherwise a
+        record that would cross the budget stays for the next batch. Cancelled records, and
+        records whose deadline has passed, are removed into `skipped` and never batched.
+        """
+        level = self._next_level(now, skipped)
+        if level is None:
+            return []
+        if self._by_cost:
+            return self._take_similar_cost(level, budget, max_size, now, skipped)
+        return self._take_in_order(level, budget, max_size, now, skipped)
+
+    def remove_done(self) -> list[Envelope]:
+        """Remove every record whose future is already done (cancelled by its caller); returns them."""
+        removed: list[Envelope] = []
+        for level, queue in self._queues.items():
+            kept = deque(envelope for envelope in queue if not envelope.taken and not envelope.future.done())
+            removed.extend(envelope for envelope in queue if not envelope.taken and envelope.future.done())
+            self._queues[level] = kept
+            if self._by_cost:
+                self._sorted[level] = [entry for entry in self._sorted[level] if not entry[2].future.done()]
+        for envelope in removed:
+            envelope.taken = True
+            self._count -= 1
+            self.cost -= envelope.cost
+        return removed
+
+    def remove_all(self) -> list[Envelope]:
+        """Empty the queue; returns the records that were still in it."""
+        removed = [envelope for envelope in self._iter_queued() if not envelope.taken]
+        for envelope in removed:
+            envelope.taken = True
+        for queue in self._queues.values():
+            queue.clear()
+        for entries in self._sorted.values():
+            entries.clear()
+        self._count = 0
+        self.cost = 0
+        return removed
+
+    # -- internals ---------------------------------------------------------------------------------
+
+    def _add_level(self, priority: int) -> deque[Envelope]:
+        queue: deque[Envelope] = deque()
+        self._queues[priority] = queue
+        self._sorted[priority] = []
+        bisect.insort(self._levels, priority, key=lambda level: -level)
+        return queue
+
+    def _iter_queued(self) -> Iterator[Envelope]:
+        for queue in self._queues.values():
+            yield from queue
+
+    def _live_head(self, level: int, skipped: list[Envelope], now: float | None = None) -> Envelope | None:
+        """The head of a level once taken, cancelled and expired records (as of `now`) are dropped."""
+        queue = self._queues[level]
+        while queue:
+            head = queue[0]
+            if head.taken:
+                queue.popleft()
+            elif head.future.done() or (now is not None and head.is_expired(now)):
+                queue.popleft()
+                self._drop(head, skipped)
+            else:
+                return head
+        return None
+
+    def _next_level(self, now: float, skipped: list[Envelope]) -> int | None:
+        """The level whose head goes next: highest priority, counting the age of each head."""
+        if len(self._levels) == 1:
+            level = self._levels[0]
+            return level if self._live_head(level, skipped, now) is not None else None
+        best_level, best_rank = None, None
+        for level in self._levels:
+            head = self._live_head(level, skipped, now)
+            if head is None:
+                continue
+            effective = level if self._aging_s is None else level + (now - head.submitted_at) / self._aging_s
+            rank = (effective, -head.seq)
+            if best_rank is None or rank > best_rank:
+                best_level, best_rank = level, rank
+        return best_level
+
+    def _take_in_order(
+        self, level: int, budget: int, max_size: int, now: float, skipped: list[Envelope]
+    ) -> list[Envelope]:
+        queue = self._queues[level]
         batch: list[Envelope] = []
         cost = 0
-        while envelopes and len(batch) < max_size:
-            envelope = envelopes[0]
-            if envelope.future.done():  # cancelled by its caller while it waited
-                self._discard(envelopes.popleft())
+        while queue and len(batch) < max_size:
+            envelope = queue[0]
+            if envelope.future.done() or envelope.is_expired(now):
+                queue.popleft()
+                self._drop(envelope, skipped)
                 continue
             if batch and cost + envelope.cost > budget:
                 break
-            envelopes.popleft()
-            self.cost -= envelope.cost
+            queue.popleft()
+            envelope.taken = True
             cost += envelope.cost
             batch.append(envelope)
-        self.wake_waiters()
+        self._count -= len(batch)
+        self.cost -= cost
         return batch
 
-    def clear(self, error: BaseException | None = None) -> int:
-        """Empty the queue: cancel every record, or fail it with `error`. Returns how many there were."""
-        count = len(self._envelopes)
-        while self._envelopes:
-            future = self._envelopes.popleft().future
-            if future.done():
-                continue
-            if error is None:
-                future.cancel()
+    def _take_similar_cost(
+        self, level: int, budget: int, max_size: int, now: float, skipped: list[Envelope]
+    ) -> list[Envelope]:
+        entries = self._sorted[level]
+        anchor = self._queues[level][0]  # the live head, as `_next_level` left it
+        position = bisect.bisect_left(entries, (anchor.cost, anchor.seq))
+        low, high = position, position + 1  # the batch is a run of neighbours in cost order
+        batch = [anchor]
+        cost = anchor.cost
+        can_grow_up = True
+        while len(batch) < max_size:
+            below = entries[low - 1][2] if low > 0 else None
+            above = entries[high][2] if can_grow_up and high < len(entries) else None
+            if below is None and above is None:
+                break
+            take_above = below is None or (above is not None and above.cost - anchor.cost < anchor.cost - below.cost)
+            candidate = above if take_above else below
+            assert candidate is not None
+            if not (candidate.future.done() or candidate.is_expired(now)):
+                if cost + candidate.cost > budget:
+                    if take_above:
+                        can_grow_up = False  # a cheaper record below may still fit; costlier ones never will
+                        continue
+                    break  # the cheapest record left does not fit
+                batch.append(candidate)
+                cost += candidate.cost
             else:
-                future.set_exception(error)
-        self.cost = 0
-        self.wake_waiters()
-        return count
+                skipped.append(candidate)
+            if take_above:
+                high += 1
+            else:
+                low -= 1
+        removed = entries[low:high]
+        del entries[low:high]
+        for _, _, envelope in removed:
+            envelope.taken = True
+        self._count -= len(removed)
+        self.cost -= sum(entry[0] for entry in removed)
+        return batch
 
-    def _discard(self, envelope: Envelope) -> None:
+    def _drop(self, envelope: Envelope, skipped: list[Envelope]) -> None:
+        """Remove a record that must not run (cancelled, or past its deadline)."""
+        envelope.taken = True
+        self._count -= 1
         self.cost -= envelope.cost
-        self._stats.record_dropped(time.monotonic(), 1, cancelled=True)
+        if self._by_cost:
+            entries = self._sorted[envelope.priority]
+            index = bisect.bisect_left(entries, (envelope.cost, envelope.seq))
+            with contextlib.suppress(IndexError):
+                if entries[index][2] is envelope:
+                    del entries[index]
+        skipped.append(envelope)

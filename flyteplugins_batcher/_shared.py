@@ -3,11 +3,14 @@
 On a reusable Flyte container, many concurrent task invocations run in one Python process. They
 must share one model (loading it twice wastes minutes and GPU memory) and feed one batcher (two
 batchers would split the traffic and halve the batch sizes). The usual answer is a pair of
-`@alru_cache(maxsize=1)` functions; this module packages that pair and fixes its blind spot:
-async-lru clears its cache when the event loop changes, which drops the old batcher without
-stopping it, leaving its dispatcher task and worker threads orphaned. Here the model is loaded
-once per process, independent of event loops, and the batcher is rebuilt per loop: the old one
-is stopped on its own loop (or released, if that loop is gone) before the new one starts.
+`@alru_cache(maxsize=1)` functions; this module packages that pair and fixes its blind spots:
+
+- async-lru's cache belongs to one event loop. Here each loop gets its own `alru_cache` of running
+  batchers, and a loop change is handled in one place (`_serve`): the batchers of the old loop
+  are stopped on that loop, or released if it is gone, so none is orphaned with its threads.
+- The model is loaded once per process and key, independent of event loops.
+- A batcher that failed (its model died: `UnrecoverableError`) is replaced on the next call, and
+  its model closed and loaded again.
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ import asyncio
 import inspect
 import logging
 import threading
-import warnings
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Any, Generic, TypeVar
 
@@ -81,9 +83,9 @@ class SharedBatcher(Generic[ModelT, BatcherT]):
         self._model: ModelT | None = None
         self._model_loaded = False
         self._load_done: threading.Event | None = None
-        self._current: BatcherT | None = None
-        self._current_key: Hashable | None = None
-        self._batcher_for_loop = alru_cache(maxsize=1)(self._start_batcher)
+        self._serving_loop: asyncio.AbstractEventLoop | None = None
+        self._started = alru_cache(maxsize=1)(self._start)  # this loop's running batcher, by key
+        self._live: list[BatcherT] = []  # started and not yet retired, newest last
         self.loads = 0
         self.batchers_built = 0
 
@@ -94,21 +96,28 @@ class SharedBatcher(Generic[ModelT, BatcherT]):
 
     @property
     def batcher(self) -> BatcherT | None:
-        """The batcher serving the current loop, if one has been started."""
-        return self._current
+        """The batcher started most recently, if it still serves."""
+        return self._live[-1] if self._live else None
 
     async def get(self, key: Hashable = None) -> BatcherT:
-        """The running batcher for `key` on the caller's event loop (loading the model if needed)."""
+        """The running batcher for `key` on the caller's event loop (loading the model if needed).
+
+        A batcher that was stopped, or that failed, is replaced; a failed one's model is closed
+        and loaded again, since whatever killed the batcher (a dead engine) lives in the model.
+        """
         loop = asyncio.get_running_loop()
-        current = self._current
-        if current is not None:
-            if current.loop is loop and current.is_running and self._current_key == key:
-                return current  # the hot path: one call per record when used through `batched`
-            await self._retire(current)
-        with warnings.catch_warnings():
-            # We handle the loop change ourselves (the old batcher was just retired above).
-            warnings.filterwarnings("ignore", message=".*event loop change.*")
-            return await self._batcher_for_loop(key)
+        if loop is not self._serving_loop:
+            await self._serve(loop)
+        batcher = await self._started(key)
+        if batcher.is_running:
+            return batcher
+        self._started.cache_invalidate(key)
+        await self._retire(batcher)
+        if batcher.is_failed:
+            logger.warning("%s: the batcher failed (%s); loading the model again", self.name, batcher.failure)
+            with self._lock:
+                self._unload_locked()
+        return await self._started(key)
 
     async def model(self, key: Hashable = None) -> ModelT:
         """The loaded model for `key`, loading it (once per process) if needed."""
@@ -119,21 +128,29 @@ class SharedBatcher(Generic[ModelT, BatcherT]):
         return await asyncio.to_thread(self._load_blocking, key)
 
     async def aclose(self) -> None:
-        """Stop the batcher and close the model (for tests and clean shutdown)."""
-        current, self._current = self._current, None
-        if current is not None:
-            await self._retire(current)
-        self._batcher_for_loop.cache_clear()
+        """Stop the batchers and close the model (for tests and clean shutdown)."""
+        for batcher in list(self._live):
+            await self._retire(batcher)
+        self._started.cache_clear()
         with self._lock:
             self._unload_locked()
 
     # -- internals ---------------------------------------------------------------------------------
 
-    async def _start_batcher(self, key: Hashable) -> BatcherT:
+    async def _serve(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The one place a new event loop is handled: retire the old loop's batchers, start a fresh cache."""
+        for batcher in list(self._live):
+            await self._retire(batcher)
+        self._started = alru_cache(maxsize=1)(self._start)
+        self._serving_loop = loop
+
+    async def _start(self, key: Hashable) -> BatcherT:
+        for batcher in list(self._live):  # a new key: one model, one batcher per process
+            await self._retire(batcher)
         model = await self.model(key)
         batcher = self._make_batcher(model, key)
         await batcher.start()
-        self._current, self._current_key = batcher, key
+        self._live.append(batcher)
         self.batchers_built += 1
         logger.info("%s: started %s on this event loop", self.name, batcher.name)
         return batcher
@@ -189,9 +206,8 @@ class SharedBatcher(Generic[ModelT, BatcherT]):
 
     async def _retire(self, batcher: BatcherT) -> None:
         """Stop a batcher that no longer serves: drain it on its own loop if that still runs, else release it."""
-        if self._current is batcher:
-            self._current = None
-        self._batcher_for_loop.cache_clear()
+        if batcher in self._live:
+            self._live.remove(batcher)
         loop = batcher.loop
         if loop is asyncio.get_running_loop():
             await batcher.stop(timeout=_RETIRE_TIMEOUT_S)
@@ -199,5 +215,5 @@ class SharedBatcher(Generic[ModelT, BatcherT]):
             # Another thread runs that loop; let it drain there without making this loop wait.
             asyncio.run_coroutine_threadsafe(batcher.stop(timeout=_RETIRE_TIMEOUT_S), loop)
         else:
-            batcher._release_without_loop()
-        logger.info("%s: retired %s (event loop or configuration changed)", self.name, batcher.name)
+            batcher.release()
+        logger.info("%s: retired %s", self.name, batcher.name)

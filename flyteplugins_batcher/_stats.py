@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import enum
+import threading
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -24,9 +28,13 @@ DISPATCH_REASONS: tuple[DispatchReason, ...] = ("full", "budget", "timeout", "id
 class BatchStats:
     """A snapshot of a batcher's statistics (`batcher.stats`).
 
-    The first eight fields and `utilization` match `flyte.extras.BatchStats`. Time-based figures
-    count only the *active* time, when at least one record was in the batcher (submitted and not
-    yet resolved), so a replica that sat idle between jobs is not reported as under-utilized.
+    The first eight fields and `utilization` match `flyte.extras.BatchStats`. Busy time is measured
+    where the model runs: inside the worker thread around a plain `def` process function, and
+    around the awaited call of an `async def` one; with several batches in flight it counts the
+    time during which at least one is running. Idle time is the rest of the *active* time, when at
+    least one record was in the batcher (submitted and not yet resolved), so a replica that sat
+    idle between jobs is not reported as under-utilized. `utilization` is busy / (busy + idle):
+    the fraction of the active time the device was working.
 
     Attributes:
         total_submitted: Records accepted by `submit`.
@@ -36,9 +44,11 @@ class BatchStats:
         avg_batch_size: Mean records per batch.
         avg_batch_cost: Mean cost per batch.
         busy_time_s: Seconds with at least one batch inside the process function.
-        idle_time_s: Active seconds with no batch in flight (records were waiting, or arriving).
-        total_failed: Records whose future got an exception from the process function.
+        idle_time_s: Active seconds with no batch inside the process function.
+        total_failed: Records whose future got an exception (from the process function, or because
+            the batcher failed before they ran).
         total_cancelled: Records cancelled by their caller (or by `stop`) before they ran.
+        total_expired: Records whose `deadline_s` passed before dispatch (they never ran).
         total_oversized: Records costlier than `target_batch_cost` that ran alone.
         active_time_s: Seconds with at least one record in the batcher.
         records_per_s: `total_completed / active_time_s`.
@@ -47,7 +57,7 @@ class BatchStats:
         latency_s: From `submit` to the future resolving, per record.
         batch_size: Records per batch.
         batch_cost: Estimated cost per batch.
-        queue_depth: Records waiting right now.
+        queue_depth: Records waiting right now (queued, or in a staged batch).
         inflight_batches: Batches inside the process function right now.
 
     Example:
@@ -69,6 +79,7 @@ class BatchStats:
     total_failed: int = 0
     total_cancelled: int = 0
     total_oversized: int = 0
+    total_expired: int = 0
     active_time_s: float = 0.0
     records_per_s: float = 0.0
     batches_by_reason: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DISPATCH_REASONS, 0))
@@ -100,8 +111,10 @@ class BatchStats:
         reasons = " ".join(f"{reason}={count}" for reason, count in self.batches_by_reason.items() if count)
         failed = f", {self.total_failed} failed" if self.total_failed else ""
         cancelled = f", {self.total_cancelled} cancelled" if self.total_cancelled else ""
+        expired = f", {self.total_expired} expired" if self.total_expired else ""
         return (
-            f"{self.total_completed}/{self.total_submitted} records{failed}{cancelled} in {self.total_batches} batches "
+            f"{self.total_completed}/{self.total_submitted} records{failed}{cancelled}{expired} "
+            f"in {self.total_batches} batches "
             f"(avg {self.avg_batch_size:.1f} records, cost {self.avg_batch_cost:.0f}) | "
             f"{self.records_per_s:.1f} rec/s | utilization {self.utilization:.1%} | "
             f"wait p50 {_ms(self.queue_wait_s.p50)} p99 {_ms(self.queue_wait_s.p99)} | "
@@ -114,97 +127,137 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.1f}ms" if seconds < 10 else f"{seconds:.1f}s"
 
 
-class StatsRecorder:
-    """The batcher's live counters. All methods run on the batcher's event loop thread."""
+class Settled(enum.Enum):
+    """How a record left the batcher, for the statistics."""
+
+    RAN = "ran"  # went through the process function (with a result or an error)
+    FAILED = "failed"  # failed without running (the batcher failed)
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+
+
+class BusyClock:
+    """Time during which at least one batch is inside the process function, measured where it runs.
+
+    Thread-safe: a plain-`def` process function is timed in its worker thread.
+    """
+
+    __slots__ = ("_lock", "_running", "_since", "_total")
 
     def __init__(self) -> None:
-        self.submitted = 0
-        self.completed = 0
-        self.failed = 0
-        self.cancelled = 0
-        self.oversized = 0
-        self.batches = 0
-        self.total_cost = 0
-        self.reasons: dict[str, int] = dict.fromkeys(DISPATCH_REASONS, 0)
-        self.queue_wait = LogHistogram()
-        self.latency = LogHistogram()
-        self.batch_size = LogHistogram(floor=1.0)
-        self.batch_cost = LogHistogram(floor=1.0)
+        self._lock = threading.Lock()
+        self._running = 0
+        self._since = 0.0
+        self._total = 0.0
+
+    def enter(self) -> None:
+        """A batch starts inside the process function."""
+        with self._lock:
+            if not self._running:
+                self._since = time.monotonic()
+            self._running += 1
+
+    def exit(self) -> None:
+        """A batch left the process function."""
+        with self._lock:
+            self._running -= 1
+            if not self._running:
+                self._total += time.monotonic() - self._since
+
+    def busy_s(self, now: float) -> float:
+        """Busy seconds so far, including a batch still running."""
+        with self._lock:
+            return self._total + (now - self._since if self._running else 0.0)
+
+
+class StatsRecorder:
+    """The batcher's live counters. The batcher changes them only through these methods, on its event loop."""
+
+    def __init__(self) -> None:
+        self.busy = BusyClock()
+        self._submitted = 0
+        self._completed = 0
+        self._failed = 0
+        self._cancelled = 0
+        self._expired = 0
+        self._oversized = 0
+        self._batches = 0
+        self._total_cost = 0
+        self._reasons: dict[str, int] = dict.fromkeys(DISPATCH_REASONS, 0)
+        self._queue_wait = LogHistogram()
+        self._latency = LogHistogram()
+        self._batch_size = LogHistogram(floor=1.0)
+        self._batch_cost = LogHistogram(floor=1.0)
         self._in_system = 0
         self._active_since = 0.0
         self._active_total = 0.0
-        self._inflight = 0
-        self._busy_since = 0.0
-        self._busy_total = 0.0
 
     def record_submit(self, now: float) -> None:
-        self.submitted += 1
+        """A record was accepted."""
+        self._submitted += 1
         if not self._in_system:
             self._active_since = now
         self._in_system += 1
 
-    def record_dropped(self, now: float, count: int, *, cancelled: bool) -> None:
-        """Records that left before running: cancelled by the caller, or failed with the batcher."""
-        if cancelled:
-            self.cancelled += count
-        self._leave(now, count)
-
-    def record_dispatch(self, now: float, submitted_at: list[float], cost: int, reason: DispatchReason) -> None:
-        self.batches += 1
-        self.total_cost += cost
-        self.reasons[reason] += 1
-        self.batch_size.add(len(submitted_at))
-        self.batch_cost.add(max(cost, 1))
-        wait = self.queue_wait.add
+    def record_dispatch(
+        self, now: float, submitted_at: Sequence[float], cost: int, reason: DispatchReason, *, oversized: bool
+    ) -> None:
+        """A batch went to the process function."""
+        self._batches += 1
+        self._total_cost += cost
+        self._reasons[reason] += 1
+        self._oversized += oversized
+        self._batch_size.add(len(submitted_at))
+        self._batch_cost.add(max(cost, 1))
+        wait = self._queue_wait.add
         for at in submitted_at:
             wait(now - at)
-        if not self._inflight:
-            self._busy_since = now
-        self._inflight += 1
 
-    def record_settled(self, now: float, submitted_at: list[float], failed: int) -> None:
-        """Records that went through the process function and whose futures are now resolved."""
-        self.completed += len(submitted_at)
-        self.failed += failed
-        latency = self.latency.add
-        for at in submitted_at:
-            latency(now - at)
-        self._leave(now, len(submitted_at))
-
-    def record_batch_done(self, now: float) -> None:
-        self._inflight -= 1
-        if not self._inflight:
-            self._busy_total += now - self._busy_since
-
-    def _leave(self, now: float, count: int) -> None:
+    def record_settled(self, now: float, submitted_at: Sequence[float], how: Settled, *, failed: int = 0) -> None:
+        """Records whose futures are now resolved; `failed` of them (when they ran) with an exception."""
+        count = len(submitted_at)
+        if how is Settled.RAN:
+            self._completed += count
+            self._failed += failed
+            latency = self._latency.add
+            for at in submitted_at:
+                latency(now - at)
+        elif how is Settled.FAILED:
+            self._failed += count
+        elif how is Settled.CANCELLED:
+            self._cancelled += count
+        else:
+            self._expired += count
         self._in_system -= count
         if not self._in_system:
             self._active_total += now - self._active_since
 
-    def snapshot(self, now: float, *, queue_depth: int) -> BatchStats:
+    def snapshot(self, now: float, *, queue_depth: int, inflight_batches: int) -> BatchStats:
+        """The statistics as of `now`."""
         active = self._active_total + (now - self._active_since if self._in_system else 0.0)
-        busy = self._busy_total + (now - self._busy_since if self._inflight else 0.0)
-        batches = self.batches
-        batch_size = self.batch_size.summary()
+        busy = self.busy.busy_s(now)
+        batches = self._batches
+        batch_size = self._batch_size.summary()
         return BatchStats(
-            total_submitted=self.submitted,
-            total_completed=self.completed,
+            total_submitted=self._submitted,
+            total_completed=self._completed,
             total_batches=batches,
-            total_batch_cost=self.total_cost,
+            total_batch_cost=self._total_cost,
             avg_batch_size=batch_size.mean,
-            avg_batch_cost=self.total_cost / batches if batches else 0.0,
+            avg_batch_cost=self._total_cost / batches if batches else 0.0,
             busy_time_s=busy,
             idle_time_s=max(active - busy, 0.0),
-            total_failed=self.failed,
-            total_cancelled=self.cancelled,
-            total_oversized=self.oversized,
+            total_failed=self._failed,
+            total_cancelled=self._cancelled,
+            total_oversized=self._oversized,
+            total_expired=self._expired,
             active_time_s=active,
-            records_per_s=self.completed / active if active > 0 else 0.0,
-            batches_by_reason=dict(self.reasons),
-            queue_wait_s=self.queue_wait.summary(),
-            latency_s=self.latency.summary(),
+            records_per_s=self._completed / active if active > 0 else 0.0,
+            batches_by_reason=dict(self._reasons),
+            queue_wait_s=self._queue_wait.summary(),
+            latency_s=self._latency.summary(),
             batch_size=batch_size,
-            batch_cost=self.batch_cost.summary(),
+            batch_cost=self._batch_cost.summary(),
             queue_depth=queue_depth,
-            inflight_batches=self._inflight,
+            inflight_batches=inflight_batches,
         )

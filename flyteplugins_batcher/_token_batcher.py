@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from flyteplugins_batcher._batcher import DynamicBatcher, OnError, Oversized
+from flyteplugins_batcher._batcher import DynamicBatcher
 from flyteplugins_batcher._records import CostEstimatorFn, ProcessFn, RecordT, ResultT
+from flyteplugins_batcher._settings import BatcherSettings, Grouping, OnError, Oversized
 
 
 class TokenBatcher(DynamicBatcher[RecordT, ResultT]):
@@ -55,14 +56,14 @@ class TokenBatcher(DynamicBatcher[RecordT, ResultT]):
         max_inflight_cost: int | None = None,
         on_error: OnError = "raise",
         oversized: Oversized = "run_alone",
+        grouping: Grouping = "fifo",
+        priority_aging_s: float | None = 10.0,
         name: str | None = None,
     ) -> None:
         fn = inference_fn or process_fn
         if fn is None:
             raise TypeError("TokenBatcher requires either 'inference_fn' or 'process_fn'")
-        super().__init__(
-            process_fn=fn,
-            cost_estimator=token_estimator or cost_estimator,
+        settings = BatcherSettings(
             target_batch_cost=target_batch_tokens if target_batch_tokens is not None else target_batch_cost,
             max_batch_size=max_batch_size,
             min_batch_size=min_batch_size,
@@ -74,8 +75,10 @@ class TokenBatcher(DynamicBatcher[RecordT, ResultT]):
             max_inflight_cost=max_inflight_tokens if max_inflight_tokens is not None else max_inflight_cost,
             on_error=on_error,
             oversized=oversized,
-            name=name,
+            grouping=grouping,
+            priority_aging_s=priority_aging_s,
         )
+        self._setup(fn, settings, token_estimator or cost_estimator, name)
 
     async def submit(
         self,
@@ -83,6 +86,8 @@ class TokenBatcher(DynamicBatcher[RecordT, ResultT]):
         *,
         estimated_tokens: int | None = None,
         estimated_cost: int | None = None,
+        priority: int = 0,
+        deadline_s: float | None = None,
     ) -> asyncio.Future[ResultT]:
         """Queue one record for batched inference; returns a future for its result.
 
@@ -90,9 +95,14 @@ class TokenBatcher(DynamicBatcher[RecordT, ResultT]):
             record: The record.
             estimated_tokens: Its token count (takes precedence over `estimated_cost`).
             estimated_cost: Its cost, the base-class name for the same thing.
+            priority: Higher goes first (see `DynamicBatcher.submit`).
+            deadline_s: Seconds from now after which it must not be dispatched.
         """
         return await super().submit(
-            record, estimated_cost=estimated_tokens if estimated_tokens is not None else estimated_cost
+            record,
+            estimated_cost=estimated_tokens if estimated_tokens is not None else estimated_cost,
+            priority=priority,
+            deadline_s=deadline_s,
         )
 
     async def submit_batch(
@@ -101,6 +111,8 @@ class TokenBatcher(DynamicBatcher[RecordT, ResultT]):
         *,
         estimated_tokens: Sequence[int] | None = None,
         estimated_cost: Sequence[int] | None = None,
+        priority: int = 0,
+        deadline_s: float | None = None,
     ) -> list[asyncio.Future[ResultT]]:
         """Submit several records; returns their futures in order.
 
@@ -108,7 +120,12 @@ class TokenBatcher(DynamicBatcher[RecordT, ResultT]):
             records: The records.
             estimated_tokens: Optional per-record token counts, as long as `records`.
             estimated_cost: The base-class name for the same thing.
+            priority: For every record.
+            deadline_s: For every record, from now.
         """
         return await super().submit_batch(
-            records, estimated_cost=estimated_tokens if estimated_tokens is not None else estimated_cost
+            records,
+            estimated_cost=estimated_tokens if estimated_tokens is not None else estimated_cost,
+            priority=priority,
+            deadline_s=deadline_s,
         )

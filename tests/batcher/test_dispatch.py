@@ -185,22 +185,25 @@ async def test_flush_dispatches_without_waiting_for_the_timeout():
     assert batcher.stats.batches_by_reason["drain"] == 1
 
 
-async def test_backpressure_bounds_the_queue():
+async def test_submit_blocks_exactly_where_flyte_extras_does(impl):
     release = asyncio.Event()
 
     async def gated(batch: list[int]) -> list[int]:
         await release.wait()
         return batch
 
-    async with ours.DynamicBatcher(gated, max_queue_size=5, max_batch_size=2) as batcher:
-        futures = [await batcher.submit(i) for i in range(7)]  # 2 in flight + 5 queued
+    async with impl.DynamicBatcher(process_fn=gated, max_queue_size=5, max_batch_size=2) as batcher:
+        # One batch running (2) + prefetch_batches=2 staged batches (4) + the batch being
+        # assembled (2) + max_queue_size records (5): the documented capacity.
+        futures = [await batcher.submit(i) for i in range(13)]
         blocked = asyncio.ensure_future(batcher.submit(99))
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(0.05)
         assert not blocked.done()
-        assert batcher.stats.queue_depth == 5
+        if impl is ours:
+            assert batcher.stats.queue_depth == 11  # all but the running batch
         release.set()
         futures.append(await asyncio.wait_for(blocked, timeout=1.0))
-        assert await asyncio.gather(*futures) == [*range(7), 99]
+        assert await asyncio.gather(*futures) == [*range(13), 99]
 
 
 @pytest.mark.parametrize(

@@ -25,9 +25,11 @@ def test_stop_does_not_hang_on_a_full_queue(impl):
         gate = asyncio.Event()
         batcher = impl.DynamicBatcher(process_fn=await gated_identity(gate), max_queue_size=2, max_batch_size=1)
         await batcher.start()
-        futures = [await batcher.submit(i) for i in range(3)]  # one in flight, two queued: full
+        # Full: one record running, two staged batches (prefetch_batches=2), one being assembled, two queued.
+        futures = [await batcher.submit(i) for i in range(6)]
         blocked_producer = asyncio.ensure_future(batcher.submit(99))
         await asyncio.sleep(0.01)
+        assert not blocked_producer.done()
         stopping = asyncio.ensure_future(batcher.stop())
         await asyncio.sleep(0.01)
         gate.set()
@@ -36,8 +38,8 @@ def test_stop_does_not_hang_on_a_full_queue(impl):
         return outcomes
 
     outcomes = run_isolated(scenario, 2.0)
-    assert outcomes[:3] == [0, 1, 2]  # graceful: queued work still ran
-    assert isinstance(outcomes[3], ours.BatcherClosedError)  # the waiting producer was told, not left hanging
+    assert outcomes[:6] == [0, 1, 2, 3, 4, 5]  # graceful: queued work still ran
+    assert isinstance(outcomes[6], ours.BatcherClosedError)  # the waiting producer was told, not left hanging
 
 
 async def test_stop_with_timeout_cancels_what_is_left():

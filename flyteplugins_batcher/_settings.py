@@ -1,0 +1,208 @@
+"""`BatcherSettings`: every tunable of a batcher as one frozen, validated value.
+
+`DynamicBatcher`, `TokenBatcher`, `@batched` and the engines' `batcher_defaults()` all build one,
+so a setting is validated once, in one place, and a misspelt keyword fails where it is written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+OnError = Literal["raise", "split"]
+Oversized = Literal["run_alone", "reject"]
+Grouping = Literal["fifo", "by_cost"]
+
+TOKEN_KEYWORDS: Mapping[str, str] = {
+    "target_batch_tokens": "target_batch_cost",
+    "default_token_estimate": "default_cost",
+    "max_inflight_tokens": "max_inflight_cost",
+}
+"""`TokenBatcher`'s names for `DynamicBatcher` settings."""
+
+
+@dataclass(frozen=True)
+class BatcherSettings:
+    """How a batcher forms and runs batches; see the README's configuration table.
+
+    Build it with keywords (token-named ones such as `target_batch_tokens` are accepted by
+    `from_keywords`), derive variants with `replace`. Invalid values raise `ValueError` at
+    construction; unknown keywords raise `TypeError` naming the closest valid one.
+
+    Attributes:
+        target_batch_cost: Cost budget per batch, a hard limit (`target_batch_tokens`).
+        max_batch_size: Most records per batch.
+        min_batch_size: Records to wait for before an idle device takes a batch; the batch goes
+            anyway once its oldest record has waited `batch_timeout_s`.
+        batch_timeout_s: Longest a record waits for its batch to fill, counted from its submit.
+        max_queue_size: Records that may wait beyond the staged batches and the batch being
+            assembled; `submit` awaits when full. 0 or less: unbounded.
+        prefetch_batches: Full batches assembled ahead and staged at the device, so the next batch
+            starts the moment the previous one returns.
+        default_cost: Cost of a record nothing else estimates (`default_token_estimate`).
+        max_concurrent_batches: Batches inside the process function at once.
+        max_inflight_cost: Summed cost of the batches in flight (`max_inflight_tokens`); `None`
+            means `target_batch_cost * max_concurrent_batches`.
+        on_error: `"raise"` fails a whole batch with its exception; `"split"` bisects it to
+            isolate the failing records.
+        oversized: A record costlier than the budget: `"run_alone"` or `"reject"` at submit.
+        grouping: `"fifo"` forms batches in submission order; `"by_cost"` puts records of similar
+            cost together (always including the oldest waiting record), so that padded batches
+            waste little.
+        priority_aging_s: A waiting record gains one priority level per this many seconds, so low
+            priorities cannot starve; `None` means strict priorities.
+
+    Example:
+        ```python
+        settings = BatcherSettings(max_batch_size=64, grouping="by_cost")
+        batcher = DynamicBatcher.from_settings(embed, settings.replace(batch_timeout_s=0.01))
+        ```
+    """
+
+    target_batch_cost: int = 32_000
+    max_batch_size: int = 256
+    min_batch_size: int = 1
+    batch_timeout_s: float = 0.05
+    max_queue_size: int = 5_000
+    prefetch_batches: int = 2
+    default_cost: int = 1
+    max_concurrent_batches: int = 1
+    max_inflight_cost: int | None = None
+    on_error: OnError = "raise"
+    oversized: Oversized = "run_alone"
+    grouping: Grouping = "fifo"
+    priority_aging_s: float | None = 10.0
+
+    def __post_init__(self) -> None:
+        _require(self.target_batch_cost > 0, f"target_batch_cost must be > 0, got {self.target_batch_cost}")
+        _require(self.max_batch_size >= 1, f"max_batch_size must be >= 1, got {self.max_batch_size}")
+        _require(
+            1 <= self.min_batch_size <= self.max_batch_size,
+            f"min_batch_size must be between 1 and max_batch_size ({self.max_batch_size}), got {self.min_batch_size}",
+        )
+        _require(
+            self.batch_timeout_s >= 0 and math.isfinite(self.batch_timeout_s),
+            f"batch_timeout_s must be >= 0, got {self.batch_timeout_s}",
+        )
+        _require(self.prefetch_batches >= 0, f"prefetch_batches must be >= 0, got {self.prefetch_batches}")
+        _require(self.default_cost >= 0, f"default_cost must be >= 0, got {self.default_cost}")
+        _require(
+            self.max_concurrent_batches >= 1, f"max_concurrent_batches must be >= 1, got {self.max_concurrent_batches}"
+        )
+        _require(
+            self.max_inflight_cost is None or self.max_inflight_cost > 0,
+            f"max_inflight_cost must be > 0, got {self.max_inflight_cost}",
+        )
+        _require(self.on_error in ("raise", "split"), f"on_error must be 'raise' or 'split', got {self.on_error!r}")
+        _require(
+            self.oversized in ("run_alone", "reject"),
+            f"oversized must be 'run_alone' or 'reject', got {self.oversized!r}",
+        )
+        _require(self.grouping in ("fifo", "by_cost"), f"grouping must be 'fifo' or 'by_cost', got {self.grouping!r}")
+        _require(
+            self.priority_aging_s is None or self.priority_aging_s > 0,
+            f"priority_aging_s must be > 0 or None, got {self.priority_aging_s}",
+        )
+
+    @property
+    def inflight_cost_limit(self) -> int:
+        """The bound on the summed cost of batches in flight."""
+        if self.max_inflight_cost is not None:
+            return self.max_inflight_cost
+        return self.target_batch_cost * self.max_concurrent_batches
+
+    @property
+    def queue_capacity(self) -> int:
+        """Records that may wait unstaged (0: unbounded): `max_queue_size` plus the batch being assembled.
+
+        With `prefetch_batches` staged batches and the batches in flight, this is what flyte.extras
+        holds before `submit` blocks.
+        """
+        return self.max_queue_size + self.max_batch_size if self.max_queue_size > 0 else 0
+
+    @classmethod
+    def from_keywords(cls, **keywords: Any) -> BatcherSettings:
+        """Settings from `DynamicBatcher` or `TokenBatcher` keywords.
+
+        Raises:
+            TypeError: A keyword is not a setting (the message suggests the closest one), or a
+                setting is given under both its cost and its token name.
+        """
+        return cls().replace(**keywords)
+
+    def replace(self, **changes: Any) -> BatcherSettings:
+        """A copy with `changes` applied; token-named keywords are accepted.
+
+        Raises:
+            TypeError: As `from_keywords`.
+            ValueError: A changed value is invalid.
+        """
+        return dataclasses.replace(self, **normalize_keywords(changes))
+
+    def as_dict(self) -> dict[str, Any]:
+        """The settings as a plain dict of `DynamicBatcher` keywords."""
+        return dataclasses.asdict(self)
+
+
+SETTING_NAMES: frozenset[str] = frozenset(field.name for field in dataclasses.fields(BatcherSettings))
+
+
+def normalize_keywords(keywords: Mapping[str, Any]) -> dict[str, Any]:
+    """Map token names onto setting names and reject anything that is not a setting.
+
+    Raises:
+        TypeError: Unknown keyword (with the closest valid name), or one setting given twice.
+    """
+    normalized: dict[str, Any] = {}
+    for name, value in keywords.items():
+        setting = TOKEN_KEYWORDS.get(name, name)
+        if setting not in SETTING_NAMES:
+            raise TypeError(f"{name!r} is not a batcher setting{_suggestion(name)}")
+        if setting in normalized:
+            raise TypeError(f"{setting!r} given twice (as {setting!r} and its token name)")
+        normalized[setting] = value
+    return normalized
+
+
+@dataclass(frozen=True)
+class BatcherOptions:
+    """Everything that builds a batcher besides its process function: settings, estimator and name.
+
+    `parse` takes the keywords of `DynamicBatcher` or `TokenBatcher` (cost or token names), so
+    that callers like `@batched` and `Engine.batcher()` validate them once, where they are written.
+    """
+
+    settings: BatcherSettings
+    cost_estimator: Callable[[Any], Any] | None = None
+    name: str | None = None
+
+    @classmethod
+    def parse(cls, keywords: Mapping[str, Any], base: BatcherSettings | None = None) -> BatcherOptions:
+        """Split batcher keywords into settings (applied over `base`), the cost estimator and the name.
+
+        Raises:
+            TypeError: An unknown keyword, or the estimator given under both of its names.
+            ValueError: An invalid setting.
+        """
+        remaining = dict(keywords)
+        estimators = [remaining.pop(key) for key in ("cost_estimator", "token_estimator") if key in remaining]
+        if len(estimators) > 1:
+            raise TypeError("give 'cost_estimator' or 'token_estimator', not both")
+        name = remaining.pop("name", None)
+        settings = (base or BatcherSettings()).replace(**remaining)
+        return cls(settings, estimators[0] if estimators else None, name)
+
+
+def _suggestion(name: str) -> str:
+    candidates = sorted(SETTING_NAMES | set(TOKEN_KEYWORDS) | {"cost_estimator", "token_estimator", "name"})
+    close = difflib.get_close_matches(name, candidates, n=1)
+    return f"; did you mean {close[0]!r}?" if close else f"; valid settings: {', '.join(candidates)}"
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)

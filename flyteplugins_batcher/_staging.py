@@ -1,0 +1,230 @@
+"""The staging area: where batches are formed and wait for the device, shared by the event loop and the runners.
+
+The event loop adds records, and stages up to `prefetch_batches` full batches ahead. A runner (the
+thread or task that calls the process function) takes its next batch here the moment its previous
+one returns: a staged batch if there is one, else it forms one itself from the waiting records.
+Either way the device never waits for the event loop to come round, which matters when producers
+keep the loop busy. Everything here runs under one lock, because runners may be threads.
+
+When may a batch go (its dispatch reason)?
+
+- `full` / `budget`: it reached `max_batch_size`, or the waiting records reach `target_batch_cost`.
+- `idle`: nothing is in flight and at least `min_batch_size` records wait (the device must not
+  idle while work waits).
+- `timeout`: the oldest waiting record was submitted `batch_timeout_s` ago.
+- `drain`: the batcher is stopping, or the records were flushed.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+
+from flyteplugins_batcher._pending import Envelope, PendingQueue
+from flyteplugins_batcher._settings import BatcherSettings
+from flyteplugins_batcher._stats import DispatchReason
+
+
+@dataclass(eq=False)
+class Batch:
+    """Records that go to the process function together."""
+
+    envelopes: list[Envelope]
+    cost: int
+    reason: DispatchReason
+
+
+@dataclass
+class Plan:
+    """What the event loop must do after a change: start runners, settle skipped records, wake up later."""
+
+    runners_to_start: int = 0
+    skipped: list[Envelope] = field(default_factory=list)
+    wake_at: float | None = None
+
+
+class StagingArea:
+    """Waiting records, staged batches and the in-flight accounting, under one lock.
+
+    Args:
+        settings: The batcher's settings.
+    """
+
+    def __init__(self, settings: BatcherSettings) -> None:
+        self.settings = settings
+        self.lock = threading.Lock()
+        self.pending = PendingQueue(settings.grouping, settings.priority_aging_s)
+        self.staged: deque[Batch] = deque()
+        self.runners = 0  # runners started and not yet retired
+        self.inflight_batches = 0
+        self.inflight_cost = 0
+        self.draining = False
+        self.flush_upto = -1  # records up to this submission number go without waiting for the timeout
+        self._inflight_limit = settings.inflight_cost_limit
+
+    # -- the event loop's side -----------------------------------------------------------------
+
+    def plan(self, now: float, envelope: Envelope | None = None) -> Plan:
+        """Add `envelope` (if given), stage full batches ahead, and claim runners for what can go now."""
+        settings = self.settings
+        plan = Plan()
+        with self.lock:
+            pending = self.pending
+            if envelope is not None:
+                pending.push(envelope)
+            while len(self.staged) < settings.prefetch_batches and (
+                len(pending) >= settings.max_batch_size or pending.cost >= settings.target_batch_cost
+            ):
+                why: DispatchReason = "full" if len(pending) >= settings.max_batch_size else "budget"
+                records = pending.take_batch(settings.target_batch_cost, settings.max_batch_size, now, plan.skipped)
+                if not records:
+                    break
+                self.staged.append(Batch(records, sum(record.cost for record in records), why))
+            if self.runners < settings.max_concurrent_batches:
+                reason = self._pending_reason(now, plan.skipped)
+                ready = self._takeable(now, reason, plan.skipped)
+                claimed = self.runners - self.inflight_batches  # started, about to take a batch
+                while self.runners < settings.max_concurrent_batches and claimed < ready:
+                    self.runners += 1
+                    claimed += 1
+                    plan.runners_to_start += 1
+                if reason is None and pending and self.runners < settings.max_concurrent_batches:
+                    # The waiting records may go once the oldest times out; busy runners look
+                    # again by themselves when their batch returns.
+                    oldest = pending.oldest(plan.skipped)
+                    if oldest is not None:
+                        plan.wake_at = oldest.submitted_at + settings.batch_timeout_s
+        return plan
+
+    def flush(self, upto_seq: int) -> None:
+        """Let every record up to `upto_seq` go without waiting for the timeout."""
+        with self.lock:
+            self.flush_upto = max(self.flush_upto, upto_seq)
+
+    def start_draining(self) -> None:
+        """Stopping: every waiting record may go at once."""
+        with self.lock:
+            self.draining = True
+
+    def remove_everything(self) -> list[Envelope]:
+        """Take every waiting and staged record out (the batcher is aborting or failed)."""
+        with self.lock:
+            removed = [envelope for batch in self.staged for envelope in batch.envelopes]
+            self.staged.clear()
+            removed.extend(self.pending.remove_all())
+            return removed
+
+    def remove_cancelled(self) -> list[Envelope]:
+        """Take out every waiting or staged record whose caller cancelled it."""
+        with self.lock:
+            removed = self.pending.remove_done()
+            for batch in self.staged:
+                removed.extend(envelope for envelope in batch.envelopes if envelope.future.done())
+                batch.envelopes = [envelope for envelope in batch.envelopes if not envelope.future.done()]
+                batch.cost = sum(envelope.cost for envelope in batch.envelopes)
+            return removed
+
+    def mark_expired(self, envelope: Envelope) -> bool:
+        """Whether a record whose deadline just passed was still undispatched (the caller then fails it)."""
+        with self.lock:
+            return not envelope.future.done() and not envelope.dispatched
+
+    @property
+    def waiting(self) -> int:
+        """Records waiting: queued, or in a staged batch."""
+        return len(self.pending) + sum(len(batch.envelopes) for batch in self.staged)
+
+    # -- the runners' side ---------------------------------------------------------------------
+
+    def next_batch(self, finished: Batch | None, now: float) -> tuple[Batch | None, list[Envelope]]:
+        """Account for `finished` and hand out the next batch; `None` retires the calling runner.
+
+        Also returns the records left out on the way (cancelled, or past their deadline), for the
+        event loop to settle; they never reach the process function.
+        """
+        skipped: list[Envelope] = []
+        with self.lock:
+            if finished is not None:
+                self.inflight_batches -= 1
+                self.inflight_cost -= finished.cost
+            while True:
+                batch = self._take(now, skipped)
+                if batch is None:
+                    self.runners -= 1
+                    return None, skipped
+                live = []
+                for envelope in batch.envelopes:
+                    if envelope.future.done() or envelope.is_expired(now):
+                        skipped.append(envelope)
+                    else:
+                        envelope.dispatched = True
+                        live.append(envelope)
+                if live:
+                    break
+            batch.envelopes = live
+            batch.cost = sum(envelope.cost for envelope in live)
+            self.inflight_batches += 1
+            self.inflight_cost += batch.cost
+            return batch, skipped
+
+    def has_waiting(self) -> bool:
+        """Whether records wait that no runner will take until something changes (a timeout, a submit)."""
+        with self.lock:
+            return bool(self.pending) or bool(self.staged)
+
+    def _takeable(self, now: float, reason: DispatchReason | None, skipped: list[Envelope]) -> int:
+        """How many batches a runner could take right now (`_take` would not refuse the first)."""
+        room = self._inflight_limit - self.inflight_cost
+        if self.staged:
+            fits = not self.inflight_batches or self.staged[0].cost <= room
+            return len(self.staged) + (reason is not None) if fits else 0
+        if reason is None:
+            return 0
+        if self.inflight_batches:
+            head = self.pending.peek(now, skipped)
+            if head is None or head.cost > room:
+                return 0
+        return 1
+
+    def _take(self, now: float, skipped: list[Envelope]) -> Batch | None:
+        settings = self.settings
+        room = self._inflight_limit - self.inflight_cost
+        if self.staged:
+            head = self.staged[0]
+            if self.inflight_batches and head.cost > room:
+                return None  # the in-flight bound is reached; a completion will call again
+            return self.staged.popleft()
+        reason = self._pending_reason(now, skipped)
+        if reason is None:
+            return None
+        budget = settings.target_batch_cost
+        if self.inflight_batches:
+            head = self.pending.peek(now, skipped)
+            if head is None or head.cost > room:
+                return None  # it goes once a batch in flight returns (an oversized record: on an idle device)
+            budget = min(budget, room)
+        records = self.pending.take_batch(budget, settings.max_batch_size, now, skipped)
+        if not records:
+            return None
+        return Batch(records, sum(record.cost for record in records), reason)
+
+    def _pending_reason(self, now: float, skipped: list[Envelope]) -> DispatchReason | None:
+        settings = self.settings
+        pending = self.pending
+        if not pending:
+            return None
+        if len(pending) >= settings.max_batch_size:
+            return "full"
+        if pending.cost >= settings.target_batch_cost:
+            return "budget"
+        oldest = pending.oldest(skipped)
+        if oldest is None:
+            return None
+        if self.draining or oldest.seq <= self.flush_upto:
+            return "drain"
+        if now - oldest.submitted_at >= settings.batch_timeout_s:
+            return "timeout"
+        if not self.inflight_batches and len(pending) >= settings.min_batch_size:
+            return "idle"
+        return None
