@@ -35,6 +35,7 @@ logger = logging.getLogger("flyteplugins_batcher")
 Deliver = Callable[[list[Envelope], Any], None]
 """Receives part of a batch with its outcome: the process function's results, or one exception for all."""
 
+
 @dataclass(frozen=True)
 class DeviceHooks:
     """What the batcher does, on its event loop, as batches move through the device.
