@@ -4,12 +4,14 @@ Everything runs in one process on the same workloads, so the ratios mean somethi
 noisy machine. Run `python benchmarks/bench_batcher.py` (about a minute); `--quick` for a smoke run.
 
 Workloads:
-1. overhead: a trivial process function and 8 producers; microseconds per record against a bare
-   `asyncio.Queue` + `Future` pipeline measured in the same run.
-2. pipeline: 16 producer streams that wait on IO and burn some CPU per record, feeding a simulated
-   device whose batch takes a fixed + per-token time in a GIL-releasing sleep (like a CUDA call).
-   flyte.extras is used as its docs show (the blocking device call inside `async def`); ours gets
-   the plain function. Reports throughput and how much of the wall time the device was busy.
+1. overhead: an echo process function and 8 producers, 60 000 records in batches of up to 256;
+   microseconds per record against a bare `asyncio.Queue` + `Future` pipeline measured in the same
+   run (and ours with priorities and deadlines on every record, and with a plain `def`).
+2. pipeline (harsh and gentle): 16 producer streams that wait on IO and burn CPU on the event loop
+   per record, feeding a simulated device whose batch takes a fixed + per-token time in a
+   GIL-releasing sleep (like a CUDA call). flyte.extras is used as its docs show (the blocking
+   device call inside `async def`); ours gets the plain function. Reports throughput, the busy
+   fraction measured by the device itself, and `stats.utilization` beside it.
 3. latency: open-loop Poisson arrivals at about 40% of device capacity; p50/p99 from each
    record's scheduled arrival to its result.
 4. memory: tracemalloc over 100k records with a bounded queue: peak and what stays afterwards.
@@ -43,14 +45,25 @@ from benchmarks._tables import markdown_table
 
 # -- 1. per-record overhead -------------------------------------------------------------------------
 
+OVERHEAD_SETTINGS = {
+    "target_batch_cost": 256,
+    "max_batch_size": 256,
+    "batch_timeout_s": 0.001,
+    "max_queue_size": 10_000,
+}
 
-async def trivial(batch: list[int]) -> list[int]:
+
+async def echo(batch: list[int]) -> list[int]:
+    return batch
+
+
+def echo_sync(batch: list[int]) -> list[int]:
     return batch
 
 
 async def bare_pipeline(records_per_producer: int, producers: int) -> float:
-    """The floor: producers put (record, future) on an asyncio.Queue; one consumer batches them."""
-    queue: asyncio.Queue[tuple[int, asyncio.Future[int]]] = asyncio.Queue(maxsize=5_000)
+    """The floor: producers put (future, value) on an asyncio.Queue; one consumer takes up to 256 at a time."""
+    queue: asyncio.Queue[tuple[asyncio.Future[int], int]] = asyncio.Queue(maxsize=10_000)
     loop = asyncio.get_running_loop()
 
     async def consumer() -> None:
@@ -58,15 +71,15 @@ async def bare_pipeline(records_per_producer: int, producers: int) -> float:
             items = [await queue.get()]
             while len(items) < 256 and not queue.empty():
                 items.append(queue.get_nowait())
-            results = await trivial([record for record, _ in items])
-            for (_, future), result in zip(items, results, strict=True):
+            results = await echo([value for _, value in items])
+            for (future, _), result in zip(items, results, strict=True):
                 future.set_result(result)
 
     async def producer() -> None:
         futures = []
         for record in range(records_per_producer):
             future = loop.create_future()
-            await queue.put((record, future))
+            await queue.put((future, record))
             futures.append(future)
         await asyncio.gather(*futures)
 
@@ -78,14 +91,22 @@ async def bare_pipeline(records_per_producer: int, producers: int) -> float:
     return elapsed
 
 
-async def batcher_pipeline(make_batcher: Callable[[], Any], records_per_producer: int, producers: int) -> float:
-    async def producer(batcher: Any) -> None:
-        futures = [await batcher.submit(record) for record in range(records_per_producer)]
+async def batcher_pipeline(
+    make_batcher: Callable[[], Any], records_per_producer: int, producers: int, priorities: bool = False
+) -> float:
+    async def producer(batcher: Any, index: int) -> None:
+        if priorities:  # two levels, interleaved, and a generous deadline on every record
+            futures = [
+                await batcher.submit(record, estimated_cost=1, priority=record % 2, deadline_s=60.0)
+                for record in range(records_per_producer)
+            ]
+        else:
+            futures = [await batcher.submit(record, estimated_cost=1) for record in range(records_per_producer)]
         await asyncio.gather(*futures)
 
     async with make_batcher() as batcher:
         started = time.perf_counter()
-        await asyncio.gather(*(producer(batcher) for _ in range(producers)))
+        await asyncio.gather(*(producer(batcher, index) for index in range(producers)))
         return time.perf_counter() - started
 
 
@@ -95,13 +116,16 @@ def bench_overhead(records: int, repeats: int) -> list[list[object]]:
     contenders: dict[str, Callable[[], Awaitable[float]]] = {
         "bare asyncio.Queue + Future": lambda: bare_pipeline(per_producer, producers),
         "flyte.extras DynamicBatcher": lambda: batcher_pipeline(
-            lambda: extras.DynamicBatcher(process_fn=trivial), per_producer, producers
+            lambda: extras.DynamicBatcher(process_fn=echo, **OVERHEAD_SETTINGS), per_producer, producers
         ),
         "ours (async def process_fn)": lambda: batcher_pipeline(
-            lambda: ours.DynamicBatcher(trivial), per_producer, producers
+            lambda: ours.DynamicBatcher(echo, **OVERHEAD_SETTINGS), per_producer, producers
+        ),
+        "ours (async def, 2 priorities + deadlines)": lambda: batcher_pipeline(
+            lambda: ours.DynamicBatcher(echo, **OVERHEAD_SETTINGS), per_producer, producers, priorities=True
         ),
         "ours (plain def, worker thread)": lambda: batcher_pipeline(
-            lambda: ours.DynamicBatcher(lambda batch: batch), per_producer, producers
+            lambda: ours.DynamicBatcher(echo_sync, **OVERHEAD_SETTINGS), per_producer, producers
         ),
     }
     best: dict[str, float] = dict.fromkeys(contenders, float("inf"))
@@ -142,8 +166,9 @@ class SimulatedDevice:
         started = time.perf_counter()
         tokens = sum(doc.tokens for doc in batch)
         time.sleep(self.fixed_s + self.per_token_s * tokens)
+        finished = time.perf_counter()
         with self.lock:
-            self.intervals.append((started, time.perf_counter()))
+            self.intervals.append((started, finished))
             self.batch_sizes.append(len(batch))
             self.batch_tokens.append(tokens)
         return [doc.index for doc in batch]
@@ -176,57 +201,116 @@ def make_token_batcher(kind: str, device: SimulatedDevice, **settings: Any) -> A
 
 
 BATCH_SETTINGS = {"target_batch_tokens": 4_000, "max_batch_size": 256, "batch_timeout_s": 0.05}
+"""Settings for the latency and correctness workloads."""
 
 
 # -- 2. loader + device pipeline --------------------------------------------------------------------
 
 
 def burn_cpu(seconds: float) -> None:
-    """Preprocessing (tokenizing, decoding an image): holds the GIL."""
+    """Preprocessing (tokenizing, decoding an image): holds the GIL, on the event loop."""
     deadline = time.perf_counter() + seconds
     while time.perf_counter() < deadline:
         pass
 
 
-async def pipeline_run(kind: str, streams: int, per_stream: int, seed: int) -> dict[str, float]:
-    device = SimulatedDevice()
+@dataclass(frozen=True)
+class Pipeline:
+    """A loader + device workload: producer streams feeding one device."""
+
+    title: str
+    streams: int
+    records: int
+    io_s: float  # per record, awaited (reading from storage)
+    cpu_s: float  # per record, busy on the event loop (tokenizing)
+    cost_range: tuple[int, int]
+    device_fixed_s: float
+    device_per_token_s: float
+    settings: dict[str, Any]
+
+
+PIPELINES = {
+    "harsh": Pipeline(
+        title="600 records of 40-250 tokens, 16 streams: 4 ms IO + 0.2 ms CPU per record; "
+        "device 10 ms + 4 µs/token; budget 4096, batches of up to 64",
+        streams=16,
+        records=600,
+        io_s=0.004,
+        cpu_s=0.000_2,
+        cost_range=(40, 250),
+        device_fixed_s=0.010,
+        device_per_token_s=0.000_004,
+        settings={"target_batch_tokens": 4_096, "max_batch_size": 64, "batch_timeout_s": 0.05, "max_queue_size": 5_000},
+    ),
+    "gentle": Pipeline(
+        title="1600 records of 50-150 tokens, 16 streams: 10 ms IO + 0.2 ms CPU per record; "
+        "device 20 ms + 10 µs/token; budget 4000",
+        streams=16,
+        records=1_600,
+        io_s=0.010,
+        cpu_s=0.000_2,
+        cost_range=(50, 150),
+        device_fixed_s=0.020,
+        device_per_token_s=0.000_010,
+        settings={"target_batch_tokens": 4_000, "max_batch_size": 256, "batch_timeout_s": 0.05},
+    ),
+}
+
+
+async def pipeline_run(kind: str, workload: Pipeline, seed: int) -> dict[str, float]:
+    device = SimulatedDevice(fixed_s=workload.device_fixed_s, per_token_s=workload.device_per_token_s)
     rng = random.Random(seed)
-    docs = [[Doc(s * per_stream + i, rng.randint(50, 150)) for i in range(per_stream)] for s in range(streams)]
+    per_stream = workload.records // workload.streams
+    low, high = workload.cost_range
+    docs = [
+        [Doc(s * per_stream + i, rng.randint(low, high)) for i in range(per_stream)] for s in range(workload.streams)
+    ]
 
     async def stream(batcher: Any, my_docs: list[Doc]) -> list[int]:
         futures = []
         for doc in my_docs:
-            await asyncio.sleep(0.010)  # read from object storage
-            burn_cpu(0.000_2)  # preprocess
+            await asyncio.sleep(workload.io_s)
+            burn_cpu(workload.cpu_s)
             futures.append(await batcher.submit(doc))
         return list(await asyncio.gather(*futures))
 
-    async with make_token_batcher(kind, device, **BATCH_SETTINGS) as batcher:
+    async with make_token_batcher(kind, device, **workload.settings) as batcher:
         started = time.perf_counter()
         results = await asyncio.gather(*(stream(batcher, my_docs) for my_docs in docs))
         finished = time.perf_counter()
+        stats = batcher.stats
     assert results == [[doc.index for doc in my_docs] for my_docs in docs], "results reached the wrong producer"
     wall = finished - started
     return {
-        "records_per_s": streams * per_stream / wall,
+        "records_per_s": workload.records / wall,
         "device_busy": device.busy_seconds(started, finished) / wall,
+        "stats_utilization": stats.utilization,
         "avg_batch": statistics.mean(device.batch_sizes),
         "wall_s": wall,
     }
 
 
-def bench_pipeline(per_stream: int, repeats: int) -> list[list[object]]:
+def bench_pipeline(workload: Pipeline, repeats: int) -> list[list[object]]:
     runs: dict[str, list[dict[str, float]]] = {"flyte.extras": [], "ours": []}
     for repeat in range(repeats):
         for kind in runs:
-            runs[kind].append(asyncio.run(pipeline_run(kind, streams=16, per_stream=per_stream, seed=repeat)))
+            runs[kind].append(asyncio.run(pipeline_run(kind, workload, seed=repeat)))
     medians = {
         kind: {key: statistics.median(run[key] for run in results) for key in results[0]}
         for kind, results in runs.items()
     }
     base = medians["flyte.extras"]["records_per_s"]
     return [
-        [kind, m["records_per_s"], m["records_per_s"] / base, f"{m['device_busy']:.1%}", m["avg_batch"], m["wall_s"]]
+        [
+            kind,
+            m["records_per_s"],
+            m["records_per_s"] / base,
+            f"{m['device_busy']:.1%}",
+            f"{m['stats_utilization']:.1%}",
+            f"{abs(m['stats_utilization'] - m['device_busy']):.3f}",
+            m["avg_batch"],
+            m["wall_s"],
+        ]
         for kind, m in medians.items()
     ]
 
@@ -323,8 +407,8 @@ async def memory_run(make_batcher: Callable[[], Any], records: int) -> tuple[int
 def bench_memory(records: int) -> list[list[object]]:
     rows = []
     for name, factory in (
-        ("flyte.extras", lambda: extras.DynamicBatcher(process_fn=trivial, max_queue_size=1_000)),
-        ("ours", lambda: ours.DynamicBatcher(trivial, max_queue_size=1_000)),
+        ("flyte.extras", lambda: extras.DynamicBatcher(process_fn=echo, max_queue_size=1_000)),
+        ("ours", lambda: ours.DynamicBatcher(echo, max_queue_size=1_000)),
     ):
         peak, retained = asyncio.run(memory_run(factory, records))
         rows.append([name, records, peak // 1024, retained // 1024])
@@ -352,7 +436,7 @@ def small_queue_runs(kind: str, attempts: int, timeout_s: float) -> int:
                 await (await batcher.submit(i))
 
         async with module.DynamicBatcher(
-            process_fn=trivial, max_queue_size=2, min_batch_size=8, batch_timeout_s=0.02
+            process_fn=echo, max_queue_size=2, min_batch_size=8, batch_timeout_s=0.02
         ) as batcher:
             await asyncio.gather(*(producer(batcher) for _ in range(5)))
 
@@ -384,14 +468,26 @@ def main() -> None:
     scale = 0.2 if args.quick else 1.0
 
     sections = {
-        "Per-record overhead (8 producers, trivial process function)": (
+        "Per-record overhead (60 000 records, 8 producers, echo process function, batches of 256)": (
             ["pipeline", "µs / record", "x bare"],
-            bench_overhead(records=int(200_000 * scale), repeats=3),
+            bench_overhead(records=int(60_000 * scale), repeats=5),
         ),
-        "Loader + device pipeline (16 streams: 10 ms IO + 0.2 ms CPU per record; device 20 ms + 10 µs/token)": (
-            ["batcher", "records/s", "x flyte.extras", "device busy", "avg batch", "wall s"],
-            bench_pipeline(per_stream=int(100 * scale) or 20, repeats=3),
-        ),
+        **{
+            f"Loader + device pipeline, {name}: {workload.title}": (
+                [
+                    "batcher",
+                    "records/s",
+                    "x flyte.extras",
+                    "device busy (device's own clock)",
+                    "stats.utilization",
+                    "difference",
+                    "avg batch",
+                    "wall s",
+                ],
+                bench_pipeline(workload, repeats=5 if name == "harsh" else 3),
+            )
+            for name, workload in PIPELINES.items()
+        },
         "Latency, open-loop Poisson arrivals at 40% of device capacity": (
             [
                 "batcher",

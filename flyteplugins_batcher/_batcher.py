@@ -42,7 +42,7 @@ from flyteplugins_batcher._pending import Envelope
 from flyteplugins_batcher._records import CostEstimatorFn, ProcessFn, RecordT, ResultT
 from flyteplugins_batcher._settings import BatcherSettings, Grouping, OnError, Oversized
 from flyteplugins_batcher._settle import Settler
-from flyteplugins_batcher._staging import Batch, StagingArea
+from flyteplugins_batcher._staging import Batch, Plan, StagingArea
 from flyteplugins_batcher._stats import BatchStats, Settled, StatsRecorder
 
 logger = logging.getLogger("flyteplugins_batcher")
@@ -62,6 +62,9 @@ class BatcherState(enum.Enum):
 
 
 _ACTIVE = (BatcherState.RUNNING, BatcherState.DRAINING, BatcherState.ABORTING)
+_RUNNING = BatcherState.RUNNING
+_get_running_loop = asyncio.get_running_loop
+_monotonic = time.monotonic
 
 
 class DynamicBatcher(Generic[RecordT, ResultT]):
@@ -198,7 +201,8 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
         self._settings = settings
         self._process_fn = process_fn
         self._costs = CostResolver(self.name, cost_estimator, settings.default_cost, self._cost_protocols)
-        self._capacity = settings.queue_capacity
+        self._capacity = settings.queue_capacity or math.inf  # records that may wait unstaged
+        self._reject_above = settings.target_batch_cost if settings.oversized == "reject" else math.inf
         self._state = BatcherState.NEW
         self._failure: BatcherFailedError | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -351,7 +355,7 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
         await self.stop()
 
     async def _wait_drained(self, timeout: float | None) -> None:
-        if not self._settler.outstanding:
+        if not self._stats.in_system:
             return
         assert self._loop is not None
         drained = self._drained = self._loop.create_future()
@@ -388,7 +392,7 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
             await stopped
         except asyncio.CancelledError:
             if self._state in _ACTIVE:
-                left = self._settler.outstanding
+                left = self._stats.in_system
                 self._abort()
                 self._finish()
                 logger.warning(
@@ -430,32 +434,37 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
             ValueError: `deadline_s` is not a positive number, or `priority` not an integer.
             Exception: Whatever the cost estimator raised, with a note naming the record.
         """
-        if self._state is not BatcherState.RUNNING:
+        # This runs once per record: module-level names and a short path for the common case.
+        if self._state is not _RUNNING:
             raise self._not_accepting_error()
         loop = self._loop
-        if loop is not asyncio.get_running_loop():
+        if loop is not _get_running_loop():
             raise RuntimeError(f"{self.name} runs on another event loop; submit from the loop that started it")
-        cost = self._costs.resolve(record, estimated_cost)
-        if cost > self._settings.target_batch_cost and self._settings.oversized == "reject":
+        if estimated_cost.__class__ is int and estimated_cost >= 0:  # type: ignore[operator]
+            cost = estimated_cost  # the common explicit cost, without a call
+        else:
+            cost = self._costs.resolve(record, estimated_cost)
+        if cost > self._reject_above:
             raise CostBudgetExceededError(
                 f"{self.name}: {short_repr(record)} costs {cost}, more than target_batch_cost="
                 f"{self._settings.target_batch_cost}; it can never fit a batch (oversized='reject')"
             )
         if priority.__class__ is not int:
             _check_priority(priority)
-        if self._capacity and len(self._staging.pending) >= self._capacity:
+        staging = self._staging
+        if staging.pending.size >= self._capacity:
             await self._wait_for_space()
-        now = time.monotonic()
+        now = _monotonic()
         future: asyncio.Future[ResultT] = loop.create_future()
-        self._seq += 1
-        envelope = Envelope(record, cost, future, now, self._seq, priority)
+        seq = self._seq = self._stats.record_submit(now)
+        envelope = Envelope(record, cost, future, now, seq, priority)
         if deadline_s is not None:
             _check_deadline(deadline_s)
             envelope.deadline = now + deadline_s
             envelope.timer = loop.call_later(deadline_s, self._expire, envelope)
-        self._stats.record_submit(now)
-        self._settler.outstanding += 1
-        self._pump(now, envelope)
+        plan = staging.plan(now, envelope)  # this runs per record: `_pump` only when there is something to do
+        if plan is not None or self._space_waiters:
+            self._act(plan)
         return future
 
     async def submit_batch(
@@ -584,7 +593,7 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
 
     async def _wait_for_space(self) -> None:
         assert self._loop is not None
-        while len(self._staging.pending) >= self._capacity:
+        while self._staging.pending.size >= self._capacity:
             waiter: asyncio.Future[None] = self._loop.create_future()
             self._space_waiters.append(waiter)
             try:
@@ -602,7 +611,7 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
 
     def _wake_space_waiters(self) -> None:
         waiters = self._space_waiters
-        free = self._capacity - len(self._staging.pending)
+        free = self._capacity - self._staging.pending.size
         while free > 0 and waiters:
             waiter = waiters.popleft()
             if not waiter.done():
@@ -617,15 +626,19 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
 
     # -- dispatching -------------------------------------------------------------------------------
 
-    def _pump(self, now: float | None = None, envelope: Envelope | None = None) -> None:
-        """Let the staging area act on a change: start runners, settle skipped records, arm the timer."""
-        plan = self._staging.plan(time.monotonic() if now is None else now, envelope)
-        if plan.runners_to_start:
-            self._device.start_runners(plan.runners_to_start)
-        if plan.skipped:
-            self._settle_skipped(plan.skipped)
-        if plan.wake_at is not None and plan.wake_at < self._timer_at:
-            self._arm_timer(plan.wake_at)
+    def _pump(self) -> None:
+        """Let the staging area act on a change (a completion, a timeout, a flush)."""
+        self._act(self._staging.plan(time.monotonic()))
+
+    def _act(self, plan: Plan | None) -> None:
+        """Start runners, settle skipped records, arm the timer, let waiting producers in."""
+        if plan is not None:
+            if plan.runners_to_start:
+                self._device.start_runners(plan.runners_to_start)
+            if plan.skipped:
+                self._settle_skipped(plan.skipped)
+            if plan.wake_at is not None and plan.wake_at < self._timer_at:
+                self._arm_timer(plan.wake_at)
         if self._space_waiters:
             self._wake_space_waiters()
 
@@ -662,9 +675,9 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
             self._settle_skipped(skipped)
         self._inflight.add(batch)
         envelopes = batch.envelopes
+        now = time.monotonic()
         self._stats.record_dispatch(
-            time.monotonic(),
-            [envelope.submitted_at for envelope in envelopes],
+            [now - envelope.submitted_at for envelope in envelopes],
             batch.cost,
             batch.reason,
             oversized=len(envelopes) == 1 and batch.cost > self._settings.target_batch_cost,
@@ -694,7 +707,7 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
 
     def _check_drained(self) -> None:
         drained = self._drained
-        if drained is not None and not drained.done() and not self._settler.outstanding:
+        if drained is not None and not drained.done() and not self._stats.in_system:
             drained.set_result(None)
 
     # -- failure -----------------------------------------------------------------------------------

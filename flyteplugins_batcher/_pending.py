@@ -29,7 +29,6 @@ class Envelope:
     __slots__ = (
         "cost",
         "deadline",
-        "dispatched",
         "future",
         "priority",
         "record",
@@ -58,8 +57,9 @@ class Envelope:
         self.priority = priority
         self.deadline = deadline  # time.monotonic() after which it must not be dispatched
         self.timer: asyncio.TimerHandle | None = None  # fails it at its deadline if still waiting
-        self.taken = False  # left the queue (into a batch, or dropped)
-        self.dispatched = False  # handed to the process function
+        # Left the queue. Needed where the queue drops records lazily (`by_cost`); FIFO deques pop
+        # records as they leave, so their hot path does not set it (see `PendingQueue.holds`).
+        self.taken = False
         self.settled = False  # its outcome is counted in the stats (exactly once)
 
     def describe(self) -> str:
@@ -81,7 +81,7 @@ class PendingQueue:
 
     def __init__(self, grouping: Grouping = "fifo", priority_aging_s: float | None = None) -> None:
         self.cost = 0  # summed cost of the records still queued (cancelled ones until they are dropped)
-        self._count = 0
+        self.size = 0  # records still queued (read on every submit, hence an attribute)
         self._by_cost = grouping == "by_cost"
         self._aging_s = priority_aging_s
         self._queues: dict[int, deque[Envelope]] = {0: deque()}
@@ -91,10 +91,10 @@ class PendingQueue:
         self._sorted: dict[int, list[tuple[int, int, Envelope]]] = {0: []}
 
     def __len__(self) -> int:
-        return self._count
+        return self.size
 
     def __bool__(self) -> bool:
-        return self._count > 0
+        return self.size > 0
 
     def push(self, envelope: Envelope) -> None:
         """Queue a record (the caller checked for space)."""
@@ -105,7 +105,7 @@ class PendingQueue:
         queue.append(envelope)
         if self._by_cost:
             bisect.insort(self._sorted[priority], (envelope.cost, envelope.seq, envelope))
-        self._count += 1
+        self.size += 1
         self.cost += envelope.cost
 
     def oldest(self, skipped: list[Envelope]) -> Envelope | None:
@@ -139,6 +139,13 @@ class PendingQueue:
             return self._take_similar_cost(level, budget, max_size, now, skipped)
         return self._take_in_order(level, budget, max_size, now, skipped)
 
+    def holds(self, envelope: Envelope) -> bool:
+        """Whether `envelope` is still queued (a scan in FIFO mode: for rare events such as an expiry)."""
+        if self._by_cost:
+            return not envelope.taken
+        queue = self._queues.get(envelope.priority)
+        return queue is not None and envelope in queue
+
     def remove_done(self) -> list[Envelope]:
         """Remove every record whose future is already done (cancelled by its caller); returns them."""
         removed: list[Envelope] = []
@@ -150,7 +157,7 @@ class PendingQueue:
                 self._sorted[level] = [entry for entry in self._sorted[level] if not entry[2].future.done()]
         for envelope in removed:
             envelope.taken = True
-            self._count -= 1
+            self.size -= 1
             self.cost -= envelope.cost
         return removed
 
@@ -163,7 +170,7 @@ class PendingQueue:
             queue.clear()
         for entries in self._sorted.values():
             entries.clear()
-        self._count = 0
+        self.size = 0
         self.cost = 0
         return removed
 
@@ -214,22 +221,27 @@ class PendingQueue:
         self, level: int, budget: int, max_size: int, now: float, skipped: list[Envelope]
     ) -> list[Envelope]:
         queue = self._queues[level]
-        batch: list[Envelope] = []
+        # Count what fits first, then take it in one go: this runs for every record, so it is
+        # written for speed. The head is live (`_next_level` dropped dead heads).
+        count = 0
         cost = 0
-        while queue and len(batch) < max_size:
-            envelope = queue[0]
-            if envelope.future.done() or envelope.is_expired(now):
-                queue.popleft()
-                self._drop(envelope, skipped)
-                continue
-            if batch and cost + envelope.cost > budget:
+        for envelope in queue:
+            grown = cost + envelope.cost
+            if count == max_size or (count and grown > budget):
                 break
-            queue.popleft()
-            envelope.taken = True
-            cost += envelope.cost
-            batch.append(envelope)
-        self._count -= len(batch)
+            cost = grown
+            count += 1
+        popleft = queue.popleft
+        taken = [popleft() for _ in range(count)]
+        self.size -= count
         self.cost -= cost
+        batch = [
+            envelope
+            for envelope in taken
+            if not envelope.future.done() and (envelope.deadline is None or now < envelope.deadline)
+        ]
+        if len(batch) < count:  # cancelled or expired meanwhile: they never run
+            skipped.extend(envelope for envelope in taken if envelope not in batch)
         return batch
 
     def _take_similar_cost(
@@ -268,14 +280,14 @@ class PendingQueue:
         del entries[low:high]
         for _, _, envelope in removed:
             envelope.taken = True
-        self._count -= len(removed)
+        self.size -= len(removed)
         self.cost -= sum(entry[0] for entry in removed)
         return batch
 
     def _drop(self, envelope: Envelope, skipped: list[Envelope]) -> None:
         """Remove a record that must not run (cancelled, or past its deadline)."""
         envelope.taken = True
-        self._count -= 1
+        self.size -= 1
         self.cost -= envelope.cost
         if self._by_cost:
             entries = self._sorted[envelope.priority]

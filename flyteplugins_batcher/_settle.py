@@ -32,7 +32,6 @@ class Settler:
         self._owner = owner
         self._stats = stats
         self._split_hint = split_hint
-        self.outstanding = 0  # records accepted and not yet settled
 
     def settle(self, envelopes: Sequence[Envelope], how: Settled, outcome: Any = None) -> None:
         """Give each record its outcome, once, and count it.
@@ -75,34 +74,36 @@ class Settler:
         now = time.monotonic()
         if counted:
             failed = len(counted) if how is Settled.RAN else 0
-            self._stats.record_settled(now, [envelope.submitted_at for envelope in counted], how, failed=failed)
+            self._stats.record_settled(now, [now - envelope.submitted_at for envelope in counted], how, failed=failed)
         if late_cancels:
             cancelled_how = Settled.RAN if how is Settled.RAN else Settled.CANCELLED
-            self._stats.record_settled(now, [envelope.submitted_at for envelope in late_cancels], cancelled_how)
-        self.outstanding -= len(fresh)
+            self._stats.record_settled(now, [now - envelope.submitted_at for envelope in late_cancels], cancelled_how)
 
     def _settle_results(self, envelopes: Sequence[Envelope], results: Sequence[Any]) -> None:
-        submitted_at: list[float] = []
+        now = time.monotonic()
         failed = 0
+        earlier: list[Envelope] = []  # settled before their results came (the batcher failed or aborted)
         for envelope, result in zip(envelopes, results, strict=True):
-            if envelope.settled:
+            future = envelope.future
+            if future.done():  # settled earlier, or cancelled by its caller while it ran (still counts as run)
+                if envelope.settled:
+                    earlier.append(envelope)
+                envelope.settled = True
                 continue
             envelope.settled = True
             if envelope.timer is not None:
                 envelope.timer.cancel()
-            submitted_at.append(envelope.submitted_at)
-            future = envelope.future
-            if future.done():  # cancelled by its caller while it ran: it still counts as run
-                continue
             if isinstance(result, Exception):
                 add_note(result, f"{self._owner}: failed {envelope.describe()}")
                 future.set_exception(result)
                 failed += 1
             else:
                 future.set_result(result)
-        if submitted_at:
-            self._stats.record_settled(time.monotonic(), submitted_at, Settled.RAN, failed=failed)
-            self.outstanding -= len(submitted_at)
+        counted = [envelope for envelope in envelopes if envelope not in earlier] if earlier else envelopes
+        if counted:
+            self._stats.record_settled(
+                now, [now - envelope.submitted_at for envelope in counted], Settled.RAN, failed=failed
+            )
 
     def _note_batch_error(self, error: BaseException, envelopes: Sequence[Envelope]) -> None:
         if len(envelopes) == 1:

@@ -33,6 +33,7 @@ class Batch:
     envelopes: list[Envelope]
     cost: int
     reason: DispatchReason
+    staged: bool = False  # assembled ahead: its records may have been cancelled or expired since
 
 
 @dataclass
@@ -62,40 +63,60 @@ class StagingArea:
         self.draining = False
         self.flush_upto = -1  # records up to this submission number go without waiting for the timeout
         self._inflight_limit = settings.inflight_cost_limit
+        self._prefetch = settings.prefetch_batches
+        self._max_size = settings.max_batch_size
+        self._budget = settings.target_batch_cost
+        self._max_runners = settings.max_concurrent_batches
 
     # -- the event loop's side -----------------------------------------------------------------
 
-    def plan(self, now: float, envelope: Envelope | None = None) -> Plan:
-        """Add `envelope` (if given), stage full batches ahead, and claim runners for what can go now."""
-        settings = self.settings
-        plan = Plan()
+    def plan(self, now: float, envelope: Envelope | None = None) -> Plan | None:
+        """Add `envelope` (if given), stage full batches ahead, and claim runners for what can go now.
+
+        Returns `None` when the event loop has nothing to do: the common case while the device is
+        busy. This runs once per submitted record, hence the settings read into attributes.
+        """
+        skipped: list[Envelope] | None = None
         with self.lock:
             pending = self.pending
             if envelope is not None:
                 pending.push(envelope)
-            while len(self.staged) < settings.prefetch_batches and (
-                len(pending) >= settings.max_batch_size or pending.cost >= settings.target_batch_cost
-            ):
-                why: DispatchReason = "full" if len(pending) >= settings.max_batch_size else "budget"
-                records = pending.take_batch(settings.target_batch_cost, settings.max_batch_size, now, plan.skipped)
-                if not records:
-                    break
-                self.staged.append(Batch(records, sum(record.cost for record in records), why))
-            if self.runners < settings.max_concurrent_batches:
-                reason = self._pending_reason(now, plan.skipped)
-                ready = self._takeable(now, reason, plan.skipped)
-                claimed = self.runners - self.inflight_batches  # started, about to take a batch
-                while self.runners < settings.max_concurrent_batches and claimed < ready:
-                    self.runners += 1
-                    claimed += 1
-                    plan.runners_to_start += 1
-                if reason is None and pending and self.runners < settings.max_concurrent_batches:
-                    # The waiting records may go once the oldest times out; busy runners look
-                    # again by themselves when their batch returns.
-                    oldest = pending.oldest(plan.skipped)
-                    if oldest is not None:
-                        plan.wake_at = oldest.submitted_at + settings.batch_timeout_s
+            if len(self.staged) < self._prefetch and (pending.size >= self._max_size or pending.cost >= self._budget):
+                skipped = []
+                self._stage_full_batches(now, skipped)
+            if self.runners >= self._max_runners:
+                return Plan(skipped=skipped) if skipped else None
+            return self._claim_runners(now, skipped or [])
+
+    def _claim_runners(self, now: float, skipped: list[Envelope]) -> Plan:
+        plan = Plan(skipped=skipped)
+        pending = self.pending
+        reason = self._pending_reason(now, skipped)
+        ready = self._takeable(now, reason, skipped)
+        claimed = self.runners - self.inflight_batches  # started, about to take a batch
+        while self.runners < self._max_runners and claimed < ready:
+            self.runners += 1
+            claimed += 1
+            plan.runners_to_start += 1
+        if reason is None and pending and self.runners < self._max_runners:
+            # The waiting records may go once the oldest times out; busy runners look again by
+            # themselves when their batch returns.
+            oldest = pending.oldest(skipped)
+            if oldest is not None:
+                plan.wake_at = oldest.submitted_at + self.settings.batch_timeout_s
         return plan
+
+    def _stage_full_batches(self, now: float, skipped: list[Envelope]) -> None:
+        settings = self.settings
+        pending = self.pending
+        while len(self.staged) < settings.prefetch_batches and (
+            pending.size >= settings.max_batch_size or pending.cost >= settings.target_batch_cost
+        ):
+            why: DispatchReason = "full" if pending.size >= settings.max_batch_size else "budget"
+            records = pending.take_batch(settings.target_batch_cost, settings.max_batch_size, now, skipped)
+            if not records:
+                break
+            self.staged.append(Batch(records, sum(record.cost for record in records), why, staged=True))
 
     def flush(self, upto_seq: int) -> None:
         """Let every record up to `upto_seq` go without waiting for the timeout."""
@@ -126,14 +147,20 @@ class StagingArea:
             return removed
 
     def mark_expired(self, envelope: Envelope) -> bool:
-        """Whether a record whose deadline just passed was still undispatched (the caller then fails it)."""
+        """Whether a record whose deadline just passed was still undispatched (the caller then fails it).
+
+        Under the lock, so that a runner cannot take it meanwhile: a record is undispatched while
+        it is queued or in a staged batch.
+        """
         with self.lock:
-            return not envelope.future.done() and not envelope.dispatched
+            if envelope.future.done():
+                return False
+            return self.pending.holds(envelope) or any(envelope in batch.envelopes for batch in self.staged)
 
     @property
     def waiting(self) -> int:
         """Records waiting: queued, or in a staged batch."""
-        return len(self.pending) + sum(len(batch.envelopes) for batch in self.staged)
+        return self.pending.size + sum(len(batch.envelopes) for batch in self.staged)
 
     # -- the runners' side ---------------------------------------------------------------------
 
@@ -153,17 +180,21 @@ class StagingArea:
                 if batch is None:
                     self.runners -= 1
                     return None, skipped
-                live = []
-                for envelope in batch.envelopes:
-                    if envelope.future.done() or envelope.is_expired(now):
-                        skipped.append(envelope)
-                    else:
-                        envelope.dispatched = True
-                        live.append(envelope)
+                if not batch.staged:
+                    break  # formed just now: its records were checked as they were taken
+                # A staged batch waited: some of its records may have been cancelled or expired since.
+                envelopes = batch.envelopes
+                live = [
+                    envelope
+                    for envelope in envelopes
+                    if not envelope.future.done() and (envelope.deadline is None or now < envelope.deadline)
+                ]
+                if len(live) < len(envelopes):
+                    skipped.extend(envelope for envelope in envelopes if envelope not in live)
+                    batch.envelopes = live
+                    batch.cost = sum(envelope.cost for envelope in live)
                 if live:
                     break
-            batch.envelopes = live
-            batch.cost = sum(envelope.cost for envelope in live)
             self.inflight_batches += 1
             self.inflight_cost += batch.cost
             return batch, skipped
@@ -214,7 +245,7 @@ class StagingArea:
         pending = self.pending
         if not pending:
             return None
-        if len(pending) >= settings.max_batch_size:
+        if pending.size >= settings.max_batch_size:
             return "full"
         if pending.cost >= settings.target_batch_cost:
             return "budget"
@@ -225,6 +256,6 @@ class StagingArea:
             return "drain"
         if now - oldest.submitted_at >= settings.batch_timeout_s:
             return "timeout"
-        if not self.inflight_batches and len(pending) >= settings.min_batch_size:
+        if not self.inflight_batches and pending.size >= settings.min_batch_size:
             return "idle"
         return None

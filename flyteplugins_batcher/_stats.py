@@ -5,7 +5,6 @@ from __future__ import annotations
 import enum
 import threading
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -192,36 +191,39 @@ class StatsRecorder:
         self._active_since = 0.0
         self._active_total = 0.0
 
-    def record_submit(self, now: float) -> None:
-        """A record was accepted."""
-        self._submitted += 1
+    @property
+    def in_system(self) -> int:
+        """Records accepted and not yet settled."""
+        return self._in_system
+
+    def record_submit(self, now: float) -> int:
+        """A record was accepted; returns how many have been, which numbers it."""
         if not self._in_system:
             self._active_since = now
         self._in_system += 1
+        self._submitted += 1
+        return self._submitted
 
-    def record_dispatch(
-        self, now: float, submitted_at: Sequence[float], cost: int, reason: DispatchReason, *, oversized: bool
-    ) -> None:
-        """A batch went to the process function."""
+    def record_dispatch(self, waited: list[float], cost: int, reason: DispatchReason, *, oversized: bool) -> None:
+        """A batch went to the process function; `waited` is each record's time from submit to now."""
         self._batches += 1
         self._total_cost += cost
         self._reasons[reason] += 1
         self._oversized += oversized
-        self._batch_size.add(len(submitted_at))
+        self._batch_size.add(len(waited))
         self._batch_cost.add(max(cost, 1))
-        wait = self._queue_wait.add
-        for at in submitted_at:
-            wait(now - at)
+        self._queue_wait.add_many(waited)
 
-    def record_settled(self, now: float, submitted_at: Sequence[float], how: Settled, *, failed: int = 0) -> None:
-        """Records whose futures are now resolved; `failed` of them (when they ran) with an exception."""
-        count = len(submitted_at)
+    def record_settled(self, now: float, latencies: list[float], how: Settled, *, failed: int = 0) -> None:
+        """Records whose futures are now resolved, each with its time from submit to now.
+
+        `failed` of them (when they ran) got an exception.
+        """
+        count = len(latencies)
         if how is Settled.RAN:
             self._completed += count
             self._failed += failed
-            latency = self._latency.add
-            for at in submitted_at:
-                latency(now - at)
+            self._latency.add_many(latencies)
         elif how is Settled.FAILED:
             self._failed += count
         elif how is Settled.CANCELLED:
