@@ -224,7 +224,6 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
             split=settings.on_error == "split",
             max_runners=settings.max_concurrent_batches,
         )
-        self._inflight: set[Batch] = set()
         self._space_waiters: deque[asyncio.Future[None]] = deque()
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
@@ -316,7 +315,7 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
                 self._release_space_waiters(BatcherClosedError(f"{self.name} is stopping and takes no new records"))
             if self._state is BatcherState.DRAINING:
                 if cancel_pending:
-                    self._settler.settle(self._staging.remove_everything(), Settled.CANCELLED)
+                    self._settler.settle(self._staging.remove_waiting(), Settled.CANCELLED)
                 self._staging.start_draining()
                 self._pump()
                 await self._wait_drained(timeout)
@@ -341,10 +340,10 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
         loop = self._loop
         if loop is not None and loop.is_running():
             raise RuntimeError(f"{self.name}: its event loop still runs; call stop() on that loop instead")
-        left = self._staging.remove_everything() + [e for batch in self._inflight for e in batch.envelopes]
-        self._inflight.clear()
         with contextlib.suppress(RuntimeError):  # a closed loop cannot run the futures' callbacks
-            self._settler.settle(left, Settled.CANCELLED)
+            self._settler.settle(self._staging.remove_waiting(with_running=True), Settled.CANCELLED)
+        if self._watchdog is not None:
+            self._watchdog.cancel()  # it finishes if that loop ever runs again
         self._finish()
 
     async def __aenter__(self) -> DynamicBatcher[RecordT, ResultT]:
@@ -369,9 +368,7 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
         if self._state not in _ACTIVE:
             return
         self._state = BatcherState.ABORTING
-        left = self._staging.remove_everything() + [e for batch in self._inflight for e in batch.envelopes]
-        self._inflight.clear()
-        self._settler.settle(left, Settled.CANCELLED)
+        self._settler.settle(self._staging.remove_waiting(with_running=True), Settled.CANCELLED)
         self._device.cancel_runners()
 
     def _finish(self) -> None:
@@ -451,6 +448,8 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
             )
         if priority.__class__ is not int:
             _check_priority(priority)
+        if deadline_s is not None:
+            _check_deadline(deadline_s)
         staging = self._staging
         if staging.pending.size >= self._capacity:
             await self._wait_for_space()
@@ -459,7 +458,6 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
         seq = self._seq = self._stats.record_submit(now)
         envelope = Envelope(record, cost, future, now, seq, priority)
         if deadline_s is not None:
-            _check_deadline(deadline_s)
             envelope.deadline = now + deadline_s
             envelope.timer = loop.call_later(deadline_s, self._expire, envelope)
         plan = staging.plan(now, envelope)  # this runs per record: `_pump` only when there is something to do
@@ -673,7 +671,6 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
     def _on_dispatched(self, batch: Batch, skipped: list[Envelope]) -> None:
         if skipped:
             self._settle_skipped(skipped)
-        self._inflight.add(batch)
         envelopes = batch.envelopes
         now = time.monotonic()
         self._stats.record_dispatch(
@@ -689,7 +686,6 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
         self._settler.settle(records, Settled.RAN, outcome)
 
     def _on_done(self, batch: Batch) -> None:
-        self._inflight.discard(batch)
         if self._state in _ACTIVE:
             self._pump()
         self._check_drained()
@@ -702,7 +698,7 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
         self._check_drained()
 
     def _on_fatal(self, error: BaseException, batch: Batch) -> None:
-        self._inflight.discard(batch)
+        self._staging.finish(batch)
         self._fail(error, batch)
 
     def _check_drained(self) -> None:
@@ -725,9 +721,7 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
             logger.error("%s failed; failing all pending records", self.name, exc_info=cause)
             self._release_space_waiters(failure)
         self._settler.settle(batch.envelopes, Settled.RAN, record_error)
-        left = self._staging.remove_everything() + [e for other in self._inflight for e in other.envelopes]
-        self._inflight.clear()
-        self._settler.settle(left, Settled.FAILED, record_error)
+        self._settler.settle(self._staging.remove_waiting(with_running=True), Settled.FAILED, record_error)
         self._device.cancel_runners()
         self._check_drained()
 

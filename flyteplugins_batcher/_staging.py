@@ -58,7 +58,7 @@ class StagingArea:
         self.pending = PendingQueue(settings.grouping, settings.priority_aging_s)
         self.staged: deque[Batch] = deque()
         self.runners = 0  # runners started and not yet retired
-        self.inflight_batches = 0
+        self.running: set[Batch] = set()  # inside the process function
         self.inflight_cost = 0
         self.draining = False
         self.flush_upto = -1  # records up to this submission number go without waiting for the timeout
@@ -128,13 +128,30 @@ class StagingArea:
         with self.lock:
             self.draining = True
 
-    def remove_everything(self) -> list[Envelope]:
-        """Take every waiting and staged record out (the batcher is aborting or failed)."""
+    def remove_waiting(self, *, with_running: bool = False) -> list[Envelope]:
+        """Take every queued and staged record out and return them (and, if asked, those running).
+
+        Running batches stay accounted for until their runner returns: when the batcher aborts or
+        fails, their records are settled at once, and whatever the process function still returns
+        for them is dropped.
+        """
         with self.lock:
             removed = [envelope for batch in self.staged for envelope in batch.envelopes]
             self.staged.clear()
             removed.extend(self.pending.remove_all())
+            if with_running:
+                removed.extend(envelope for batch in self.running for envelope in batch.envelopes)
             return removed
+
+    def finish(self, batch: Batch) -> None:
+        """`batch` left the process function and its runner stopped (the batcher failed)."""
+        with self.lock:
+            self._release(batch)
+
+    @property
+    def inflight_batches(self) -> int:
+        """Batches inside the process function."""
+        return len(self.running)
 
     def remove_cancelled(self) -> list[Envelope]:
         """Take out every waiting or staged record whose caller cancelled it."""
@@ -173,8 +190,7 @@ class StagingArea:
         skipped: list[Envelope] = []
         with self.lock:
             if finished is not None:
-                self.inflight_batches -= 1
-                self.inflight_cost -= finished.cost
+                self._release(finished)
             while True:
                 batch = self._take(now, skipped)
                 if batch is None:
@@ -195,9 +211,14 @@ class StagingArea:
                     batch.cost = sum(envelope.cost for envelope in live)
                 if live:
                     break
-            self.inflight_batches += 1
+            self.running.add(batch)
             self.inflight_cost += batch.cost
             return batch, skipped
+
+    def _release(self, batch: Batch) -> None:
+        if batch in self.running:
+            self.running.discard(batch)
+            self.inflight_cost -= batch.cost
 
     def has_waiting(self) -> bool:
         """Whether records wait that no runner will take until something changes (a timeout, a submit)."""

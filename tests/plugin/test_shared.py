@@ -153,3 +153,62 @@ async def test_a_stopped_batcher_is_replaced_on_the_next_call():
     assert second is not first and second.is_running
     assert len(loaded) == 1
     await shared.aclose()
+
+
+async def test_a_batcher_whose_model_died_is_rebuilt_with_a_fresh_model():
+    loaded: list[FakeModel] = []
+
+    class DyingModel(FakeModel):
+        def generate(self, batch: list[str]) -> list[str]:
+            if "kill" in batch:
+                raise ours.UnrecoverableError("the engine process died")
+            return super().generate(batch)
+
+    def load(key: object) -> DyingModel:
+        model = DyingModel(key)
+        loaded.append(model)
+        return model
+
+    shared = ours.SharedBatcher(load, lambda model, key: ours.DynamicBatcher(model.generate, max_batch_size=1))
+    first = await shared.get("m")
+    waiting = [await first.submit(item) for item in ("kill", "a", "b")]
+    outcomes = await asyncio.gather(*waiting, return_exceptions=True)
+    assert all(isinstance(outcome, ours.UnrecoverableError) for outcome in outcomes)  # nothing hangs
+    assert first.is_failed and isinstance(first.failure.__cause__, ours.UnrecoverableError)
+    with pytest.raises(ours.BatcherFailedError, match="engine process died"):
+        await first.submit("later")
+
+    second = await shared.get("m")
+    assert second is not first and await (await second.submit("c")) == "m:c"
+    assert len(loaded) == 2 and loaded[0].closed and not loaded[1].closed
+    await shared.aclose()
+
+
+def test_release_lets_go_of_a_batcher_whose_loop_is_gone():
+    gate = threading.Event()
+
+    def stuck(batch: list[int]) -> list[int]:
+        gate.wait(5)
+        return batch
+
+    holder: dict[str, object] = {}
+
+    async def leave_it_running() -> None:
+        batcher = ours.DynamicBatcher(stuck, name="released")
+        await batcher.start()
+        holder["batcher"] = batcher
+        holder["future"] = await batcher.submit(1)
+        loop = asyncio.get_running_loop()
+        loop.call_soon(loop.stop)  # the loop stops while the batcher runs (a worker crashed, say)
+
+    loop = asyncio.new_event_loop()
+    starter = loop.create_task(leave_it_running())
+    loop.run_forever()
+    batcher = holder["batcher"]
+    assert starter.done() and isinstance(batcher, ours.DynamicBatcher) and batcher.is_running
+    batcher.release()
+    assert not batcher.is_running and holder["future"].cancelled()
+    gate.set()
+    assert wait_for_worker_threads("released", at_most=0) == 0
+    loop.run_until_complete(asyncio.sleep(0))  # let its cancelled housekeeping task finish before closing
+    loop.close()
