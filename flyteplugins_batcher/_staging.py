@@ -67,6 +67,9 @@ class StagingArea:
         self._max_size = settings.max_batch_size
         self._budget = settings.target_batch_cost
         self._max_runners = settings.max_concurrent_batches
+        # Grouping by cost chooses among everything waiting, so it stages batches when the device
+        # takes one (from the largest pool) rather than as soon as a batch's worth has arrived.
+        self._stage_late = settings.grouping == "by_cost"
 
     # -- the event loop's side -----------------------------------------------------------------
 
@@ -81,7 +84,11 @@ class StagingArea:
             pending = self.pending
             if envelope is not None:
                 pending.push(envelope)
-            if len(self.staged) < self._prefetch and (pending.size >= self._max_size or pending.cost >= self._budget):
+            if (
+                len(self.staged) < self._prefetch
+                and (pending.size >= self._max_size or pending.cost >= self._budget)
+                and (envelope is None or not self._stage_late)
+            ):
                 skipped = []
                 self._stage_full_batches(now, skipped)
             if self.runners >= self._max_runners:
