@@ -192,8 +192,8 @@ class Device:
 
     def _drive_sync(self, batch: Batch, context: contextvars.Context, deliver: Deliver) -> None:
         attempts = self._attempts(batch.envelopes, deliver)
-        part = next(attempts)
-        while True:
+        part: list[Envelope] | None = next(attempts)
+        while part is not None:
             self._busy.enter()
             try:
                 results = context.run(self.fn, [envelope.record for envelope in part])
@@ -207,17 +207,12 @@ class Device:
                 raise _Fatal(error) from error
             finally:
                 self._busy.exit()
-            try:
-                part = attempts.send(reply)
-            except StopIteration:
-                return
-            except UnrecoverableError as error:
-                raise _Fatal(error) from error
+            part = _next_part(attempts, reply)
 
     async def _drive_async(self, batch: Batch, deliver: Deliver) -> None:
         attempts = self._attempts(batch.envelopes, deliver)
-        part = next(attempts)
-        while True:
+        part: list[Envelope] | None = next(attempts)
+        while part is not None:
             self._busy.enter()
             try:
                 results = await self._blocking.watch(self.fn([envelope.record for envelope in part]))
@@ -232,12 +227,7 @@ class Device:
                 raise _Fatal(error) from error
             finally:
                 self._busy.exit()
-            try:
-                part = attempts.send(reply)
-            except StopIteration:
-                return
-            except UnrecoverableError as error:
-                raise _Fatal(error) from error
+            part = _next_part(attempts, reply)
 
     def _attempts(
         self, envelopes: list[Envelope], deliver: Deliver
@@ -266,6 +256,16 @@ class Device:
                 todo.extend((part[middle:], part[:middle]))  # the first half runs first
                 continue
             deliver(part, error)
+
+
+def _next_part(attempts: Generator[list[Envelope], tuple[Any, Any], None], reply: tuple[Any, Any]) -> Any:
+    """Hand a call's outcome to the plan; the next part to run, or `None` when the batch is done."""
+    try:
+        return attempts.send(reply)
+    except StopIteration:
+        return None
+    except UnrecoverableError as error:
+        raise _Fatal(error) from error
 
 
 def _check_result_count(results: Any, expected: int) -> None:
