@@ -48,6 +48,8 @@ class SharedBatcher(Generic[ModelT, BatcherT]):
       around the same model.
     - A call with a different key replaces the model (one model per process, as GPU memory
       allows): the old batcher is stopped and the old model's `close()` is called if it has one.
+    - A batcher that failed (its process function raised `UnrecoverableError`, say the engine
+      process died) is replaced on the next call, around a freshly loaded model.
 
     Args:
         load: `load(key) -> model`, sync or async.
