@@ -29,6 +29,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Iterable, Sequence
 from typing import Any, Generic, TypeVar
 
 from flyteplugins_batcher._cost import CostResolver
+from flyteplugins_batcher._deadlines import DeadlineWatch
 from flyteplugins_batcher._device import Device, DeviceHooks
 from flyteplugins_batcher._errors import (
     BatcherClosedError,
@@ -225,6 +226,7 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
             max_runners=settings.max_concurrent_batches,
         )
         self._space_waiters: deque[asyncio.Future[None]] = deque()
+        self._deadlines: DeadlineWatch | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
         self._drained: asyncio.Future[None] | None = None
@@ -289,6 +291,7 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
         self._failure = None
         loop = self._loop = asyncio.get_running_loop()
         self._device.attach(loop)
+        self._deadlines = DeadlineWatch(loop, self._expire)
         self._state = BatcherState.RUNNING
         self._stopped = loop.create_future()
         self._watchdog = loop.create_task(self._watch_loop(self._stopped), name=f"{self.name}-watchdog")
@@ -372,6 +375,8 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
         self._device.cancel_runners()
 
     def _finish(self) -> None:
+        if self._deadlines is not None:
+            self._deadlines.close()
         if self._timer is not None:
             self._timer.cancel()
             self._timer, self._timer_at = None, math.inf
@@ -459,7 +464,8 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
         envelope = Envelope(record, cost, future, now, seq, priority)
         if deadline_s is not None:
             envelope.deadline = now + deadline_s
-            envelope.timer = loop.call_later(deadline_s, self._expire, envelope)
+            assert self._deadlines is not None  # set by start()
+            self._deadlines.watch(envelope)
         plan = staging.plan(now, envelope)  # this runs per record: `_pump` only when there is something to do
         if plan is not None or self._space_waiters:
             self._act(plan)
@@ -654,7 +660,6 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
             self._pump()
 
     def _expire(self, envelope: Envelope) -> None:
-        envelope.timer = None
         if self._staging.mark_expired(envelope):
             self._settler.settle([envelope], Settled.EXPIRED)
             self._check_drained()
@@ -686,6 +691,8 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
         self._settler.settle(records, Settled.RAN, outcome)
 
     def _on_done(self, batch: Batch) -> None:
+        if self._deadlines is not None:
+            self._deadlines.trim(self._stats.in_system)
         if self._state in _ACTIVE:
             self._pump()
         self._check_drained()

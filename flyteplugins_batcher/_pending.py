@@ -36,7 +36,6 @@ class Envelope:
         "settled",
         "submitted_at",
         "taken",
-        "timer",
     )
 
     def __init__(
@@ -56,7 +55,6 @@ class Envelope:
         self.seq = seq
         self.priority = priority
         self.deadline = deadline  # time.monotonic() after which it must not be dispatched
-        self.timer: asyncio.TimerHandle | None = None  # fails it at its deadline if still waiting
         # Left the queue. Needed where the queue drops records lazily (`by_cost`); FIFO deques pop
         # records as they leave, so their hot path does not set it (see `PendingQueue.holds`).
         self.taken = False

@@ -56,8 +56,6 @@ class Settler:
         late_cancels = []
         for envelope in fresh:
             envelope.settled = True
-            if envelope.timer is not None:
-                envelope.timer.cancel()
             future = envelope.future
             if future.done():  # cancelled by its caller meanwhile
                 late_cancels.append(envelope)
@@ -91,8 +89,6 @@ class Settler:
                 envelope.settled = True
                 continue
             envelope.settled = True
-            if envelope.timer is not None:
-                envelope.timer.cancel()
             if isinstance(result, Exception):
                 add_note(result, f"{self._owner}: failed {envelope.describe()}")
                 future.set_exception(result)

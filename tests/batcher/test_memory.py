@@ -5,6 +5,8 @@ from __future__ import annotations
 import gc
 import tracemalloc
 
+import pytest
+
 import flyteplugins_batcher as ours
 
 
@@ -12,14 +14,29 @@ def identity(batch: list[int]) -> list[int]:
     return batch
 
 
-async def test_no_per_record_growth_after_records_complete():
+class Payload:
+    """A record that is large enough for a leak of records to show."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.blob = bytes(256)
+
+
+async def submit_all(batcher: ours.DynamicBatcher, count: int, deadline_s: float | None) -> None:
+    futures = [await batcher.submit(Payload(index), deadline_s=deadline_s) for index in range(count)]
+    for future in futures:
+        await future
+
+
+@pytest.mark.parametrize("deadline_s", [None, 3600.0], ids=["no-deadline", "long-deadline"])
+async def test_no_per_record_growth_after_records_complete(deadline_s: float | None):
     async with ours.DynamicBatcher(identity, max_batch_size=64) as batcher:
-        await batcher.run(range(5_000))  # warm up: histogram buckets, thread pool, caches
+        await submit_all(batcher, 5_000, deadline_s)  # warm up: histogram buckets, thread pool, caches
         gc.collect()
         tracemalloc.start()
         try:
             before = tracemalloc.take_snapshot()
-            await batcher.run(range(30_000))
+            await submit_all(batcher, 30_000, deadline_s)  # 30k deadlines an hour away: none fires
             gc.collect()
             after = tracemalloc.take_snapshot()
         finally:
