@@ -353,8 +353,13 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
         await self.start()
         return self
 
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.stop()
+    async def __aexit__(self, exc_type: type[BaseException] | None, *exc_info: object) -> None:
+        if exc_type is None:
+            await self.stop()
+        else:
+            # The block failed or was cancelled (a `wait_for` around `run()` timed out, say): nobody
+            # will await what is left, and a stuck device must not keep the caller from leaving.
+            await self.stop(timeout=0, cancel_pending=True)
 
     async def _wait_drained(self, timeout: float | None) -> None:
         if not self._stats.in_system:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
@@ -110,3 +111,19 @@ async def test_submit_from_another_event_loop_is_a_clear_error():
 
         error = await asyncio.to_thread(other_loop)
     assert error is not None and "another event loop" in str(error)
+
+
+async def test_a_timeout_around_run_fires_even_when_the_device_hangs():
+    stuck = threading.Event()
+
+    def hangs(batch: list[int]) -> list[int]:
+        stuck.wait(10)  # a dead engine: the call never returns
+        return batch
+
+    batcher = ours.DynamicBatcher(hangs, name="hangs")
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(batcher.run(range(8)), timeout=0.2)
+    assert time.monotonic() - started < 1.0
+    assert not batcher.is_running
+    stuck.set()
