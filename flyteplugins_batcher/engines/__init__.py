@@ -1,16 +1,17 @@
 """LLM engines for the batcher: a batch of prompt records in, completions in the same order out.
 
 Importing this package needs neither torch, transformers nor vllm: each engine imports its
-dependencies when it is built or loaded, and `VLLMEngine` is resolved only when first accessed.
+dependencies when it is built or loaded, and the vLLM engines are resolved only when first accessed.
 
 Example:
     ```python
-    from flyteplugins_batcher.engines import GenerationConfig, create_engine
+    from flyteplugins_batcher.engines import GenerationConfig, Request, create_engine
 
     engine = create_engine(generation=GenerationConfig(max_new_tokens=64))  # SmolLM2 on CPU, vLLM on GPU
     engine.load()
     async with engine.batcher() as batcher:
-        completions = await batcher.run(["What is 2 + 2?", "Name a prime number."])
+        short = Request("Name a prime.", GenerationConfig(max_new_tokens=8))
+        completions = await batcher.run(["What is 2 + 2?", short])
     ```
 """
 
@@ -18,48 +19,76 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from flyteplugins_batcher.engines._base import (
-    ChatMessages,
-    Completion,
-    Engine,
-    EngineStats,
-    FinishReason,
-    GenerationConfig,
+from flyteplugins_batcher.engines._base import BatchEngine, Engine, StreamingEngine
+from flyteplugins_batcher.engines._completion import Completion, FinishReason
+from flyteplugins_batcher.engines._config import GenerationConfig
+from flyteplugins_batcher.engines._errors import (
+    EngineConfigError,
+    EngineDeadError,
+    EngineNotLoadedError,
+    InvalidModelReferenceError,
     InvalidPromptError,
-    PromptRecord,
+    ModelNotFoundError,
 )
-from flyteplugins_batcher.engines._factory import ENGINE_NAMES, EngineName, create_engine, vllm_usable
-from flyteplugins_batcher.engines._smollm2 import bundled_smollm2_gguf, bundled_smollm2_path
+from flyteplugins_batcher.engines._factory import (
+    DEFAULT_VLLM_MODE,
+    ENGINE_NAMES,
+    EngineName,
+    create_engine,
+    vllm_usable,
+)
+from flyteplugins_batcher.engines._records import ChatMessages, PreparedPrompt, PromptRecord, Request
+from flyteplugins_batcher.engines._smollm2 import BUNDLED_MODEL_NAME, bundled_smollm2_gguf, bundled_smollm2_path
+from flyteplugins_batcher.engines._stats import EngineStats
 from flyteplugins_batcher.engines._transformers import TransformersEngine
+from flyteplugins_batcher.engines._vllm_args import parse_engine_args
 
 if TYPE_CHECKING:
     from flyteplugins_batcher.engines._vllm import VLLMEngine
+    from flyteplugins_batcher.engines._vllm_stream import VLLMStreamEngine
 
 __all__ = [
+    "BUNDLED_MODEL_NAME",
+    "DEFAULT_VLLM_MODE",
     "ENGINE_NAMES",
+    "BatchEngine",
     "ChatMessages",
     "Completion",
     "Engine",
+    "EngineConfigError",
+    "EngineDeadError",
     "EngineName",
+    "EngineNotLoadedError",
     "EngineStats",
     "FinishReason",
     "GenerationConfig",
+    "InvalidModelReferenceError",
     "InvalidPromptError",
+    "ModelNotFoundError",
+    "PreparedPrompt",
     "PromptRecord",
+    "Request",
+    "StreamingEngine",
     "TransformersEngine",
     "VLLMEngine",
+    "VLLMStreamEngine",
     "bundled_smollm2_gguf",
     "bundled_smollm2_path",
     "create_engine",
+    "parse_engine_args",
     "vllm_usable",
 ]
 
 
 def __getattr__(name: str) -> Any:
-    # The vLLM module is imported only on first use, so that CPU installs never pay for (or
-    # trip over) vllm.
+    # The vLLM modules are imported only on first use, so that CPU installs never pay for (or trip
+    # over) vllm.
     if name == "VLLMEngine":
         from flyteplugins_batcher.engines._vllm import VLLMEngine
 
         return VLLMEngine
+    if name == "VLLMStreamEngine":
+        from flyteplugins_batcher.engines._vllm_stream import VLLMStreamEngine
+
+        return VLLMStreamEngine
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,160 +1,67 @@
-"""The engine interface: a batch of prompt records in, completions in the same order out."""
+"""The engine interface and its one pipeline: render, tokenize, validate, run, merge, count.
+
+Every engine goes through the same steps for a batch of records, here: each record is rendered
+(chat template, system prompt), tokenized with the model's tokenizer and checked against the
+context; a record that cannot run gets an `InvalidPromptError` in its result slot and never reaches
+the model; the valid ones go to the engine's model call (`_run`, the only step an engine
+implements); the results are merged back in input order and counted. `BatchEngine` runs the model
+call in the calling thread (the batcher gives it a worker thread); `StreamingEngine` awaits it.
+"""
 
 from __future__ import annotations
 
 import abc
+import functools
 import threading
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+import time
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
-from flyteplugins_batcher._errors import short_repr
-from flyteplugins_batcher._records import Prompt
+from flyteplugins_batcher._settings import BatcherOptions, BatcherSettings
+from flyteplugins_batcher._stats import BusyClock
+from flyteplugins_batcher.engines._completion import Completion
+from flyteplugins_batcher.engines._config import GenerationConfig
+from flyteplugins_batcher.engines._errors import EngineNotLoadedError, InvalidPromptError
+from flyteplugins_batcher.engines._records import (
+    PreparedPrompt,
+    PromptRecord,
+    Request,
+    approximate_tokens,
+    describe,
+    normalize_record,
+)
+from flyteplugins_batcher.engines._stats import EngineStats
 
 if TYPE_CHECKING:
     from flyteplugins_batcher._token_batcher import TokenBatcher
 
-ChatMessages = Sequence[Mapping[str, str]]
-"""A chat conversation: `[{"role": "user", "content": "..."}, ...]`."""
+_TOKENIZE_CACHE_SIZE = 8192
+"""Rendered prompts whose token ids are kept: the batcher's estimate and `generate` each tokenize a record."""
 
-PromptRecord = str | Prompt | ChatMessages
-"""What an engine accepts per record: plain text, a `Prompt`, or chat messages."""
-
-FinishReason = Literal["stop", "length"]
-
-
-@dataclass(frozen=True)
-class GenerationConfig:
-    """Generation settings shared by every engine.
-
-    Args:
-        max_new_tokens: Upper bound on generated tokens per record.
-        temperature: 0 means greedy decoding (deterministic); > 0 samples.
-        top_p: Nucleus-sampling mass, used only when sampling.
-        stop: Strings that end a completion; the stop string is not included in the text.
-        seed: Seed for sampling, so that sampled runs can be repeated.
-
-    Example:
-        ```python
-        config = GenerationConfig(max_new_tokens=128, stop=("\\n\\n",))
-        ```
-    """
-
-    max_new_tokens: int = 256
-    temperature: float = 0.0
-    top_p: float = 1.0
-    stop: tuple[str, ...] = ()
-    seed: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if isinstance(self.stop, str):
-            object.__setattr__(self, "stop", (self.stop,))
-        else:
-            object.__setattr__(self, "stop", tuple(self.stop))
-
-    @property
-    def greedy(self) -> bool:
-        """Whether decoding is greedy (temperature 0)."""
-        return self.temperature == 0
-
-
-@dataclass(frozen=True)
-class Completion:
-    """One record's generated text and token accounting.
-
-    Attributes:
-        text: The generated text, without the prompt and without a matched stop string.
-        prompt_tokens: Tokens in the rendered prompt (after the chat template).
-        completion_tokens: Tokens generated.
-        finish_reason: `"stop"` when EOS or a stop string ended generation, `"length"` when
-            `max_new_tokens` did.
-    """
-
-    text: str
-    prompt_tokens: int
-    completion_tokens: int
-    finish_reason: FinishReason
-
-
-class InvalidPromptError(ValueError):
-    """A record an engine cannot run (empty, too long for the context, wrong type).
-
-    Engines return it in the record's result slot, so only that record's future fails.
-    """
-
-
-@dataclass
-class EngineStats:
-    """Counters an engine keeps across the batches it ran.
-
-    Attributes:
-        batches: Calls to `generate` with at least one valid record.
-        records: Records that produced a completion.
-        failed_records: Records answered with an error instead of a completion.
-        prompt_tokens: Real prompt tokens across all completions.
-        completion_tokens: Generated tokens across all completions.
-        real_tokens: Non-padding token positions the engine computed over (prompt + generated).
-        padded_tokens: All token positions computed over, padding included.
-        generate_time_s: Seconds spent inside the model.
-    """
-
-    batches: int = 0
-    records: int = 0
-    failed_records: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    real_tokens: int = 0
-    padded_tokens: int = 0
-    generate_time_s: float = 0.0
-
-    @property
-    def padding_efficiency(self) -> float:
-        """Real tokens / padded tokens (1.0 means no compute was spent on padding)."""
-        return self.real_tokens / self.padded_tokens if self.padded_tokens else 1.0
-
-    @property
-    def completion_tokens_per_s(self) -> float:
-        """Generated tokens per second of model time."""
-        return self.completion_tokens / self.generate_time_s if self.generate_time_s else 0.0
-
-    def as_dict(self) -> dict[str, Any]:
-        """All counters plus the derived rates, as plain numbers."""
-        return {
-            **asdict(self),
-            "padding_efficiency": self.padding_efficiency,
-            "completion_tokens_per_s": self.completion_tokens_per_s,
-        }
-
-
-@dataclass
-class _EngineState:
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    loaded: bool = False
+Outcome = Completion | Exception
+"""One record's result: its completion, or the error that failed it alone."""
 
 
 class Engine(abc.ABC):
     """Turns a batch of prompt records into completions, in input order.
 
     An engine is loaded once per process (it owns the model) and shared by every producer
-    through a batcher. `generate` takes a list of records (`str`, `Prompt`, or chat messages)
-    and returns one entry per record: a `Completion`, or an `Exception` for a record that
-    cannot run, which fails only that record's future in the batcher.
+    through a batcher. `generate` takes a list of records (`str`, `Prompt`, chat messages or
+    `Request`) and returns one entry per record: a `Completion`, or an `Exception` for a record
+    that cannot run, which fails only that record's future in the batcher.
 
-    Subclasses implement `_load`, `_close`, `context_length`, `tokenize`, `_has_chat_template`,
-    `_apply_chat_template` and `generate`; `generate` may be a plain `def` (the batcher runs it
-    in a worker thread) or an `async def`.
+    Subclasses implement `_load` (which sets `self._tokenizer`), `_close`, `context_length` and the
+    model call (`BatchEngine._run` or `StreamingEngine._run`); everything else is shared.
 
     Args:
-        generation: Generation settings; defaults to `GenerationConfig()`.
+        generation: Default generation settings; a `Request` may bring its own.
         system_prompt: Prepended as a system message when the chat template is used.
         chat_template: Render records through the tokenizer's chat template. `None` means
             "when the tokenizer has one".
+        model_name: The name results carry (for example in an OpenAI-style output line); by
+            default the model reference the engine was given.
 
     Example:
         ```python
@@ -173,33 +80,69 @@ class Engine(abc.ABC):
         generation: GenerationConfig | None = None,
         system_prompt: str | None = None,
         chat_template: bool | None = None,
+        model_name: str | None = None,
     ) -> None:
         self.generation = generation or GenerationConfig()
         self.system_prompt = system_prompt
         self.chat_template = chat_template
-        self.stats = EngineStats()
-        self._state = _EngineState()
+        self._model_name = model_name
+        self._lifecycle_lock = threading.Lock()
+        self._loaded = False
+        self._tokenizer: Any = None  # set by `_load`
+        self._tokenizer_lock = threading.Lock()  # a Rust tokenizer must not run in two threads at once
+        self._encode: Callable[[str], tuple[int, ...]] | None = None
+        self._stats_lock = threading.Lock()
+        self._stats = EngineStats()
+        self._model_clock = BusyClock()
 
     # -- lifecycle -----------------------------------------------------------------------------
 
     @property
     def is_loaded(self) -> bool:
         """Whether `load()` has completed and `close()` has not been called since."""
-        return self._state.loaded
+        return self._loaded
+
+    @property
+    def is_healthy(self) -> bool:
+        """Whether the engine can still run (an engine whose process died cannot)."""
+        return self._loaded
+
+    @property
+    def model_name(self) -> str:
+        """The name of the model this engine serves."""
+        return self._model_name or self._default_model_name()
+
+    def _default_model_name(self) -> str:
+        return self.name
 
     def load(self) -> None:
-        """Load the model and tokenizer. Idempotent and thread-safe; blocking."""
-        with self._state.lock:
-            if not self._state.loaded:
-                self._load()
-                self._state.loaded = True
+        """Load the model and tokenizer. Idempotent and thread-safe; blocking (`stats.load_time_s` times it)."""
+        with self._lifecycle_lock:
+            if self._loaded:
+                return
+            started = time.perf_counter()
+            self._load()
+            tokenizer, lock = self._tokenizer, self._tokenizer_lock
+            add_special_tokens = not self.uses_chat_template(tokenizer)
+
+            @functools.lru_cache(maxsize=_TOKENIZE_CACHE_SIZE)
+            def encode(text: str) -> tuple[int, ...]:
+                with lock:
+                    return tuple(tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+            self._encode = encode
+            self._loaded = True
+            with self._stats_lock:
+                self._stats.load_time_s = time.perf_counter() - started
 
     def close(self) -> None:
         """Release the model. Idempotent; the engine can be loaded again afterwards."""
-        with self._state.lock:
-            if self._state.loaded:
+        with self._lifecycle_lock:
+            if self._loaded:
+                self._loaded = False
+                self._encode = None
                 self._close()
-                self._state.loaded = False
+                self._tokenizer = None
 
     def __enter__(self) -> Engine:
         self.load()
@@ -209,10 +152,15 @@ class Engine(abc.ABC):
         self.close()
 
     @abc.abstractmethod
-    def _load(self) -> None: ...
+    def _load(self) -> None:
+        """Load the model, and set `self._tokenizer` (a Hugging Face-style tokenizer)."""
 
     def _close(self) -> None:  # noqa: B027 - optional hook: engines with nothing to free skip it
         """Free what `_load` acquired."""
+
+    def _require_loaded(self) -> None:
+        if not self._loaded:
+            raise EngineNotLoadedError(f"{self.name}: the engine is not loaded; call load() first (or use `with`)")
 
     # -- prompts and tokens --------------------------------------------------------------------
 
@@ -221,118 +169,205 @@ class Engine(abc.ABC):
     def context_length(self) -> int:
         """The model's maximum sequence length (prompt + generated tokens)."""
 
-    @abc.abstractmethod
     def tokenize(self, text: str) -> list[int]:
-        """Token ids of an already-rendered prompt, as the model will see them."""
+        """Token ids of an already-rendered prompt, as the model will see them.
+
+        Special tokens (BOS) are added only when no chat template rendered the prompt, since a
+        template writes its own.
+
+        Raises:
+            EngineNotLoadedError: Before `load()`.
+        """
+        self._require_loaded()
+        assert self._encode is not None
+        return list(self._encode(text))
 
     def render(self, record: PromptRecord) -> str:
         """The exact prompt text for a record (chat template applied where configured).
 
         Raises:
-            InvalidPromptError: The record is not a string, `Prompt` or chat messages, or is empty,
-                or it is chat messages and the model has no chat template.
+            InvalidPromptError: The record is not a str, `Prompt`, chat messages or `Request`, or is
+                empty, or it is chat messages and the model has no chat template.
         """
         content = normalize_record(record)
         if self.uses_chat_template():
             messages = [{"role": "user", "content": content}] if isinstance(content, str) else list(content)
             if self.system_prompt and messages[0]["role"] != "system":
                 messages.insert(0, {"role": "system", "content": self.system_prompt})
-            return self._apply_chat_template(messages)
+            return str(self._tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
         if not isinstance(content, str):
-            raise InvalidPromptError(f"{self.name}: chat messages need a chat template, and this model has none")
+            raise InvalidPromptError("chat messages need a chat template, and this model has none")
         return f"{self.system_prompt}\n\n{content}" if self.system_prompt else content
 
-    def uses_chat_template(self) -> bool:
+    def uses_chat_template(self, tokenizer: Any = None) -> bool:
         """Whether records are rendered through the chat template (`chat_template`, else "if it has one")."""
-        return self.chat_template if self.chat_template is not None else self._has_chat_template()
-
-    @abc.abstractmethod
-    def _has_chat_template(self) -> bool:
-        """Whether the tokenizer carries a chat template."""
-
-    @abc.abstractmethod
-    def _apply_chat_template(self, messages: list[Mapping[str, str]]) -> str:
-        """Render chat messages to prompt text, with the assistant turn opened."""
+        if self.chat_template is not None:
+            return self.chat_template
+        tokenizer = tokenizer if tokenizer is not None else self._tokenizer
+        return bool(getattr(tokenizer, "chat_template", None))
 
     def prompt_tokens(self, record: PromptRecord) -> int:
         """Number of prompt tokens the model will see for `record`."""
         return len(self.tokenize(self.render(record)))
 
-    def estimate_tokens(self, record: PromptRecord) -> int:
-        """Token cost of a record for a `TokenBatcher` budget: prompt tokens + `max_new_tokens`.
+    def generation_for(self, record: object) -> GenerationConfig:
+        """The settings that apply to a record: its own (a `Request`'s), else the engine's."""
+        if isinstance(record, Request) and record.generation is not None:
+            return record.generation
+        return self.generation
 
-        Prompt tokens come from the model's tokenizer; only when there is none to ask (the engine
-        cannot tokenize) does it fall back to about 4 characters per token. Never raises: a record
-        that cannot be rendered costs 1 token and fails later, alone, with a clear error from
-        `generate`.
+    def estimate_tokens(self, record: PromptRecord) -> int:
+        """Token cost of a record for a `TokenBatcher` budget: prompt tokens + its `max_new_tokens`.
+
+        Prompt tokens come from the model's tokenizer; only when there is none to ask (not loaded
+        yet) does it fall back to about 4 characters per token. Never raises: a record that cannot
+        be rendered costs 1 token and fails later, alone, with a clear error from `generate`.
         """
         try:
-            return self.prompt_tokens(record) + self.generation.max_new_tokens
+            return self.prompt_tokens(record) + self.generation_for(record).max_new_tokens
         except InvalidPromptError:
             return 1
         except Exception:
-            return approximate_tokens(record) + self.generation.max_new_tokens
+            return approximate_tokens(record) + self.generation_for(record).max_new_tokens
+
+    # -- the pipeline --------------------------------------------------------------------------
 
     @abc.abstractmethod
-    def generate(self, records: list[PromptRecord]) -> list[Completion | Exception]:
+    def generate(self, records: list[PromptRecord]) -> list[Outcome] | Awaitable[list[Outcome]]:
         """Generate completions for a batch; one entry per record, in input order."""
+
+    def _prepare(self, records: Sequence[PromptRecord]) -> tuple[list[PreparedPrompt], list[Outcome | None]]:
+        """Render, tokenize and check every record: the valid ones to run, and a slot per record."""
+        self._require_loaded()
+        context = self.context_length
+        prepared: list[PreparedPrompt] = []
+        results: list[Outcome | None] = [None] * len(records)
+        for index, record in enumerate(records):
+            try:
+                generation = self.generation_for(record)
+                token_ids = self.tokenize(self.render(record))
+            except InvalidPromptError as error:
+                results[index] = self._invalid(index, record, str(error))
+                continue
+            except Exception as error:  # a chat template can reject a conversation (e.g. roles out of order)
+                results[index] = self._invalid(index, record, f"cannot render the prompt: {error}")
+                results[index].__cause__ = error  # type: ignore[union-attr]
+                continue
+            needed = len(token_ids) + generation.max_new_tokens
+            if needed > context:
+                results[index] = self._invalid(
+                    index,
+                    record,
+                    f"prompt is too long: {len(token_ids)} prompt tokens + max_new_tokens {generation.max_new_tokens} "
+                    f"= {needed} > context length {context}",
+                )
+                continue
+            prepared.append(PreparedPrompt(index, token_ids, generation))
+        return prepared, results
+
+    def _invalid(self, index: int, record: object, reason: str) -> InvalidPromptError:
+        return InvalidPromptError(f"{self.name}: {describe(index, record)}: {reason}")
+
+    def _merge(
+        self, prepared: list[PreparedPrompt], outcomes: Sequence[Outcome], results: list[Outcome | None]
+    ) -> list[Outcome]:
+        """Put each valid record's outcome in its slot, and count the batch."""
+        for prompt, outcome in zip(prepared, outcomes, strict=True):
+            results[prompt.index] = outcome
+        completions = [result for result in results if isinstance(result, Completion)]
+        real = sum(completion.prompt_tokens + completion.completion_tokens for completion in completions)
+        with self._stats_lock:
+            stats = self._stats
+            stats.batches += bool(prepared)
+            stats.records += len(completions)
+            stats.failed_records += len(results) - len(completions)
+            stats.prompt_tokens += sum(completion.prompt_tokens for completion in completions)
+            stats.completion_tokens += sum(completion.completion_tokens for completion in completions)
+            stats.real_tokens += real
+            stats.padded_tokens += real
+        return results  # type: ignore[return-value]
+
+    def _count_padding(self, positions: int) -> None:
+        """Token positions computed only as padding (engines that pad call this)."""
+        with self._stats_lock:
+            self._stats.padded_tokens += positions
+
+    @contextmanager
+    def _timed_model_call(self) -> Iterator[None]:
+        """Counts model time; overlapping calls (streamed requests) count once."""
+        self._model_clock.enter()
+        try:
+            yield
+        finally:
+            self._model_clock.exit()
+
+    # -- statistics ----------------------------------------------------------------------------
+
+    @property
+    def stats(self) -> EngineStats:
+        """A snapshot of what the engine ran since it was built (or `reset_stats()`)."""
+        with self._stats_lock:
+            return replace(self._stats, generate_time_s=self._model_clock.busy_s(time.monotonic()))
+
+    def reset_stats(self) -> None:
+        """Start counting afresh (the load time is kept)."""
+        with self._stats_lock:
+            self._stats = EngineStats(load_time_s=self._stats.load_time_s)
+            self._model_clock = BusyClock()
 
     # -- batching ------------------------------------------------------------------------------
 
-    def batcher_defaults(self) -> dict[str, Any]:
+    def batcher_defaults(self) -> BatcherSettings:
         """`TokenBatcher` settings that suit this engine; `batcher(**overrides)` starts from them."""
-        return {}
+        return BatcherSettings()
 
     def batcher(self, **overrides: Any) -> TokenBatcher[PromptRecord, Completion]:
         """A `TokenBatcher` that feeds this engine, budgeted with the engine's own token counts.
 
         Args:
-            **overrides: Any `TokenBatcher` keyword (for example `target_batch_tokens`).
+            **overrides: Any `TokenBatcher` keyword (for example `target_batch_tokens`), applied
+                over `batcher_defaults()`; a misspelt one raises `TypeError` here.
         """
         from flyteplugins_batcher._token_batcher import TokenBatcher
 
-        options: dict[str, Any] = {
-            "inference_fn": self.generate,
-            "token_estimator": self.estimate_tokens,
-            **self.batcher_defaults(),
-            **overrides,
-        }
-        return TokenBatcher(**options)
+        options = BatcherOptions.parse(overrides, base=self.batcher_defaults())
+        return TokenBatcher.from_settings(
+            self.generate,
+            options.settings,
+            cost_estimator=options.cost_estimator or self.estimate_tokens,
+            name=options.name,
+        )
 
 
-def approximate_tokens(record: object) -> int:
-    """About 4 characters per token, for when no tokenizer can count (as `Prompt.estimate_tokens`)."""
-    try:
-        content = normalize_record(record)
-    except InvalidPromptError:
-        return 1
-    text = content if isinstance(content, str) else "".join(message["content"] for message in content)
-    return len(text) // 4 + 1
+class BatchEngine(Engine):
+    """An engine whose model call blocks: `generate` is a plain `def` (the batcher runs it in a worker thread)."""
+
+    def generate(self, records: list[PromptRecord]) -> list[Outcome]:
+        """Complete a batch; one `Completion` (or `InvalidPromptError`) per record, in input order."""
+        prepared, results = self._prepare(records)
+        outcomes: list[Outcome] = []
+        if prepared:
+            with self._timed_model_call():
+                outcomes = self._run(prepared)
+        return self._merge(prepared, outcomes, results)
+
+    @abc.abstractmethod
+    def _run(self, prompts: list[PreparedPrompt]) -> list[Outcome]:
+        """The model call: one outcome per prepared prompt, in order."""
 
 
-def normalize_record(record: object) -> str | list[Mapping[str, str]]:
-    """Validate a prompt record and return its text, or its chat messages as a list.
+class StreamingEngine(Engine):
+    """An engine whose model call is awaited: `generate` is a coroutine that serves records as they come."""
 
-    Raises:
-        InvalidPromptError: With a message that names the record.
-    """
-    if isinstance(record, Prompt):
-        record = record.text
-    if isinstance(record, str):
-        if not record.strip():
-            raise InvalidPromptError("empty prompt: the record has no text")
-        return record
-    if isinstance(record, Sequence) and not isinstance(record, (bytes, bytearray)):
-        messages = list(record)
-        if not messages:
-            raise InvalidPromptError("empty prompt: the chat record has no messages")
-        for message in messages:
-            if not isinstance(message, Mapping) or not isinstance(message.get("content"), str) or "role" not in message:
-                raise InvalidPromptError(
-                    f"chat messages must be mappings with 'role' and string 'content'; got {short_repr(message)}"
-                )
-        return messages
-    raise InvalidPromptError(
-        f"a prompt record must be a str, a Prompt, or a list of chat messages; got {type(record).__name__}: "
-        f"{short_repr(record)}"
-    )
+    async def generate(self, records: list[PromptRecord]) -> list[Outcome]:
+        """Complete a batch; one `Completion` (or `InvalidPromptError`) per record, in input order."""
+        prepared, results = self._prepare(records)
+        outcomes: list[Outcome] = []
+        if prepared:
+            with self._timed_model_call():
+                outcomes = await self._run(prepared)
+        return self._merge(prepared, outcomes, results)
+
+    @abc.abstractmethod
+    async def _run(self, prompts: list[PreparedPrompt]) -> list[Outcome]:
+        """The model call: one outcome per prepared prompt, in order."""

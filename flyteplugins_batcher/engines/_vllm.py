@@ -1,49 +1,51 @@
-"""vLLM engine: whole batches through the offline `LLM`, or one request per record into `AsyncLLM`.
+"""vLLM engines: whole batches through the offline `LLM` (`VLLMEngine`), or one request per record into `AsyncLLM`.
 
-Two ways to drive vLLM from the batcher:
-
-- `mode="batch"`: `generate` is a plain `def` that hands a whole batch to `LLM.generate`. The
-  batcher runs it in a worker thread, so producers keep loading data while the GPU works, but the
-  GPU idles through each batch's tail (the last few long completions) and between batches.
-- `mode="stream"`: `generate` is an `async def` that submits every record of its (tiny) batch as
-  its own request to vLLM's async engine. With `max_batch_size=1`, many concurrent batches and a
+- `VLLMEngine` (`mode="batch"`): `generate` is a plain `def` that hands a whole batch to
+  `LLM.generate`. The batcher runs it in a worker thread, so producers keep loading data while the
+  device works, but the device idles through each batch's tail (the last long completions) and
+  waits for the next batch.
+- `VLLMStreamEngine` (`mode="stream"`): `generate` is a coroutine that submits every record of its
+  (tiny) batch as its own request to vLLM's `AsyncLLM`. With batches of one, many in flight and a
   bound on tokens in flight, each record reaches vLLM as soon as it arrives and vLLM's continuous
-  batching keeps the GPU full (Ray Data LLM reports about 2x over the offline engine from this).
+  batching keeps the device full.
 
-Both pass vLLM token ids (`TokensPrompt`) that this engine rendered and counted itself, so token
-budgets, length checks and stats agree exactly with what vLLM runs. Written against vLLM 0.33.0;
-uses only API that exists since vLLM 0.10.
+Both pass vLLM token ids that the engine rendered and counted itself, so token budgets, length
+checks and stats agree exactly with what vLLM runs, and both take per-record settings (one
+`SamplingParams` per prompt). Both notice when vLLM's engine-core process dies: every pending and
+later record fails with `EngineDeadError` at once, instead of waiting forever.
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import functools
 import gc
-import inspect
-import itertools
+import logging
+import multiprocessing.connection
 import sys
 import threading
-import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
-from flyteplugins_batcher._errors import short_repr
-from flyteplugins_batcher.engines._base import (
-    Completion,
-    Engine,
-    FinishReason,
-    GenerationConfig,
-    InvalidPromptError,
-    PromptRecord,
+from flyteplugins_batcher._settings import BatcherSettings
+from flyteplugins_batcher.engines import _install
+from flyteplugins_batcher.engines._base import BatchEngine, Engine, Outcome
+from flyteplugins_batcher.engines._completion import Completion, FinishReason
+from flyteplugins_batcher.engines._config import GenerationConfig
+from flyteplugins_batcher.engines._errors import EngineConfigError, EngineDeadError
+from flyteplugins_batcher.engines._records import PreparedPrompt
+from flyteplugins_batcher.engines._vllm_args import (
+    accepted_arguments,
+    check_engine_args,
+    running_on_cpu,
+    with_device_defaults,
 )
 
-VLLMMode = Literal["batch", "stream"]
+logger = logging.getLogger("flyteplugins_batcher")
 
-_INSTALL_HINT = "pip install 'flyteplugins-batcher[vllm]'"
+VLLMMode = Literal["batch", "stream"]
 
 _FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "repetition": "stop"}
 """vLLM finish reasons that mean a usable completion. "repetition" (vLLM's loop detector ended the
@@ -60,25 +62,23 @@ _STREAM_OVERCOMMIT = 2
 every record's full `max_new_tokens` although most stop earlier, and vLLM needs a waiting queue to
 refill slots the moment sequences finish."""
 
-_TOKENIZE_CACHE_SIZE = 8192
-"""Rendered prompts whose token ids are kept: the batcher's estimate and `generate` tokenize each
-record once each, and in stream mode both run on the event loop."""
-
 
 @dataclass(frozen=True)
-class _Limits:
+class Limits:
+    """What vLLM settled on at start-up: context length, sequences per step, KV-cache size."""
+
     max_model_len: int | None
     max_num_seqs: int
     kv_cache_tokens: int
 
     @classmethod
-    def assumed(cls, llm_kwargs: Mapping[str, Any]) -> _Limits:
-        max_num_seqs = llm_kwargs.get("max_num_seqs") or _ASSUMED_MAX_NUM_SEQS
-        return cls(llm_kwargs.get("max_model_len"), max_num_seqs, max_num_seqs * _ASSUMED_TOKENS_PER_SEQ)
+    def assumed(cls, engine_args: dict[str, Any]) -> Limits:
+        max_num_seqs = engine_args.get("max_num_seqs") or _ASSUMED_MAX_NUM_SEQS
+        return cls(engine_args.get("max_model_len"), max_num_seqs, max_num_seqs * _ASSUMED_TOKENS_PER_SEQ)
 
     @classmethod
-    def read(cls, vllm_config: Any) -> _Limits:
-        """The limits vLLM settled on at start-up (after profiling memory for the KV cache)."""
+    def read(cls, vllm_config: Any) -> Limits:
+        """The limits vLLM settled on (after profiling memory for the KV cache)."""
         max_num_seqs = vllm_config.scheduler_config.max_num_seqs or _ASSUMED_MAX_NUM_SEQS
         cache = vllm_config.cache_config
         blocks, block_size = getattr(cache, "num_gpu_blocks", None), getattr(cache, "block_size", None)
@@ -86,31 +86,114 @@ class _Limits:
         return cls(vllm_config.model_config.max_model_len, max_num_seqs, kv_cache_tokens)
 
 
-class VLLMEngine(Engine):
-    """Generates with vLLM, in whole batches (`mode="batch"`) or streamed per record (`mode="stream"`).
-
-    vLLM is imported on `load()`, so this module imports without it.
+class VLLMSupport(Engine):
+    """What both vLLM engines share: arguments, limits, sampling parameters, outputs, death.
 
     Args:
-        model: A Hugging Face model id or local path, as `vllm.LLM` takes it.
-        mode: `"batch"`: `generate` blocks on `LLM.generate` for the whole batch (the batcher runs it
-            in a worker thread). `"stream"`: `generate` is a coroutine that sends each record to
-            `AsyncLLM` as its own request and returns when all have finished; pair it with the
-            defaults of `batcher()` (batches of one, many in flight, tokens in flight bounded).
-        generation: Generation settings, mapped to `SamplingParams`.
+        model: A Hugging Face model id or local path, as vLLM takes it.
+        generation: Default generation settings, mapped to `SamplingParams`.
         system_prompt: Prepended as a system message when the chat template is used.
         chat_template: Render records through the tokenizer's chat template; `None` means "when
             the tokenizer has one".
-        **llm_kwargs: Passed to `vllm.LLM` (batch) or `AsyncEngineArgs` (stream), for example
-            `gpu_memory_utilization`, `max_model_len`, `dtype`, `tensor_parallel_size`.
+        model_name: The name results carry; by default the model reference.
+        **engine_args: vLLM engine arguments (`max_model_len`, `gpu_memory_utilization` or
+            `kv_cache_memory_bytes`, `dtype`, `tensor_parallel_size`, `enforce_eager`, ...),
+            checked at `load()` before vLLM starts; on CPU, defaults that fit are added.
+    """
 
-    Note:
-        In stream mode vLLM binds its output handler to the event loop that first uses the engine;
-        `generate` raises if called from another loop. `close()` and `load()` again to move loops.
+    name = "vllm"
+    mode: VLLMMode = "batch"
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        generation: GenerationConfig | None = None,
+        system_prompt: str | None = None,
+        chat_template: bool | None = None,
+        model_name: str | None = None,
+        **engine_args: Any,
+    ) -> None:
+        super().__init__(
+            generation=generation, system_prompt=system_prompt, chat_template=chat_template, model_name=model_name
+        )
+        self.model = model
+        self.engine_args = dict(engine_args)
+        self._limits: Limits | None = None
+        self._dead = threading.Event()
+
+    @property
+    def llm_kwargs(self) -> dict[str, Any]:
+        """The engine arguments as given (before device defaults)."""
+        return dict(self.engine_args)
+
+    def _default_model_name(self) -> str:
+        path = Path(self.model)
+        return path.name if path.exists() else self.model
+
+    @property
+    def is_healthy(self) -> bool:
+        """Whether the engine is loaded and its engine-core process is alive."""
+        return self.is_loaded and not self._dead.is_set()
+
+    @property
+    def context_length(self) -> int:
+        self._require_loaded()
+        limits = self._limits
+        if limits is None or limits.max_model_len is None:  # vLLM always reports one once loaded
+            raise RuntimeError(f"{self.name}: vLLM reported no max_model_len")
+        return limits.max_model_len
+
+    def _resolved_engine_args(self, vllm: Any) -> dict[str, Any]:
+        on_cpu = running_on_cpu()
+        args = with_device_defaults(self.engine_args, on_cpu=on_cpu)
+        check_engine_args(args, accepted_arguments(vllm, streaming=self.mode == "stream"), on_cpu=on_cpu)
+        return args
+
+    def _started(self, tokenizer: Any, vllm_config: Any) -> None:
+        self._tokenizer = tokenizer
+        self._limits = Limits.read(vllm_config)
+        self._dead.clear()
+
+    def _check_alive(self) -> None:
+        if self._dead.is_set():
+            raise EngineDeadError(
+                f"{self.name}: the vLLM engine process died; the engine must be loaded again "
+                "(SharedBatcher does so on its next get())"
+            )
+
+    def batcher_defaults(self) -> BatcherSettings:
+        """Batcher settings from the limits vLLM settled on (assumed ones before `load()`).
+
+        Stream mode: batches of one record dispatched at once, up to `max(1024, 4 * max_num_seqs)`
+        requests in flight, estimated tokens in flight bounded at twice the KV cache. Batch mode:
+        up to `max_num_seqs` records and a KV cache's worth of estimated tokens per batch, so that a
+        batch never waits inside vLLM for cache space.
+        """
+        limits = self._limits or Limits.assumed(self.engine_args)
+        if self.mode == "stream":
+            return BatcherSettings(
+                max_batch_size=1,
+                batch_timeout_s=0.0,
+                max_concurrent_batches=max(1024, 4 * limits.max_num_seqs),
+                max_inflight_cost=_STREAM_OVERCOMMIT * limits.kv_cache_tokens,
+            )
+        return BatcherSettings(max_batch_size=limits.max_num_seqs, target_batch_cost=limits.kv_cache_tokens)
+
+
+class VLLMEngine(VLLMSupport, BatchEngine):
+    """Generates with vLLM's offline `LLM`, a whole batch per call (`mode="batch"`).
+
+    vLLM is imported on `load()`, so this module imports without it. `VLLMStreamEngine` is the
+    streaming alternative; `create_engine("vllm", mode=...)` picks either.
+
+    Args:
+        model: A Hugging Face model id or local path.
+        **kwargs: See `VLLMSupport`.
 
     Example:
         ```python
-        engine = VLLMEngine("HuggingFaceTB/SmolLM2-360M-Instruct", mode="stream", max_model_len=4096)
+        engine = VLLMEngine("HuggingFaceTB/SmolLM2-360M-Instruct", max_model_len=4096)
         engine.load()
         async with engine.batcher() as batcher:
             answers = await batcher.run(["What is 2 + 2?", "Name a prime above 10."])
@@ -118,269 +201,97 @@ class VLLMEngine(Engine):
         ```
     """
 
-    name = "vllm"
+    mode: VLLMMode = "batch"
 
-    def __init__(
-        self,
-        model: str,
-        *,
-        mode: VLLMMode = "batch",
-        generation: GenerationConfig | None = None,
-        system_prompt: str | None = None,
-        chat_template: bool | None = None,
-        **llm_kwargs: Any,
-    ) -> None:
-        if mode not in ("batch", "stream"):
-            raise ValueError(f"mode must be 'batch' or 'stream', got {mode!r}")
-        super().__init__(generation=generation, system_prompt=system_prompt, chat_template=chat_template)
-        self.model = model
-        self.mode: VLLMMode = mode
-        self.llm_kwargs = dict(llm_kwargs)
+    def __init__(self, model: str, **kwargs: Any) -> None:
+        super().__init__(model, **kwargs)
         self._llm: Any = None
-        self._async_llm: Any = None
-        self._tokenizer: Any = None
-        self._encode: Any = None
-        self._limits: _Limits | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._request_ids = itertools.count()
-        # vLLM's offline LLM is not thread-safe; a second concurrent batch waits its turn.
-        self._llm_lock = threading.Lock()
-        self._stats_lock = threading.Lock()
-        self._requests_running = 0
-        self._busy_since = 0.0
-        if mode == "stream":
-            # The batcher awaits a coroutine function on the loop and runs a plain one in a thread,
-            # so stream mode must expose the coroutine itself as `generate`.
-            self.generate = self._generate_stream  # type: ignore[method-assign, assignment]
-
-    # -- lifecycle -----------------------------------------------------------------------------
+        self._llm_lock = threading.Lock()  # vLLM's offline LLM is not thread-safe: batches take turns
+        self._closing = threading.Event()
 
     def _load(self) -> None:
-        vllm = _import_vllm()
-        if self.mode == "batch":
-            self._llm = vllm.LLM(self.model, **self.llm_kwargs)
-            tokenizer, vllm_config = self._llm.get_tokenizer(), self._llm.llm_engine.vllm_config
-        else:
-            from vllm.engine.arg_utils import AsyncEngineArgs
-            from vllm.v1.engine.async_llm import AsyncLLM
-
-            # Match vllm.LLM, which keeps the periodic stats log off unless asked.
-            args = AsyncEngineArgs(model=self.model, **{"disable_log_stats": True, **self.llm_kwargs})
-            self._async_llm = AsyncLLM.from_engine_args(args)
-            tokenizer, vllm_config = _resolve(self._async_llm.get_tokenizer()), self._async_llm.vllm_config
-        self._tokenizer = tokenizer
-        self._limits = _Limits.read(vllm_config)
-        # vLLM adds BOS to plain-text prompts; a chat template writes its own, so none is added then.
-        add_special_tokens = not self.uses_chat_template()
-
-        @functools.lru_cache(maxsize=_TOKENIZE_CACHE_SIZE)
-        def encode(text: str) -> tuple[int, ...]:
-            return tuple(tokenizer.encode(text, add_special_tokens=add_special_tokens))
-
-        self._encode = encode
+        vllm = import_vllm()
+        args = self._resolved_engine_args(vllm)
+        with config_errors(self.model):
+            self._llm = vllm.LLM(self.model, **args)
+        self._started(self._llm.get_tokenizer(), self._llm.llm_engine.vllm_config)
+        self._closing.clear()
+        watch_engine_process(self._llm, self._dead, self._closing, self.name)
 
     def _close(self) -> None:
-        if self._async_llm is not None:
-            self._async_llm.shutdown()
-        if self._llm is not None:
-            _shutdown_offline(self._llm)
-        self._llm = self._async_llm = self._tokenizer = self._encode = self._limits = self._loop = None
-        _release_cuda_memory()
+        self._closing.set()
+        llm, self._llm = self._llm, None
+        if llm is not None:
+            shutdown_offline(llm)
+        self._limits = None
+        release_cuda_memory()
 
-    # -- prompts and tokens --------------------------------------------------------------------
+    def _run(self, prompts: list[PreparedPrompt]) -> list[Outcome]:
+        from vllm.v1.engine.exceptions import EngineDeadError as VLLMEngineDeadError
 
-    @property
-    def context_length(self) -> int:
-        limits = self._require(self._limits)
-        if limits.max_model_len is None:  # vLLM always reports one once loaded; this is for type checkers
-            raise RuntimeError(f"{self.name}: vLLM reported no max_model_len")
-        return limits.max_model_len
-
-    def tokenize(self, text: str) -> list[int]:
-        """Token ids as vLLM will see them: BOS added for plain text; chat templates carry their own."""
-        return list(self._require(self._encode)(text))
-
-    def _has_chat_template(self) -> bool:
-        return getattr(self._require(self._tokenizer), "chat_template", None) is not None
-
-    def _apply_chat_template(self, messages: list[Mapping[str, str]]) -> str:
-        return self._require(self._tokenizer).apply_chat_template(
-            list(messages), tokenize=False, add_generation_prompt=True
-        )
-
-    # -- generation ----------------------------------------------------------------------------
-
-    def generate(self, records: list[PromptRecord]) -> list[Completion | Exception]:
-        """Run a batch through `LLM.generate` (batch mode); one entry per record, in input order.
-
-        Invalid records get an `InvalidPromptError` in their slot and are not sent to vLLM.
-        """
-        llm = self._require(self._llm)
-        prompts = self._prepare(records)
-        valid = [ids for ids in prompts if isinstance(ids, list)]
-        outcomes: list[Completion | Exception] = []
-        if valid:
-            params = self._sampling_params()
-            with self._llm_lock, self._busy():
-                outputs = llm.generate([{"prompt_token_ids": ids} for ids in valid], params, use_tqdm=False)
-            outcomes = [_completion(output, len(ids)) for ids, output in zip(valid, outputs, strict=True)]
-        results = _merge(prompts, outcomes)
-        self._record(results, sent=bool(valid))
-        return results
-
-    async def _generate_stream(self, records: list[PromptRecord]) -> list[Completion | Exception]:
-        """Send each record to `AsyncLLM` as its own request, concurrently; return when all finish.
-
-        A request that fails (invalid, or an error inside vLLM) fails only its own record.
-        """
-        engine = self._require(self._async_llm)
-        self._check_loop()
-        prompts = self._prepare(records)
-        params = self._sampling_params(final_only=True)
-        valid = [ids for ids in prompts if isinstance(ids, list)]
-        outcomes = await asyncio.gather(
-            *(self._stream_one(engine, ids, params) for ids in valid), return_exceptions=True
-        )
-        for outcome in outcomes:
-            if not isinstance(outcome, (Completion, Exception)):
-                raise outcome  # a BaseException such as KeyboardInterrupt is not one record's failure
-        results = _merge(prompts, outcomes)
-        self._record(results, sent=bool(valid))
-        return results
-
-    async def _stream_one(self, engine: Any, prompt_token_ids: list[int], params: Any) -> Completion | Exception:
-        request_id = f"flyteplugins-batcher-{next(self._request_ids)}"
-        final = None
-        with self._busy():
-            async for output in engine.generate({"prompt_token_ids": prompt_token_ids}, params, request_id):
-                final = output
-        if final is None or not final.finished:
-            return RuntimeError(f"{self.name}: request {request_id} ended without a final output")
-        return _completion(final, len(prompt_token_ids))
-
-    def _prepare(self, records: list[PromptRecord]) -> list[list[int] | Exception]:
-        """Each record's prompt token ids, or the `InvalidPromptError` that keeps it from vLLM."""
-        return [self._prepare_one(index, record) for index, record in enumerate(records)]
-
-    def _prepare_one(self, index: int, record: PromptRecord) -> list[int] | Exception:
-        max_new_tokens = self.generation.max_new_tokens
+        self._check_alive()
+        params = [sampling_params(prompt.generation) for prompt in prompts]
         try:
-            ids = self.tokenize(self.render(record))
-        except InvalidPromptError as exc:
-            return self._invalid(index, record, str(exc))
-        except Exception as exc:  # a chat template can reject a conversation (e.g. roles out of order)
-            error = self._invalid(index, record, f"cannot render the prompt: {exc}")
-            error.__cause__ = exc
-            return error
-        if len(ids) + max_new_tokens > self.context_length:
-            return self._invalid(
-                index,
-                record,
-                f"{len(ids)} prompt tokens + max_new_tokens={max_new_tokens} exceed the context length of "
-                f"{self.context_length}",
-            )
-        return ids
-
-    def _invalid(self, index: int, record: PromptRecord, reason: str) -> InvalidPromptError:
-        return InvalidPromptError(f"{self.name}: record {index} ({short_repr(record)}): {reason}")
-
-    def _sampling_params(self, *, final_only: bool = False) -> Any:
-        """`SamplingParams` for the current `GenerationConfig`."""
-        from vllm import SamplingParams
-
-        config = self.generation
-        options: dict[str, Any] = {
-            "n": 1,
-            "temperature": config.temperature,
-            "top_p": config.top_p,
-            "seed": config.seed,
-            "max_tokens": config.max_new_tokens,
-            "stop": list(config.stop),
-        }
-        if final_only:
-            from vllm.sampling_params import RequestOutputKind
-
-            # Only the finished output is used; skipping per-token outputs saves a loop wake-up per token.
-            options["output_kind"] = RequestOutputKind.FINAL_ONLY
-        return SamplingParams(**options)
-
-    def _check_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        if self._loop is None:
-            self._loop = loop
-        elif self._loop is not loop:
-            # vLLM's output handler lives on the first loop; on another one requests would never finish.
-            raise RuntimeError(
-                f"{self.name}: stream mode is bound to the event loop that first called generate; "
-                "call close() and load() to use the engine from another event loop"
-            )
-
-    # -- accounting ----------------------------------------------------------------------------
-
-    @contextmanager
-    def _busy(self) -> Iterator[None]:
-        # Stream mode runs many requests at once: summing their durations would overstate model
-        # time, so generate_time_s counts wall time with at least one request running.
-        with self._stats_lock:
-            if self._requests_running == 0:
-                self._busy_since = time.perf_counter()
-            self._requests_running += 1
-        try:
-            yield
-        finally:
-            with self._stats_lock:
-                self._requests_running -= 1
-                if self._requests_running == 0:
-                    self.stats.generate_time_s += time.perf_counter() - self._busy_since
-
-    def _record(self, results: list[Completion | Exception], *, sent: bool) -> None:
-        completions = [result for result in results if isinstance(result, Completion)]
-        prompt_tokens = sum(completion.prompt_tokens for completion in completions)
-        completion_tokens = sum(completion.completion_tokens for completion in completions)
-        with self._stats_lock:
-            stats = self.stats
-            stats.batches += int(sent)
-            stats.records += len(completions)
-            stats.failed_records += len(results) - len(completions)
-            stats.prompt_tokens += prompt_tokens
-            stats.completion_tokens += completion_tokens
-            # vLLM packs sequences without padding: every position computed is a real token.
-            stats.real_tokens += prompt_tokens + completion_tokens
-            stats.padded_tokens += prompt_tokens + completion_tokens
-
-    # -- batching ------------------------------------------------------------------------------
-
-    def batcher_defaults(self) -> dict[str, Any]:
-        """Batcher settings from the limits vLLM settled on (assumed ones before `load()`).
-
-        Stream mode: batches of one record dispatched at once, up to `max(1024, 4 * max_num_seqs)`
-        requests in flight, estimated tokens in flight bounded at twice the KV cache. Batch mode:
-        up to `max_num_seqs` records and a KV cache's worth of estimated tokens per batch, so that
-        a batch never has to wait inside vLLM for cache space.
-        """
-        limits = self._limits or _Limits.assumed(self.llm_kwargs)
-        if self.mode == "stream":
-            return {
-                "max_batch_size": 1,
-                "batch_timeout_s": 0.0,
-                "max_concurrent_batches": max(1024, 4 * limits.max_num_seqs),
-                "max_inflight_tokens": _STREAM_OVERCOMMIT * limits.kv_cache_tokens,
-            }
-        return {"max_batch_size": limits.max_num_seqs, "target_batch_tokens": limits.kv_cache_tokens}
-
-    def _require(self, handle: Any) -> Any:
-        if handle is None:
-            raise RuntimeError(f"{self.name}: the engine is not loaded (mode={self.mode!r}); call load() first")
-        return handle
+            with self._llm_lock:
+                outputs = self._llm.generate(
+                    [{"prompt_token_ids": prompt.token_ids} for prompt in prompts], params, use_tqdm=False
+                )
+        except VLLMEngineDeadError as error:
+            self._dead.set()
+            raise EngineDeadError(f"{self.name}: the vLLM engine process died during a batch") from error
+        return [completion(output, len(prompt.token_ids)) for prompt, output in zip(prompts, outputs, strict=True)]
 
 
-def _merge(prompts: list[list[int] | Exception], outcomes: list[Any]) -> list[Completion | Exception]:
-    """Results in input order: each invalid record's error, and the outcomes of the others in turn."""
-    remaining = iter(outcomes)
-    return [next(remaining) if isinstance(ids, list) else ids for ids in prompts]
+# -- shared helpers --------------------------------------------------------------------------------
 
 
-def _completion(output: Any, prompt_tokens: int) -> Completion | Exception:
+def import_vllm() -> Any:
+    """`vllm`, or an `ImportError` that says how to install it (its GPU or CPU build)."""
+    try:
+        import vllm
+    except ImportError as error:
+        raise ImportError(f"The vllm engine needs vLLM, which is not installed. Install: {_install.VLLM}") from error
+    return vllm
+
+
+@contextmanager
+def config_errors(model: str) -> Iterator[None]:
+    """Turn vLLM's configuration errors into `EngineConfigError`.
+
+    vLLM validates its configuration in this process and raises `ValueError`/`TypeError` (a
+    pydantic `ValidationError` is a `ValueError`) before the engine core starts; those cannot heal
+    by retrying. Failures inside the engine core arrive as `RuntimeError` and are left alone.
+    """
+    try:
+        yield
+    except EngineConfigError:
+        raise
+    except (ValueError, TypeError) as error:
+        raise EngineConfigError(f"vllm cannot serve {model!r} with these settings: {error}") from error
+
+
+@functools.lru_cache(maxsize=256)
+def sampling_params(config: GenerationConfig, final_only: bool = False) -> Any:
+    """`SamplingParams` for a `GenerationConfig` (cached: most records share a handful of settings)."""
+    from vllm import SamplingParams
+
+    options: dict[str, Any] = {
+        "n": 1,
+        "temperature": config.temperature,
+        "top_p": config.top_p,
+        "seed": config.seed,
+        "max_tokens": config.max_new_tokens,
+        "stop": list(config.stop),
+    }
+    if final_only:
+        from vllm.sampling_params import RequestOutputKind
+
+        # Only the finished output is used; skipping per-token outputs saves a wake-up per token.
+        options["output_kind"] = RequestOutputKind.FINAL_ONLY
+    return SamplingParams(**options)
+
+
+def completion(output: Any, prompt_tokens: int) -> Completion | Exception:
     """A `Completion` from vLLM's final `RequestOutput`, or the error for an aborted request."""
     choice = output.outputs[0]
     finish_reason = _FINISH_REASONS.get(choice.finish_reason or "")
@@ -394,36 +305,54 @@ def _completion(output: Any, prompt_tokens: int) -> Completion | Exception:
     )
 
 
-def _import_vllm() -> Any:
-    try:
-        import vllm
-    except ImportError as exc:
-        raise ImportError(f"VLLMEngine needs vLLM, which is not installed: {_INSTALL_HINT}") from exc
-    return vllm
+def engine_core_client(engine: Any) -> Any:
+    """vLLM's client to its engine-core process, for `LLM` (batch) and `AsyncLLM` (stream) alike."""
+    llm_engine = getattr(engine, "llm_engine", engine)
+    return getattr(llm_engine, "engine_core", None)
 
 
-def _resolve(value: Any) -> Any:
-    """`value`, or what it resolves to when it is awaitable (`AsyncLLM.get_tokenizer` was async before 0.11)."""
-    if not inspect.isawaitable(value):
-        return value
+def watch_engine_process(
+    engine: Any, dead: threading.Event, closing: threading.Event, owner: str, on_death: Callable[[], None] | None = None
+) -> None:
+    """Notice the engine-core process dying, set `dead`, and unblock a batch waiting on its outputs.
 
-    async def wait() -> Any:
-        return await value
+    vLLM's own monitor marks the client dead but leaves `LLM.generate` blocked forever on an
+    output queue nobody feeds any more; putting vLLM's `EngineDeadError` there makes it raise. Uses
+    vLLM internals (0.10+); where they are missing, death is only noticed by the next call.
+    """
+    client = engine_core_client(engine)
+    manager = getattr(getattr(client, "resources", None), "engine_manager", None)
+    sentinels = getattr(manager, "sentinels", None)
+    if not callable(sentinels):
+        logger.warning("%s: cannot watch the vLLM engine process (unknown vLLM internals)", owner)
+        return
+    watched = list(sentinels())
 
-    # load() is synchronous and may run on a thread whose event loop is busy, so use a fresh one.
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(asyncio.run, wait()).result()
+    def wait_for_death() -> None:
+        multiprocessing.connection.wait(watched)
+        if closing.is_set():
+            return
+        dead.set()
+        logger.error("%s: the vLLM engine process died; failing its pending requests", owner)
+        outputs = getattr(client, "outputs_queue", None)
+        if outputs is not None and hasattr(outputs, "put_nowait") and not hasattr(outputs, "_loop"):
+            from vllm.v1.engine.exceptions import EngineDeadError as VLLMEngineDeadError
+
+            outputs.put_nowait(VLLMEngineDeadError())
+        if on_death is not None:
+            on_death()
+
+    threading.Thread(target=wait_for_death, daemon=True, name=f"{owner}-engine-watch").start()
 
 
-def _shutdown_offline(llm: Any) -> None:
+def shutdown_offline(llm: Any) -> None:
     """Stop the engine-core process behind a `vllm.LLM` (best effort: its API is internal)."""
-    engine_core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
-    shutdown = getattr(engine_core, "shutdown", None)
+    shutdown = getattr(engine_core_client(llm), "shutdown", None)
     if callable(shutdown):
         shutdown()
 
 
-def _release_cuda_memory() -> None:
+def release_cuda_memory() -> None:
     gc.collect()
     torch = sys.modules.get("torch")  # vLLM imported it if it ran; never import torch just to clean up
     if torch is not None and torch.cuda.is_available():

@@ -1,50 +1,128 @@
-"""The engine interface's shared logic: record validation, rendering, and the token-estimate fallback."""
+"""The engine pipeline every engine shares: validation, rendering, per-record settings, merging, counting.
+
+A tiny engine with a character-level "tokenizer" and an echoing "model" exercises it without
+loading anything; the real engines run through the same code in their own tests.
+"""
 
 from __future__ import annotations
-
-from collections.abc import Mapping
 
 import pytest
 
 from flyteplugins_batcher import Prompt
-from flyteplugins_batcher.engines import Completion, Engine, GenerationConfig, InvalidPromptError
+from flyteplugins_batcher.engines import (
+    BatchEngine,
+    Completion,
+    EngineNotLoadedError,
+    GenerationConfig,
+    InvalidPromptError,
+    PreparedPrompt,
+    Request,
+)
 
 
-class NoTokenizerEngine(Engine):
-    """An engine whose tokenizer is unavailable (say, not loaded yet): exercises the fallbacks."""
+class CharTokenizer:
+    """One token per character; BOS (token 1) for plain text; no chat template."""
 
-    name = "no-tokenizer"
+    chat_template = None
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return ([1] if add_special_tokens else []) + [ord(char) for char in text]
+
+
+class EchoEngine(BatchEngine):
+    """Answers each prompt with its text reversed; remembers the settings each call got."""
+
+    name = "echo"
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.calls: list[list[PreparedPrompt]] = []
 
     def _load(self) -> None:
-        pass
+        self._tokenizer = CharTokenizer()
 
     @property
     def context_length(self) -> int:
-        return 2048
+        self._require_loaded()
+        return 64
 
-    def tokenize(self, text: str) -> list[int]:
-        raise RuntimeError("no tokenizer loaded")
-
-    def _has_chat_template(self) -> bool:
-        return False
-
-    def _apply_chat_template(self, messages: list[Mapping[str, str]]) -> str:
-        raise AssertionError("never called without a template")
-
-    def generate(self, records):
-        return [Completion(str(record), 0, 0, "stop") for record in records]
+    def _run(self, prompts: list[PreparedPrompt]) -> list[Completion | Exception]:
+        self.calls.append(list(prompts))
+        return [
+            Completion("".join(chr(token) for token in prompt.token_ids[1:])[::-1], len(prompt.token_ids), 3, "stop")
+            for prompt in prompts
+        ]
 
 
-def test_without_a_tokenizer_the_estimate_falls_back_to_four_characters_per_token():
-    engine = NoTokenizerEngine(generation=GenerationConfig(max_new_tokens=10))
+def test_before_load_the_estimate_falls_back_to_four_characters_per_token():
+    engine = EchoEngine(generation=GenerationConfig(max_new_tokens=10))
     assert engine.estimate_tokens("x" * 40) == 40 // 4 + 1 + 10
     assert engine.estimate_tokens(Prompt("y" * 8)) == Prompt("y" * 8).estimate_tokens() + 10
+    engine.load()
+    assert engine.estimate_tokens("x" * 40) == 41 + 10  # the tokenizer counts, once loaded
 
 
 def test_a_record_that_cannot_run_costs_one_token_and_fails_later():
-    engine = NoTokenizerEngine()
+    engine = EchoEngine()
+    engine.load()
     assert engine.estimate_tokens("") == 1
     assert engine.estimate_tokens(42) == 1  # type: ignore[arg-type]
+
+
+def test_using_an_engine_before_load_is_one_clear_error():
+    engine = EchoEngine()
+    for use in (lambda: engine.generate(["hi"]), lambda: engine.tokenize("hi"), lambda: engine.context_length):
+        with pytest.raises(EngineNotLoadedError, match="echo: the engine is not loaded; call load"):
+            use()
+
+
+def test_bad_records_fail_alone_in_one_message_format():
+    engine = EchoEngine(generation=GenerationConfig(max_new_tokens=8))
+    engine.load()
+    results = engine.generate(["abc", "", Request("x" * 60, id="long-one"), 4.5, "de"])  # type: ignore[list-item]
+    assert [result.text for result in results if isinstance(result, Completion)] == ["cba", "ed"]
+    messages = [str(result) for result in results if isinstance(result, InvalidPromptError)]
+    assert messages == [
+        "echo: record 1 (''): empty prompt: the record has no text",
+        "echo: record 2 (id='long-one', 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx...): prompt is too long: "
+        "61 prompt tokens + max_new_tokens 8 = 69 > context length 64",
+        "echo: record 3 (4.5): a prompt record must be a str, a Prompt, chat messages or a Request; got float: 4.5",
+    ]
+    assert [prompt.index for prompt in engine.calls[0]] == [0, 4]  # invalid records never reach the model
+    stats = engine.stats
+    assert (stats.batches, stats.records, stats.failed_records) == (1, 2, 3)
+
+
+def test_each_request_carries_its_own_settings_and_budget():
+    engine = EchoEngine(generation=GenerationConfig(max_new_tokens=8))
+    engine.load()
+    short = GenerationConfig(max_new_tokens=2, temperature=0.5, seed=3)
+    long = GenerationConfig(max_new_tokens=60)
+    results = engine.generate([Request("abc", short), "abc", Request("abcdef", long)])
+    assert [prompt.generation for prompt in engine.calls[0]] == [short, engine.generation]
+    assert isinstance(results[2], InvalidPromptError) and "max_new_tokens 60" in str(results[2])
+    assert engine.estimate_tokens(Request("abc", short)) == 4 + 2
+    assert engine.estimate_tokens("abc") == 4 + 8
+
+
+def test_stats_are_a_snapshot_and_can_be_reset():
+    engine = EchoEngine(generation=GenerationConfig(max_new_tokens=8))
+    engine.load()
+    engine.generate(["abc"])
+    snapshot = engine.stats
+    engine.generate(["abc"])
+    assert snapshot.records == 1 and engine.stats.records == 2
+    assert engine.stats.load_time_s >= 0 and engine.stats.generate_time_s > 0
+    engine.reset_stats()
+    assert engine.stats.records == 0
+
+
+def test_batcher_settings_come_from_the_engine_and_a_misspelt_override_fails_at_once():
+    engine = EchoEngine()
+    batcher = engine.batcher(max_batch_size=3, name="echoes")
+    assert batcher.settings.max_batch_size == 3 and batcher.name == "echoes"
+    with pytest.raises(TypeError, match="did you mean 'max_batch_size'"):
+        engine.batcher(max_batchsize=3)
 
 
 @pytest.mark.parametrize(
@@ -59,11 +137,11 @@ def test_a_record_that_cannot_run_costs_one_token_and_fails_later():
 )
 def test_render_names_what_is_wrong_with_a_record(record, message):
     with pytest.raises(InvalidPromptError, match=message):
-        NoTokenizerEngine().render(record)
+        EchoEngine().render(record)
 
 
 def test_without_a_chat_template_the_system_prompt_is_prepended_and_chats_are_refused():
-    engine = NoTokenizerEngine(system_prompt="Be brief.")
+    engine = EchoEngine(system_prompt="Be brief.")
     assert engine.render("What is 2 + 2?") == "Be brief.\n\nWhat is 2 + 2?"
     with pytest.raises(InvalidPromptError, match="need a chat template"):
         engine.render([{"role": "user", "content": "hi"}])
@@ -72,6 +150,6 @@ def test_without_a_chat_template_the_system_prompt_is_prepended_and_chats_are_re
 def test_generation_config_validates_and_normalizes():
     assert GenerationConfig(stop="###").stop == ("###",)
     assert GenerationConfig().greedy and not GenerationConfig(temperature=0.7).greedy
-    for bad in ({"max_new_tokens": 0}, {"temperature": -1}, {"top_p": 0}):
+    for bad in ({"max_new_tokens": 0}, {"temperature": -1}, {"top_p": 0}, {"stop": ("",)}, {"seed": 1.5}):
         with pytest.raises(ValueError):
             GenerationConfig(**bad)

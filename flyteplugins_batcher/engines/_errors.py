@@ -1,0 +1,39 @@
+"""What engines raise: a record that cannot run, a configuration that cannot work, and an engine that died."""
+
+from __future__ import annotations
+
+from flyteplugins_batcher._errors import UnrecoverableError
+
+
+class InvalidPromptError(ValueError):
+    """A record an engine cannot run (empty, too long for the context, wrong type).
+
+    Engines return it in the record's result slot, so only that record's future fails. Its
+    message names the record: `"<engine>: record <i> (<id or repr>): <reason>"`.
+    """
+
+
+class EngineConfigError(Exception):
+    """A configuration that cannot work, whatever the retry: a missing model, an unknown engine
+    argument, a KV cache that does not fit. Raised before any long start-up where possible;
+    workflows should fail at once instead of retrying."""
+
+
+class ModelNotFoundError(EngineConfigError, FileNotFoundError):
+    """The model is a path, and nothing is there."""
+
+
+class InvalidModelReferenceError(EngineConfigError, ValueError):
+    """The model reference is neither an existing path nor a possible Hugging Face hub id."""
+
+
+class EngineNotLoadedError(RuntimeError):
+    """The engine was used before `load()` (or after `close()`)."""
+
+
+class EngineDeadError(UnrecoverableError):
+    """The engine died (its process was killed, or it crashed): nothing can run on it any more.
+
+    Every pending record fails with it; `SharedBatcher` closes the engine and loads a new one on
+    its next `get()`.
+    """

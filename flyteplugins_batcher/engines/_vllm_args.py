@@ -1,0 +1,120 @@
+"""vLLM engine arguments: checked before the minute-long start-up, with defaults that fit the machine.
+
+On a machine without CUDA (vLLM's CPU build), vLLM's defaults do not fit: `gpu_memory_utilization`
+means the fraction of *host* memory given to the KV cache there, and its 0.92 fails next to
+anything else running. So on CPU we reserve a fixed KV cache (`kv_cache_memory_bytes`, at most
+2 GiB and a quarter of the available memory) and skip graph compilation (`enforce_eager`), unless
+the user says otherwise. On a GPU, vLLM's own defaults apply.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import inspect
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from flyteplugins_batcher.engines._errors import EngineConfigError
+
+CPU_KV_CACHE_CAP_BYTES = 2 << 30
+"""At most this much host memory for the KV cache by default on CPU (enough for ~90k SmolLM2 tokens)."""
+
+CPU_KV_CACHE_SHARE = 0.25
+"""At most this share of the available host memory for the KV cache by default on CPU."""
+
+
+def cuda_available() -> bool:
+    """Whether torch sees a CUDA device (vLLM's GPU build runs); without torch, no."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def available_memory_bytes() -> int | None:
+    """Host memory available for new allocations (Linux `MemAvailable`), or `None` where unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def with_device_defaults(engine_args: Mapping[str, Any], *, on_cpu: bool) -> dict[str, Any]:
+    """`engine_args` plus the defaults that let vLLM start on this machine (see the module notes)."""
+    args = dict(engine_args)
+    if not on_cpu:
+        return args
+    args.setdefault("enforce_eager", True)
+    if "kv_cache_memory_bytes" not in args and "gpu_memory_utilization" not in args:
+        available = available_memory_bytes()
+        share = int(available * CPU_KV_CACHE_SHARE) if available else CPU_KV_CACHE_CAP_BYTES
+        args["kv_cache_memory_bytes"] = min(CPU_KV_CACHE_CAP_BYTES, share)
+    return args
+
+
+def check_engine_args(engine_args: Mapping[str, Any], accepted: set[str], *, on_cpu: bool) -> None:
+    """Fail at once on an argument vLLM does not know, or a KV cache that cannot fit in host memory.
+
+    Raises:
+        EngineConfigError: Naming the argument (and the closest valid one), or the memory shortfall.
+    """
+    for name in engine_args:
+        if name not in accepted:
+            close = difflib.get_close_matches(name, sorted(accepted), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise EngineConfigError(f"vllm: unknown engine argument {name!r}{hint}")
+    kv_bytes = engine_args.get("kv_cache_memory_bytes")
+    available = available_memory_bytes()
+    if on_cpu and isinstance(kv_bytes, int) and available is not None and kv_bytes > available:
+        raise EngineConfigError(
+            f"vllm: kv_cache_memory_bytes={kv_bytes} ({kv_bytes / 2**30:.1f} GiB) does not fit in the "
+            f"{available / 2**30:.1f} GiB of host memory available; lower it (the KV cache lives in host "
+            "memory on CPU)"
+        )
+    fraction = engine_args.get("gpu_memory_utilization")
+    if on_cpu and isinstance(fraction, (int, float)) and fraction > 0.85:
+        raise EngineConfigError(
+            f"vllm: gpu_memory_utilization={fraction} on CPU asks for {fraction:.0%} of host memory for the KV "
+            "cache, which does not fit beside the process itself; use 0.5 or less, or kv_cache_memory_bytes"
+        )
+
+
+def accepted_arguments(vllm_module: Any, *, streaming: bool) -> set[str]:
+    """The keyword arguments `vllm.LLM` (batch) or `AsyncEngineArgs` (stream) accept."""
+    from vllm.engine.arg_utils import AsyncEngineArgs, EngineArgs
+
+    accepted = {field.name for field in dataclasses.fields(AsyncEngineArgs if streaming else EngineArgs)}
+    if not streaming:
+        accepted |= set(inspect.signature(vllm_module.LLM.__init__).parameters) - {"self", "kwargs"}
+    return accepted - {"model"}
+
+
+def parse_engine_args(text: str) -> dict[str, Any]:
+    """Engine arguments from a JSON object (for command lines and workflow inputs); `""` is none.
+
+    Raises:
+        EngineConfigError: It is not a JSON object.
+    """
+    import json
+
+    if not text.strip():
+        return {}
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise EngineConfigError(f"vllm engine arguments must be a JSON object, got {text!r}: {error}") from None
+    if not isinstance(parsed, dict):
+        raise EngineConfigError(f"vllm engine arguments must be a JSON object, got {text!r}")
+    return parsed
+
+
+def running_on_cpu() -> bool:
+    """Whether vLLM will run on the CPU here (no CUDA device, or `VLLM_TARGET_DEVICE=cpu`)."""
+    return os.environ.get("VLLM_TARGET_DEVICE") == "cpu" or not cuda_available()

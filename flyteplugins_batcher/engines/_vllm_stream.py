@@ -1,0 +1,135 @@
+"""VLLMStreamEngine: each record is its own request to vLLM's `AsyncLLM`, whose continuous batching fills the device.
+
+`AsyncLLM` runs on a private event loop (`EngineLoop`), so the engine works from any caller loop,
+survives the callers' loops coming and going, and keeps vLLM's output processing off the loop
+where producers prepare data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+from typing import Any
+
+from flyteplugins_batcher.engines._base import Outcome, StreamingEngine
+from flyteplugins_batcher.engines._completion import Completion
+from flyteplugins_batcher.engines._engine_loop import EngineLoop
+from flyteplugins_batcher.engines._errors import EngineDeadError
+from flyteplugins_batcher.engines._records import PreparedPrompt
+from flyteplugins_batcher.engines._vllm import (
+    VLLMMode,
+    VLLMSupport,
+    completion,
+    config_errors,
+    import_vllm,
+    release_cuda_memory,
+    sampling_params,
+    watch_engine_process,
+)
+
+
+class VLLMStreamEngine(VLLMSupport, StreamingEngine):
+    """Generates with vLLM's `AsyncLLM`, one request per record (`mode="stream"`).
+
+    Pair it with `batcher()`'s defaults: batches of one record, dispatched at once, many in flight,
+    tokens in flight bounded by the KV cache. vLLM then schedules every record the moment it
+    arrives, and refills a sequence slot the moment one finishes.
+
+    Args:
+        model: A Hugging Face model id or local path.
+        **kwargs: See `VLLMSupport`.
+
+    Example:
+        ```python
+        engine = VLLMStreamEngine(str(bundled_smollm2_path()))
+        engine.load()
+        async with engine.batcher() as batcher:
+            answers = await batcher.run(prompts)
+        ```
+    """
+
+    mode: VLLMMode = "stream"
+
+    def __init__(self, model: str, **kwargs: Any) -> None:
+        super().__init__(model, **kwargs)
+        self._engine_loop: EngineLoop | None = None
+        self._async_llm: Any = None
+        self._request_ids = itertools.count()
+        self._closing = threading.Event()
+
+    def _load(self) -> None:
+        vllm = import_vllm()
+        args = {"disable_log_stats": True, **self._resolved_engine_args(vllm)}  # as vllm.LLM does
+        loop = EngineLoop(f"{self.name}-engine-loop")
+        try:
+            with config_errors(self.model):
+                self._async_llm = loop.call(_start_async_llm(self.model, args))
+        except BaseException:
+            loop.close()
+            raise
+        self._engine_loop = loop
+        self._started(self._async_llm.get_tokenizer(), self._async_llm.vllm_config)
+        self._closing.clear()
+        watch_engine_process(self._async_llm, self._dead, self._closing, self.name)
+
+    def _close(self) -> None:
+        self._closing.set()
+        loop, llm = self._engine_loop, self._async_llm
+        self._engine_loop = self._async_llm = None
+        self._limits = None
+        if loop is not None:
+            if llm is not None:
+                try:
+                    loop.call(_shutdown(llm), timeout=60)
+                except Exception as error:  # a dead engine may not shut down cleanly; its process is gone anyway
+                    self._dead.set()
+                    del error
+            loop.close()
+        release_cuda_memory()
+
+    async def _run(self, prompts: list[PreparedPrompt]) -> list[Outcome]:
+        """Each prompt as its own request, all at once; a request that fails fails only its record."""
+        self._check_alive()
+        loop, llm = self._engine_loop, self._async_llm
+        assert loop is not None
+        outcomes = await asyncio.gather(
+            *(loop.wrap(self._request(llm, prompt)) for prompt in prompts), return_exceptions=True
+        )
+        for outcome in outcomes:
+            if isinstance(outcome, EngineDeadError) or self._dead.is_set():
+                self._dead.set()
+                raise EngineDeadError(f"{self.name}: the vLLM engine process died") from (
+                    outcome if isinstance(outcome, BaseException) else None
+                )
+            if not isinstance(outcome, (Completion, Exception)):
+                raise outcome  # a BaseException such as KeyboardInterrupt is not one record's failure
+        return list(outcomes)  # type: ignore[arg-type]
+
+    async def _request(self, llm: Any, prompt: PreparedPrompt) -> Outcome:
+        """One record's request, on the engine loop."""
+        from vllm.v1.engine.exceptions import EngineDeadError as VLLMEngineDeadError
+
+        request_id = f"flyteplugins-batcher-{next(self._request_ids)}"
+        params = sampling_params(prompt.generation, final_only=True)
+        final = None
+        try:
+            async for output in llm.generate({"prompt_token_ids": prompt.token_ids}, params, request_id):
+                final = output
+        except VLLMEngineDeadError as error:
+            raise EngineDeadError(f"{self.name}: the vLLM engine process died") from error
+        if final is None or not final.finished:
+            return RuntimeError(f"{self.name}: request {request_id} ended without a final output")
+        return completion(final, len(prompt.token_ids))
+
+
+async def _start_async_llm(model: str, engine_args: dict[str, Any]) -> Any:
+    """Build `AsyncLLM` on the engine loop, so that its output handling is bound to that loop."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    return AsyncLLM.from_engine_args(AsyncEngineArgs(model=model, **engine_args))
+
+
+async def _shutdown(llm: Any) -> None:
+    llm.shutdown()
