@@ -73,6 +73,8 @@ class Engine(abc.ABC):
     """
 
     name: str = "engine"
+    counts_passes: bool = False
+    """Engines that split a batch into several model passes count them (`_count_pass`) as batches."""
 
     def __init__(
         self,
@@ -278,7 +280,7 @@ class Engine(abc.ABC):
         real = sum(completion.prompt_tokens + completion.completion_tokens for completion in completions)
         with self._stats_lock:
             stats = self._stats
-            stats.batches += bool(prepared)
+            stats.batches += bool(prepared) and not self.counts_passes
             stats.records += len(completions)
             stats.failed_records += len(results) - len(completions)
             stats.prompt_tokens += sum(completion.prompt_tokens for completion in completions)
@@ -287,10 +289,11 @@ class Engine(abc.ABC):
             stats.padded_tokens += real
         return results  # type: ignore[return-value]
 
-    def _count_padding(self, positions: int) -> None:
-        """Token positions computed only as padding (engines that pad call this)."""
+    def _count_pass(self, padding_positions: int) -> None:
+        """One model pass, and the token positions it computed only as padding (engines that pad call this)."""
         with self._stats_lock:
-            self._stats.padded_tokens += positions
+            self._stats.batches += 1
+            self._stats.padded_tokens += padding_positions
 
     @contextmanager
     def _timed_model_call(self) -> Iterator[None]:

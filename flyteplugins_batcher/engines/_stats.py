@@ -11,7 +11,7 @@ class EngineStats:
     """Counters an engine keeps across the batches it ran (a snapshot: `engine.stats`).
 
     Attributes:
-        batches: Model calls with at least one valid record.
+        batches: Model calls with at least one valid record (passes, for an engine that splits a batch).
         records: Records that produced a completion.
         failed_records: Records answered with an error instead of a completion.
         prompt_tokens: Real prompt tokens across all completions.

@@ -88,6 +88,7 @@ class TransformersEngine(BatchEngine):
     """
 
     name = "transformers"
+    counts_passes = True
 
     def __init__(
         self,
@@ -247,7 +248,7 @@ class TransformersEngine(BatchEngine):
             for prompt, row in zip(group, generated, strict=True)
         ]
         real = sum(completion.prompt_tokens + completion.completion_tokens for completion in completions)
-        self._count_padding(len(group) * output.shape[1] - real)
+        self._count_pass(len(group) * output.shape[1] - real)
         return completions
 
     def _left_padded(self, group: Sequence[PreparedPrompt]) -> tuple[torch.Tensor, torch.Tensor]:

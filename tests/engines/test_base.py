@@ -84,7 +84,7 @@ def test_bad_records_fail_alone_in_one_message_format():
     messages = [str(result) for result in results if isinstance(result, InvalidPromptError)]
     assert messages == [
         "echo: record 1 (''): empty prompt: the record has no text",
-        "echo: record 2 (id='long-one', 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx...): prompt is too long: "
+        f"echo: record 2 (id='long-one', '{'x' * 56}...): prompt is too long: "
         "61 prompt tokens + max_new_tokens 8 = 69 > context length 64",
         "echo: record 3 (4.5): a prompt record must be a str, a Prompt, chat messages or a Request; got float: 4.5",
     ]

@@ -7,14 +7,11 @@ import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 from flyteplugins_batcher.engines import ENGINE_NAMES, GenerationConfig, create_engine
 from flyteplugins_batcher.engines import _factory as factory
-
-FAKES = Path(__file__).resolve().parents[1] / "fakes"
 
 needs_transformers = pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="needs the cpu extra")
 
@@ -32,19 +29,16 @@ def _hide_modules(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:
 
 
 @pytest.fixture
-def fake_vllm_on_a_gpu(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
-    """The fake vLLM from tests/fakes importable, and torch reporting a CUDA device."""
+def vllm_on_a_gpu(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Real vLLM (the CPU build here), with torch reporting a CUDA device.
+
+    Faked: only CUDA's presence, which `"auto"` looks at to choose vLLM; nothing is loaded.
+    """
+    pytest.importorskip("vllm", reason="needs vLLM (make install adds its CPU build)")
     import torch
 
-    for name in [name for name in sys.modules if name == "vllm" or name.startswith("vllm.")]:
-        monkeypatch.delitem(sys.modules, name)
-    monkeypatch.syspath_prepend(str(FAKES))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    import vllm
-
-    yield vllm
-    for name in [name for name in sys.modules if name == "vllm" or name.startswith("vllm.")]:
-        del sys.modules[name]
+    yield
 
 
 def test_unknown_engine_lists_the_valid_names() -> None:
@@ -84,12 +78,12 @@ def test_auto_without_a_gpu_is_transformers_with_the_bundled_model(monkeypatch: 
 
 
 @needs_transformers
-def test_auto_with_vllm_and_a_gpu_is_vllm(fake_vllm_on_a_gpu: ModuleType) -> None:
-    from flyteplugins_batcher.engines import VLLMEngine
+def test_auto_with_vllm_and_a_gpu_is_vllm(vllm_on_a_gpu: None) -> None:
+    from flyteplugins_batcher.engines import VLLMStreamEngine
 
     engine = create_engine(model="org/model", mode="stream", max_model_len=256)
 
-    assert isinstance(engine, VLLMEngine)
+    assert isinstance(engine, VLLMStreamEngine)
     assert engine.model == "org/model"
     assert engine.mode == "stream"
     assert engine.llm_kwargs == {"max_model_len": 256}
@@ -108,13 +102,14 @@ def test_vllm_usable_needs_both_vllm_and_a_gpu(monkeypatch: pytest.MonkeyPatch) 
 
 @pytest.mark.slow
 @needs_transformers
-def test_vllm_without_a_model_serves_the_converted_bundled_checkpoint(fake_vllm_on_a_gpu: ModuleType) -> None:
+def test_vllm_without_a_model_serves_the_converted_bundled_checkpoint(vllm_on_a_gpu: None) -> None:
     from flyteplugins_batcher.engines import bundled_smollm2_path
 
     engine = create_engine("vllm")
 
     assert Path(engine.model) == bundled_smollm2_path()  # type: ignore[attr-defined]
     assert (Path(engine.model) / "config.json").is_file()  # type: ignore[attr-defined]
+    assert engine.model_name == "SmolLM2-135M-Instruct"
 
 
 @needs_transformers
@@ -127,7 +122,7 @@ def test_missing_model_path_fails_at_construction(engine_name: str, monkeypatch:
 
 
 @needs_transformers
-def test_missing_model_path_fails_for_vllm_too(fake_vllm_on_a_gpu: ModuleType) -> None:
+def test_missing_model_path_fails_for_vllm_too(vllm_on_a_gpu: None) -> None:
     with pytest.raises(FileNotFoundError, match="does not exist"):
         create_engine("vllm", "/models/missing")
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from flyteplugins_batcher._records import Prompt
-from flyteplugins_batcher.engines._base import Completion, GenerationConfig, InvalidPromptError, PromptRecord
+from flyteplugins_batcher.engines import Completion, GenerationConfig, InvalidPromptError, PromptRecord, Request
 from flyteplugins_batcher.engines._model_reference import check_model_reference
 from flyteplugins_batcher.engines._smollm2 import CACHE_DIR_ENV, _convert_into, cache_root
 
@@ -194,7 +194,7 @@ def test_bad_records_fail_alone_with_a_message_naming_them(
     for index, fragment in [(1, "empty prompt"), (2, "got int: 42"), (3, "> context length 8192")]:
         error = results[index]
         assert isinstance(error, InvalidPromptError)
-        assert str(error).startswith(f"record {index} (")
+        assert str(error).startswith(f"transformers: record {index} (")
         assert fragment in str(error)
     assert "'word word word" in str(results[3])
 
@@ -251,7 +251,7 @@ def test_sampling_with_a_seed_repeats(smollm2_engine: TransformersEngine, monkey
 def test_stats_count_real_and_padded_positions(
     smollm2_engine: TransformersEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(smollm2_engine, "stats", type(smollm2_engine.stats)())
+    smollm2_engine.reset_stats()
     monkeypatch.setattr(smollm2_engine, "generation", GenerationConfig(max_new_tokens=4))
     short, long = PROMPTS[0], PROMPTS[6]
 
@@ -296,6 +296,43 @@ def test_generate_is_safe_from_several_threads(
 
     assert results[0] == [alone[prompt] for prompt in PROMPTS[0:2]]
     assert results[1] == [alone[prompt] for prompt in PROMPTS[2:4]]
+
+
+@pytest.mark.slow
+def test_each_request_gets_its_own_settings_and_settings_never_share_a_call(
+    smollm2_engine: TransformersEngine, alone: dict[str, Completion]
+) -> None:
+    prompt = PROMPTS[7]
+    stop = alone[prompt].text.split()[3]
+    short = GenerationConfig(max_new_tokens=3)
+    stopped = GenerationConfig(max_new_tokens=24, stop=(stop,))
+    batches_before = smollm2_engine.stats.batches
+
+    results = _completions(
+        smollm2_engine.generate([Request(prompt, short), prompt, Request(prompt, stopped, id="stops")])
+    )
+
+    assert results[1] == alone[prompt]  # the engine's own settings
+    assert results[0].completion_tokens == 3 and results[0].finish_reason == "length"
+    assert results[0].text and alone[prompt].text.startswith(results[0].text)  # the same greedy path, cut short
+    assert results[2].text == alone[prompt].text[: alone[prompt].text.index(stop)]
+    assert smollm2_engine.stats.batches - batches_before == 3  # three settings, three model.generate calls
+
+
+@pytest.mark.slow
+def test_a_request_longer_than_the_context_fails_alone(smollm2_engine: TransformersEngine) -> None:
+    too_many = GenerationConfig(max_new_tokens=9000)
+    results = smollm2_engine.generate([Request(PROMPTS[0], too_many, id="greedy"), PROMPTS[0]])
+    assert isinstance(results[0], InvalidPromptError)
+    assert "id='greedy'" in str(results[0]) and "max_new_tokens 9000" in str(results[0])
+    assert isinstance(results[1], Completion)
+
+
+@pytest.mark.slow
+def test_the_engine_names_its_model_and_times_its_load(smollm2_engine: TransformersEngine) -> None:
+    assert smollm2_engine.model_name == "SmolLM2-135M-Instruct"
+    assert 0 < smollm2_engine.stats.load_time_s < 120
+    assert smollm2_engine.is_healthy
 
 
 # -- inside a TokenBatcher -----------------------------------------------------------------------
