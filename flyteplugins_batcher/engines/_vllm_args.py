@@ -2,9 +2,11 @@
 
 On a machine without CUDA (vLLM's CPU build), vLLM's defaults do not fit: `gpu_memory_utilization`
 means the fraction of *host* memory given to the KV cache there, and its 0.92 fails next to
-anything else running. So on CPU we reserve a fixed KV cache (`kv_cache_memory_bytes`, at most
-2 GiB and a quarter of the available memory) and skip graph compilation (`enforce_eager`), unless
-the user says otherwise. On a GPU, vLLM's own defaults apply.
+anything else running; and vLLM computes in bfloat16, which CPUs without bf16 instructions
+(AVX512-BF16 or AMX) emulate slowly: SmolLM2 answered 5.6x faster in float32 on an AVX2-only EPYC.
+So on CPU we reserve a fixed KV cache (`kv_cache_memory_bytes`, at most 2 GiB and a quarter of the
+available memory), skip graph compilation (`enforce_eager`), and use float32 unless the CPU has
+bf16 instructions, unless the user says otherwise. On a GPU, vLLM's own defaults apply.
 """
 
 from __future__ import annotations
@@ -46,12 +48,27 @@ def available_memory_bytes() -> int | None:
     return None
 
 
+def cpu_has_bf16() -> bool:
+    """Whether the CPU computes bfloat16 natively (AVX512-BF16 or AMX), as Linux reports it."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return bool(flags & {"avx512_bf16", "amx_bf16"})
+    except OSError:
+        return False
+    return False
+
+
 def with_device_defaults(engine_args: Mapping[str, Any], *, on_cpu: bool) -> dict[str, Any]:
     """`engine_args` plus the defaults that let vLLM start on this machine (see the module notes)."""
     args = dict(engine_args)
     if not on_cpu:
         return args
     args.setdefault("enforce_eager", True)
+    if not cpu_has_bf16():
+        args.setdefault("dtype", "float32")
     if "kv_cache_memory_bytes" not in args and "gpu_memory_utilization" not in args:
         available = available_memory_bytes()
         share = int(available * CPU_KV_CACHE_SHARE) if available else CPU_KV_CACHE_CAP_BYTES
