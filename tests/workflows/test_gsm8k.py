@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from flyteplugins_batcher.gsm8k import (
+from workflows.gsm8k import (
     SAMPLE_PATH,
     chat_prompt,
     extract_answer,

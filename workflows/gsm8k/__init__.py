@@ -2,7 +2,7 @@
 
 Example:
     ```python
-    from flyteplugins_batcher.gsm8k import chat_prompt, extract_answer, is_correct, load_problems
+    from workflows.gsm8k import chat_prompt, extract_answer, is_correct, load_problems
 
     loaded = load_problems("sample", limit=8)
     prompts = [chat_prompt(problem.question) for problem in loaded.problems]
@@ -11,9 +11,9 @@ Example:
 
 from __future__ import annotations
 
-from flyteplugins_batcher.gsm8k._dataset import SAMPLE_PATH, LoadedProblems, Problem, hub_reachable, load_problems
-from flyteplugins_batcher.gsm8k._prompt import SYSTEM_PROMPT, chat_prompt
-from flyteplugins_batcher.gsm8k._scoring import extract_answer, gold_answer, is_correct, parse_number
+from workflows.gsm8k._dataset import SAMPLE_PATH, LoadedProblems, Problem, hub_reachable, load_problems
+from workflows.gsm8k._prompt import SYSTEM_PROMPT, chat_prompt
+from workflows.gsm8k._scoring import extract_answer, gold_answer, is_correct, parse_number
 
 __all__ = [
     "SAMPLE_PATH",

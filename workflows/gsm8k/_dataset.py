@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flyteplugins_batcher.gsm8k._scoring import gold_answer
+from workflows.gsm8k._scoring import gold_answer
 
-logger = logging.getLogger("flyteplugins_batcher")
+logger = logging.getLogger("workflows.gsm8k")
 
 HUB_DATASET = ("openai/gsm8k", "main", "test")
 SAMPLE_PATH = Path(__file__).with_name("sample.jsonl")
