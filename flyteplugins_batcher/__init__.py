@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from flyteplugins_batcher._batched import BatchedFunction, batched
 from flyteplugins_batcher._batcher import BatcherState, DynamicBatcher
+from flyteplugins_batcher._device_monitor import DeviceMonitor, DeviceUtilization
 from flyteplugins_batcher._environment import ReplicaStarvationWarning, inference_environment
 from flyteplugins_batcher._errors import (
     BatcherClosedError,
@@ -59,6 +60,8 @@ __all__ = [
     "CostBudgetExceededError",
     "CostEstimator",
     "CostEstimatorFn",
+    "DeviceMonitor",
+    "DeviceUtilization",
     "DispatchReason",
     "Distribution",
     "DynamicBatcher",

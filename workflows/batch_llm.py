@@ -29,8 +29,8 @@ import flyte.report
 
 from flyteplugins_batcher import SharedBatcher, TokenBatcher, inference_environment
 from flyteplugins_batcher.engines import Completion, Engine, GenerationConfig, InvalidPromptError, create_engine
-from workflows.gsm8k import SYSTEM_PROMPT, Problem, extract_answer, is_correct, load_problems
 from images import driver_image, gpu_image
+from workflows.gsm8k import SYSTEM_PROMPT, Problem, extract_answer, is_correct, load_problems
 from workflows.report import final_html, progress_html
 from workflows.schema import (
     Answer,
