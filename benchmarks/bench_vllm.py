@@ -15,9 +15,9 @@ are the figure that carries over to a GPU, where a step of a small model costs a
 batch 8 or 128; wall time on a CPU is compute-bound and noisy.
 
 The "arrival bound" row answers whether the steps (d) takes beyond (a) come from the arrival
-pattern itself: it is the fewest steps any engine could take given when the chunks arrived and
-how many tokens each answer has, if it ran a step every `wall / steps` seconds as (d) did and
-admitted each request at its first step after arrival.
+pattern itself: no engine can produce a request's tokens before the request arrives, so a run
+takes at least, for every request, the steps vLLM had already taken when it arrived plus the
+tokens it generated; the bound is the largest of those.
 
 Runs unchanged on a GPU (`--model` a hub id or path there; engine arguments with `--engine-args`).
 
@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import os
 import sys
 import time
@@ -76,7 +75,7 @@ class WayResult:
     steps: int
     step_tokens: float
     completions: list[Completion] = field(default_factory=list)
-    arrivals: list[float] = field(default_factory=list)  # seconds after the first chunk, per question
+    steps_at_arrival: list[int] = field(default_factory=list)  # vLLM's steps taken before each question arrived
     batch_p99_wait_s: float | None = None
 
     @property
@@ -106,29 +105,38 @@ def load_questions(path: Path, count: int) -> list[list[dict[str, str]]]:
 
 async def feed_in_chunks(
     ask: Callable[[Sequence[Any]], Awaitable[list[Any]]], records: Sequence[Any], chunk: int, interval_s: float
-) -> tuple[list[Any], list[float]]:
-    """Send `records` as chunks arriving `interval_s` apart, each awaiting its own answers."""
+) -> tuple[list[Any], list[int]]:
+    """Send `records` as chunks arriving `interval_s` apart, each awaiting its own answers.
+
+    Also returns, per record, how many steps vLLM had taken when its chunk arrived.
+    """
     started = time.perf_counter()
-    tasks, arrivals = [], []
+    tasks, steps_at_arrival = [], []
     for number, start in enumerate(range(0, len(records), chunk)):
         if number:
             await asyncio.sleep(max(started + number * interval_s - time.perf_counter(), 0.0))
         part = records[start : start + chunk]
-        arrivals.extend([time.perf_counter() - started] * len(part))
+        steps_at_arrival.extend([engine_steps()[0]] * len(part))
         tasks.append(asyncio.create_task(ask(part)))
     answers = [answer for chunk_answers in await asyncio.gather(*tasks) for answer in chunk_answers]
-    return answers, arrivals
+    return answers, steps_at_arrival
 
 
-def measured(way: str, run: Callable[[], tuple[list[Completion], list[float], float | None]]) -> WayResult:
+def measured(way: str, run: Callable[[], tuple[list[Completion], list[int], float | None]]) -> WayResult:
     steps_before, tokens_before = engine_steps()
     started = time.perf_counter()
-    completions, arrivals, wait_p99 = run()
+    completions, steps_at_arrival, wait_p99 = run()
     wall = time.perf_counter() - started
     steps_after, tokens_after = engine_steps()
     steps = steps_after - steps_before
     return WayResult(
-        way, wall, steps, (tokens_after - tokens_before) / steps if steps else 0.0, completions, arrivals, wait_p99
+        way,
+        wall,
+        steps,
+        (tokens_after - tokens_before) / steps if steps else 0.0,
+        completions,
+        [at - steps_before for at in steps_at_arrival],
+        wait_p99,
     )
 
 
@@ -163,7 +171,7 @@ def run_raw_llm(args: argparse.Namespace, messages: list[Any], engine_args: dict
         async def inference(batch: list[dict[str, Any]]) -> list[Any]:
             return llm.generate(batch, params, use_tqdm=False)  # blocking, as the flyte.extras example does
 
-        async def through_flyte() -> tuple[list[Completion], list[float], float | None]:
+        async def through_flyte() -> tuple[list[Completion], list[int], float | None]:
             async with extras.TokenBatcher(inference_fn=inference) as batcher:
 
                 async def ask(part: Sequence[int]) -> list[Any]:
@@ -191,7 +199,7 @@ def run_ours(args: argparse.Namespace, messages: list[Any], mode: str, engine_ar
     )
     engine.load()
 
-    async def through_ours() -> tuple[list[Completion], list[float], float | None]:
+    async def through_ours() -> tuple[list[Completion], list[int], float | None]:
         batcher: TokenBatcher[Any, Completion] = engine.batcher()
         async with batcher:
 
@@ -207,11 +215,10 @@ def run_ours(args: argparse.Namespace, messages: list[Any], mode: str, engine_ar
 
 
 def arrival_bound_steps(result: WayResult) -> int:
-    """The fewest steps an engine stepping every `wall / steps` s could take, given the arrivals (see above)."""
-    step_s = result.wall_s / result.steps
+    """The fewest steps any engine could take, given when each request arrived (see above)."""
     return max(
-        math.ceil(arrival / step_s) + completion.completion_tokens
-        for arrival, completion in zip(result.arrivals, result.completions, strict=True)
+        steps + completion.completion_tokens
+        for steps, completion in zip(result.steps_at_arrival, result.completions, strict=True)
     )
 
 
@@ -261,9 +268,7 @@ def main() -> None:
         )
     stream = next((result for result in results if result.way == WAYS["d"]), None)
     if stream is not None and stream.steps:
-        rows.append(
-            ["arrival bound (for d's step time)", "-", "-", "-", arrival_bound_steps(stream), "-", "-", "-", "-"]
-        )
+        rows.append(["arrival bound for (d)", "-", "-", "-", arrival_bound_steps(stream), "-", "-", "-", "-"])
     headers = [
         "way",
         "answered",

@@ -1,151 +1,33 @@
 """Solve gsm8k with batched LLM inference on reusable GPU replicas.
 
-    flyte run --local workflows/batch_llm.py main          # on a laptop: bundled SmolLM2 on CPU, offline
+    flyte run --local workflows/batch_llm.py main                 # on a laptop: bundled SmolLM2 on CPU, offline
+    flyte run --local workflows/batch_llm.py main --engine vllm   # the same through real vLLM (its CPU build)
     flyte run workflows/batch_llm.py main --num_questions 1319 --model Qwen/Qwen2.5-1.5B-Instruct
 
-The driver (`main`) loads the questions, cuts them into chunks and sends every chunk to
-`infer_batch` at once. `infer_batch` runs on the GPU environment: reusable replicas, each one
-process holding one engine and one shared batcher (`SharedBatcher`). Up to `concurrency`
-calls run on a replica at the same time and all feed that one batcher, which assembles
-token-budgeted batches and keeps the model busy while the calls load and post-process.
-
-Replicas, per-replica concurrency and the GPU type are environment-level settings, fixed when the
-module is imported: set `BATCH_LLM_REPLICAS`, `BATCH_LLM_CONCURRENCY` and `BATCH_LLM_GPU` (for
-example `A100:1`, or `none` for CPU replicas) before `flyte run` / `flyte deploy`.
+The driver (`main`) loads the questions, cuts them into chunks and sends them to `infer_chunk`
+(`workflows/llm_replica.py`), at most `max_chunks_in_flight` at a time. Each replica holds one
+engine and one shared batcher; its concurrent calls batch together. Answers are scored as chunks
+finish and written to a JSONL file; the run prints one summary line and returns the counts,
+accuracy and throughput (model loading excluded) with the answers file.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import socket
+import tempfile
 import time
-from collections.abc import Awaitable, Callable
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
 
-import flyte
-import flyte.errors
-import flyte.report
-
-from flyteplugins_batcher import SharedBatcher, TokenBatcher, inference_environment
-from flyteplugins_batcher.engines import Completion, Engine, GenerationConfig, InvalidPromptError, create_engine
-from images import driver_image, gpu_image
+from workflows.driver import Counts, JsonLines, check_failures, driver_env, fan_out, publish, summary_line
 from workflows.gsm8k import SYSTEM_PROMPT, Problem, extract_answer, is_correct, load_problems
-from workflows.report import final_html, progress_html
-from workflows.schema import (
-    Answer,
-    Chunk,
-    ChunkResult,
-    InferenceSettings,
-    ReplicaSnapshot,
-    RunResult,
-)
+from workflows.llm_replica import infer_chunk
+from workflows.report import Progress, final_html
+from workflows.schema import ChatMessage, ChunkOutcome, EngineSettings, RequestChunk, RequestItem, RunSummary
 
 logger = logging.getLogger("batch_llm")
-
-REPLICAS = int(os.environ.get("BATCH_LLM_REPLICAS", "2"))
-CONCURRENCY = int(os.environ.get("BATCH_LLM_CONCURRENCY", "10"))
-GPU = os.environ.get("BATCH_LLM_GPU", "L4:1")
-CHUNK_RETRIES = 2
-
-gpu_env = inference_environment(
-    "batch_llm_gpu",
-    image=gpu_image,
-    gpu=None if GPU.lower() == "none" else GPU,
-    replicas=REPLICAS,
-    concurrency=CONCURRENCY,
-)
-
-driver_env = flyte.TaskEnvironment(
-    name="batch_llm_driver",
-    image=driver_image,
-    resources=flyte.Resources(cpu=2, memory="4Gi"),
-    depends_on=[gpu_env],
-)
-
-
-# -- the GPU side ------------------------------------------------------------------------------
-
-
-def load_engine(settings: InferenceSettings) -> Engine:
-    """Build and load the engine once per replica (runs in a worker thread)."""
-    engine = create_engine(
-        settings.engine,  # type: ignore[arg-type]
-        settings.model or None,
-        generation=GenerationConfig(
-            max_new_tokens=settings.max_new_tokens, temperature=settings.temperature, seed=settings.seed
-        ),
-        system_prompt=settings.system_prompt or None,
-    )
-    engine.load()
-    return engine
-
-
-def make_batcher(engine: Engine, settings: InferenceSettings) -> TokenBatcher:
-    """The replica's batcher, from the engine's defaults and the run's overrides."""
-    # "split": a record that breaks a whole batch must not fail the other tasks' records batched with it.
-    overrides: dict[str, object] = {
-        "batch_timeout_s": settings.batch_timeout_s,
-        "on_error": "split",
-        "name": "batch_llm",
-    }
-    if settings.target_batch_tokens:
-        overrides["target_batch_tokens"] = settings.target_batch_tokens
-    if settings.max_batch_size:
-        overrides["max_batch_size"] = settings.max_batch_size
-    return engine.batcher(**overrides)
-
-
-LLM: SharedBatcher[Engine, TokenBatcher] = SharedBatcher(load_engine, make_batcher, name="batch_llm")
-
-
-@gpu_env.task(retries=CHUNK_RETRIES)
-async def infer_batch(chunk: Chunk, settings: InferenceSettings) -> ChunkResult:
-    """Generate completions for one chunk through the replica's shared batcher.
-
-    A prompt the engine cannot run (empty, too long) comes back as an error in its slot. Any
-    other failure fails the chunk, so that Flyte retries it.
-    """
-    batcher = await LLM.get(settings)
-    outcomes = await batcher.run(chunk.prompts, return_exceptions=True)
-    completions, errors, prompt_tokens, completion_tokens = [], [], 0, 0
-    for outcome in outcomes:
-        if isinstance(outcome, Completion):
-            completions.append(outcome.text)
-            errors.append("")
-            prompt_tokens += outcome.prompt_tokens
-            completion_tokens += outcome.completion_tokens
-        elif isinstance(outcome, InvalidPromptError):
-            completions.append("")
-            errors.append(str(outcome))
-        else:
-            raise RuntimeError(f"chunk {chunk.index}: inference failed: {outcome!r}") from outcome
-    return ChunkResult(chunk.index, completions, errors, prompt_tokens, completion_tokens, replica_snapshot(batcher))
-
-
-def replica_snapshot(batcher: TokenBatcher) -> ReplicaSnapshot:
-    """This replica's batcher and engine statistics, labelled with the pod (host) and process."""
-    stats = batcher.stats
-    engine = LLM.loaded_model
-    engine_stats = engine.stats if engine is not None else None
-    return ReplicaSnapshot(
-        replica=f"{socket.gethostname()}/{os.getpid()}",
-        records=stats.total_completed,
-        batches=stats.total_batches,
-        avg_batch_size=stats.avg_batch_size,
-        avg_batch_tokens=stats.avg_batch_cost,
-        utilization=stats.utilization,
-        records_per_s=stats.records_per_s,
-        latency_p50_s=stats.latency_s.p50,
-        latency_p99_s=stats.latency_s.p99,
-        queue_wait_p99_s=stats.queue_wait_s.p99,
-        batches_by_reason=dict(stats.batches_by_reason),
-        padding_efficiency=engine_stats.padding_efficiency if engine_stats else 1.0,
-        completion_tokens_per_s=engine_stats.completion_tokens_per_s if engine_stats else 0.0,
-    )
-
-
-# -- the driver --------------------------------------------------------------------------------
 
 
 @driver_env.task(report=True)
@@ -155,152 +37,176 @@ async def main(
     source: str = "auto",
     engine: str = "auto",
     model: str = "",
+    vllm_mode: str = "",
+    max_model_len: int = 0,
+    kv_cache_gb: float = 0.0,
+    gpu_memory_utilization: float = 0.0,
+    dtype: str = "",
+    tensor_parallel_size: int = 0,
+    enforce_eager: str = "",
+    engine_args: str = "",
     max_new_tokens: int = 256,
     temperature: float = 0.0,
     target_batch_tokens: int = 0,
     max_batch_size: int = 0,
     batch_timeout_s: float = 0.05,
-) -> RunResult:
+    max_chunks_in_flight: int = 64,
+    max_failed_fraction: float = 0.0,
+    resume: bool = True,
+    output_dir: str = "",
+) -> RunSummary:
     """Answer gsm8k questions with batched LLM inference and score them.
 
     Args:
         num_questions: How many questions (clamped to what the source has).
-        chunk_size: Questions per `infer_batch` call.
+        chunk_size: Questions per `infer_chunk` call.
         source: "auto" (the Hub when reachable, else the bundled sample), "hub", "sample", or a
             local .jsonl / .parquet path.
         engine: "auto" (vLLM on a GPU, else Transformers), "vllm" or "transformers".
         model: Hub id or local path; empty for the bundled SmolLM2-135M-Instruct.
+        vllm_mode: "stream" (the default: each question is its own request to vLLM's continuous
+            batching) or "batch" (whole batches through `LLM.generate`).
+        max_model_len: vLLM's context length (0: the model's).
+        kv_cache_gb: vLLM's KV cache in GiB (0: 2 GiB at most on CPU, vLLM's default on GPU).
+        gpu_memory_utilization: vLLM's share of GPU memory (on CPU: of host memory) instead.
+        dtype: Model dtype ("float32", "bfloat16", ...; empty: the engine's choice for the device).
+        tensor_parallel_size: GPUs per replica for vLLM.
+        enforce_eager: "true" to skip vLLM's graph compilation ("": the default for the device).
+        engine_args: Any other vLLM engine argument, as a JSON object.
         max_new_tokens: Generation budget per answer.
         temperature: 0 for greedy decoding.
         target_batch_tokens: Token budget per batch (0: the engine's default).
         max_batch_size: Records per batch (0: the engine's default).
         batch_timeout_s: Longest a prompt waits for its batch to fill.
+        max_chunks_in_flight: Chunks outstanding at once.
+        max_failed_fraction: Share of questions that may fail before the run exits non-zero (their
+            answers are still written).
+        resume: Reuse chunks finished by an earlier run with the same questions and settings.
+        output_dir: Also copy the answers file here (a local folder or a remote URI).
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     loaded = await asyncio.to_thread(load_problems, source, num_questions)
-    banner = f"gsm8k source: {loaded.source}: {len(loaded.problems)} questions"
-    print(banner, flush=True)
-    settings = InferenceSettings(
+    print(f"gsm8k source: {loaded.source}: {len(loaded.problems)} questions", flush=True)
+    settings = EngineSettings(
         engine=engine,
         model=model,
+        vllm_mode=vllm_mode,
+        max_model_len=max_model_len,
+        kv_cache_gb=kv_cache_gb,
+        gpu_memory_utilization=gpu_memory_utilization,
+        dtype=dtype,
+        tensor_parallel_size=tensor_parallel_size,
+        enforce_eager=enforce_eager,
+        engine_args=engine_args,
         system_prompt=SYSTEM_PROMPT,
         max_new_tokens=max_new_tokens,
         temperature=temperature,
         target_batch_tokens=target_batch_tokens,
         max_batch_size=max_batch_size,
         batch_timeout_s=batch_timeout_s,
+        cache_salt="" if resume else uuid.uuid4().hex,
     )
-    problems = loaded.problems
-    chunks = [
-        Chunk(
-            start // chunk_size,
-            [p.index for p in problems[start : start + chunk_size]],
-            [p.question for p in problems[start : start + chunk_size]],
-        )
-        for start in range(0, len(problems), chunk_size)
-    ]
+    problems = {problem.index: problem for problem in loaded.problems}
+    folder = Path(tempfile.mkdtemp(prefix="batch-llm-"))
+    answers, failures = JsonLines(folder / "answers.jsonl"), JsonLines(folder / "failed.jsonl")
+    tally = Tally()
+    progress = Progress("gsm8k batch inference", total=len(problems))
+    started = time.time()
 
-    problems_by_index = {problem.index: problem for problem in problems}
-    progress = _Progress(total=len(problems))
-    started = time.perf_counter()
+    async def on_chunk(chunk: RequestChunk, outcome: ChunkOutcome | None, reason: str) -> None:
+        reused = outcome is not None and outcome.finished_at < started
+        for item, row in zip(chunk.items, _rows(chunk, outcome, reason), strict=True):
+            scored = _score(row, problems[int(item.key)])
+            tally.add(scored, fresh=not reused)
+            (failures if scored["error"] else answers).write(scored)
+        tally.reused_chunks += reused
+        await progress.update(tally.done, tally.failed, tally.accuracy_text())
 
-    async def run_chunk(chunk: Chunk) -> tuple[list[Answer], ChunkResult | None]:
-        try:
-            result: ChunkResult | None = await infer_batch(chunk, settings)
-            answers = score_chunk(chunk, result, problems_by_index)
-        except Exception as exc:  # Flyte retried it already; keep the other chunks' answers
-            logger.error("chunk %d (questions %s) failed after retries: %s", chunk.index, chunk.question_ids, exc)
-            result = None
-            answers = [_failed_answer(problems_by_index[i], f"chunk failed: {exc}") for i in chunk.question_ids]
-        await progress.update(answers, time.perf_counter() - started)
-        return answers, result
-
-    outcomes = await asyncio.gather(*(run_chunk(chunk) for chunk in chunks))
-    run = summarize(loaded.source, outcomes, time.perf_counter() - started)
-    await _report(flyte.report.replace.aio, final_html(run))
-    print(
-        f"accuracy {run.accuracy:.1%} on {run.scored} scored | {run.questions_per_s:.2f} questions/s | "
-        f"{run.tokens_per_s:.0f} tokens/s | failed {len(run.failed_questions)}",
-        flush=True,
-    )
-    return run
-
-
-def score_chunk(chunk: Chunk, result: ChunkResult, problems_by_index: dict[int, Problem]) -> list[Answer]:
-    """One answer per question of the chunk: the extracted number, checked against the gold one."""
-    answers = []
-    for index, completion, error in zip(chunk.question_ids, result.completions, result.errors, strict=True):
-        problem = problems_by_index[index]
-        if error:
-            answers.append(_failed_answer(problem, error))
-            continue
-        predicted = extract_answer(completion)
-        answers.append(
-            Answer(index, problem.question, completion, predicted, problem.gold, is_correct(predicted, problem.gold))
-        )
-    return answers
-
-
-def summarize(source: str, outcomes: list[tuple[list[Answer], ChunkResult | None]], wall_s: float) -> RunResult:
-    """Accuracy, throughput and the replicas' latest statistics for the whole run."""
-    answers = [answer for chunk_answers, _ in outcomes for answer in chunk_answers]
-    replicas: dict[str, ReplicaSnapshot] = {}
-    completion_tokens = 0
-    for _, result in outcomes:
-        if result is None:
-            continue
-        completion_tokens += result.completion_tokens
-        seen = replicas.get(result.replica.replica)
-        if seen is None or result.replica.records >= seen.records:  # the latest snapshot of each replica
-            replicas[result.replica.replica] = result.replica
-    scored = [answer for answer in answers if answer.gold is not None and not answer.error]
-    failed = [answer.index for answer in answers if answer.error]
-    answered = len(answers) - len(failed)
-    return RunResult(
-        source=source,
-        questions=len(answers),
-        answered=answered,
-        failed_questions=failed,
-        accuracy=sum(answer.correct for answer in scored) / len(scored) if scored else 0.0,
-        scored=len(scored),
-        wall_s=wall_s,
-        questions_per_s=answered / wall_s if wall_s > 0 else 0.0,
-        tokens_per_s=completion_tokens / wall_s if wall_s > 0 else 0.0,
-        replicas=sorted(replicas.values(), key=lambda snapshot: snapshot.replica),
-        answers=answers,
-    )
-
-
-def _failed_answer(problem: Problem, error: str) -> Answer:
-    return Answer(problem.index, problem.question, "", None, problem.gold, False, error)
-
-
-class _Progress:
-    """Live report updates as chunks complete (throttled: each flush rewrites the report)."""
-
-    def __init__(self, total: int, min_interval_s: float = 0.5) -> None:
-        self.total = total
-        self.done = self.failed = self.correct = self.scored = 0
-        self._min_interval_s = min_interval_s
-        self._last_flush = 0.0
-
-    async def update(self, answers: list[Answer], elapsed_s: float) -> None:
-        self.done += len(answers)
-        self.failed += sum(1 for answer in answers if answer.error)
-        scored = [answer for answer in answers if answer.gold is not None and not answer.error]
-        self.scored += len(scored)
-        self.correct += sum(answer.correct for answer in scored)
-        now = time.monotonic()
-        if now - self._last_flush < self._min_interval_s and self.done < self.total:
-            return
-        self._last_flush = now
-        html = progress_html(self.done, self.total, self.failed, elapsed_s, self.correct, self.scored)
-        await _report(flyte.report.replace.aio, html)
-
-
-async def _report(update: Callable[..., Awaitable[None]], html: str) -> None:
     try:
-        await update(html, do_flush=True)
-    except Exception as exc:  # the report is a view; it must never fail the run
-        logger.warning("could not update the report: %s", exc)
+        fanned = await fan_out(
+            _chunks(loaded.problems, chunk_size),
+            lambda chunk: infer_chunk(chunk, settings),
+            on_chunk,
+            max_in_flight=max_chunks_in_flight,
+        )
+    finally:
+        answers.close()
+        failures.close()
+    summary = RunSummary(
+        source=loaded.source,
+        requests=len(problems),
+        answered=tally.done - tally.failed,
+        failed=tally.failed,
+        reused_chunks=tally.reused_chunks,
+        accuracy=tally.correct / tally.scored if tally.scored else 0.0,
+        scored=tally.scored,
+        load_time_s=fanned.load_time_s,
+        inference_s=fanned.inference_s,
+        requests_per_s=fanned.per_second(tally.fresh_answers),
+        output_tokens_per_s=fanned.per_second(tally.fresh_tokens),
+        results=await publish(answers.path, output_dir),
+        errors=await publish(failures.path, output_dir),
+    )
+    await progress.finish(final_html(summary, fanned.replicas))
+    print(summary_line(summary, "questions"), flush=True)
+    check_failures(tally.failed, len(problems), max_failed_fraction, f"answers are in {summary.results.path}")
+    return summary
+
+
+class Tally(Counts):
+    """Running counts, plus accuracy over the questions with a gold answer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.correct = self.scored = 0
+
+    def add(self, row: dict[str, object], *, fresh: bool) -> None:
+        self.count(failed=bool(row["error"]), completion_tokens=int(row["completion_tokens"]), fresh=fresh)  # type: ignore[call-overload]
+        if not row["error"] and row["gold"] is not None:
+            self.scored += 1
+            self.correct += bool(row["correct"])
+
+    def accuracy_text(self) -> str:
+        return f"accuracy so far {self.correct / self.scored:.1%}" if self.scored else ""
+
+
+def _chunks(problems: list[Problem], chunk_size: int) -> Iterator[RequestChunk]:
+    for number, start in enumerate(range(0, len(problems), chunk_size)):
+        items = [
+            RequestItem(key=str(problem.index), messages=[ChatMessage("user", problem.question)])
+            for problem in problems[start : start + chunk_size]
+        ]
+        yield RequestChunk(number, items)
+
+
+def _rows(chunk: RequestChunk, outcome: ChunkOutcome | None, reason: str) -> Iterator[dict[str, object]]:
+    for position, item in enumerate(chunk.items):
+        result = outcome.results[position] if outcome is not None else None
+        question = item.messages[0].content
+        if result is None or result.error_code:
+            error = reason if result is None else result.error_message
+            yield {
+                "index": int(item.key),
+                "question": question,
+                "completion": "",
+                "predicted": None,
+                "completion_tokens": 0,
+                "error": error,
+            }
+            continue
+        predicted = extract_answer(result.text)
+        yield {
+            "index": int(item.key),
+            "question": question,
+            "completion": result.text,
+            "predicted": predicted,
+            "completion_tokens": result.completion_tokens,
+            "error": "",
+        }
+
+
+def _score(row: dict[str, object], problem: Problem) -> dict[str, object]:
+    row["gold"] = problem.gold
+    row["correct"] = not row["error"] and is_correct(row["predicted"], problem.gold)  # type: ignore[arg-type]
+    return row

@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import html
+import logging
+import time
 from collections.abc import Sequence
 
-from workflows.schema import ReplicaSnapshot, RunResult
+import flyte.report
+
+from workflows.schema import ReplicaSnapshot, RunSummary
+
+logger = logging.getLogger("workflows.report")
 
 _STYLE = """
 <style>
@@ -24,54 +30,81 @@ _STYLE = """
 """
 
 
-def progress_html(done: int, total: int, failed: int, elapsed_s: float, correct: int, scored: int) -> str:
-    """The live view: a progress bar and running totals."""
-    percent = 100 * done / total if total else 100
-    rate = done / elapsed_s if elapsed_s > 0 else 0.0
-    accuracy = f"{correct / scored:.1%}" if scored else "-"
-    return (
-        f'{_STYLE}<div class="bl"><h2>gsm8k batch inference: {done}/{total} questions</h2>'
-        f'<div class="bar"><div style="width:{percent:.1f}%"></div></div>'
-        + _cards(
-            [
-                ("questions done", f"{done}/{total}"),
-                ("failed", str(failed)),
-                ("questions/s", f"{rate:.2f}"),
-                ("accuracy so far", accuracy),
-                ("elapsed", f"{elapsed_s:.1f}s"),
-            ]
+class Progress:
+    """The live report while chunks complete (throttled: each flush rewrites the report).
+
+    Args:
+        title: What the run does.
+        total: Requests in the run.
+        min_interval_s: Least time between two report flushes.
+    """
+
+    def __init__(self, title: str, total: int, min_interval_s: float = 0.5) -> None:
+        self.title = title
+        self.total = total
+        self._min_interval_s = min_interval_s
+        self._started = time.monotonic()
+        self._last_flush = 0.0
+
+    async def update(self, done: int, failed: int, note: str = "") -> None:
+        """Show how far the run is (at most every `min_interval_s`, and always at the end)."""
+        now = time.monotonic()
+        if now - self._last_flush < self._min_interval_s and done < self.total:
+            return
+        self._last_flush = now
+        elapsed = now - self._started
+        percent = 100 * done / self.total if self.total else 100
+        rate = done / elapsed if elapsed > 0 else 0.0
+        cards = [("done", f"{done}/{self.total}"), ("failed", str(failed)), ("per second", f"{rate:.2f}")]
+        if note:
+            cards.append(("", note))
+        await _replace(
+            f'{_STYLE}<div class="bl"><h2>{html.escape(self.title)}: {done}/{self.total}</h2>'
+            f'<div class="bar"><div style="width:{percent:.1f}%"></div></div>{_cards(cards)}</div>'
         )
-        + "</div>"
-    )
+
+    async def finish(self, final: str) -> None:
+        """Show the final view."""
+        await _replace(final)
 
 
-def final_html(result: RunResult, shown_answers: int = 25) -> str:
-    """The final view: headline numbers, per-replica batching (with a chart) and sample answers."""
-    parts = [
-        _STYLE,
-        '<div class="bl"><h2>gsm8k batch inference: results</h2>',
-        f"<p>Data: {html.escape(result.source)}</p>",
-        _cards(
-            [
-                ("accuracy", f"{result.accuracy:.1%} ({round(result.accuracy * result.scored)}/{result.scored})"),
-                ("questions/s", f"{result.questions_per_s:.2f}"),
-                ("generated tokens/s", f"{result.tokens_per_s:.0f}"),
-                ("answered", f"{result.answered}/{result.questions}"),
-                ("failed", str(len(result.failed_questions))),
-                ("wall time", f"{result.wall_s:.1f}s"),
-            ]
-        ),
-        "<h3>Replicas</h3>",
-        _utilization_chart(result.replicas),
-        _replica_table(result.replicas),
+async def _replace(page: str) -> None:
+    try:
+        await flyte.report.replace.aio(page, do_flush=True)
+    except Exception as exc:  # the report is a view; it must never fail the run
+        logger.warning("could not update the report: %s", exc)
+
+
+def final_html(result: RunSummary, replicas: Sequence[ReplicaSnapshot]) -> str:
+    """The final view: headline numbers, where the results are, and each replica's batching and device."""
+    cards = [
+        ("answered", f"{result.answered}/{result.requests}"),
+        ("failed", str(result.failed)),
+        ("per second (inference)", f"{result.requests_per_s:.2f}"),
+        ("output tokens/s", f"{result.output_tokens_per_s:.0f}"),
+        ("model load", f"{result.load_time_s:.1f}s"),
+        ("inference", f"{result.inference_s:.1f}s"),
     ]
-    if result.failed_questions:
-        shown = ", ".join(str(index) for index in result.failed_questions[:50])
-        parts.append(f'<p class="bad">Failed questions (dataset rows): {shown}</p>')
-    parts.append(f"<h3>Answers (first {min(shown_answers, len(result.answers))})</h3>")
-    parts.append(_answers_table(result, shown_answers))
-    parts.append("</div>")
-    return "".join(parts)
+    if result.scored:
+        cards.insert(
+            0, ("accuracy", f"{result.accuracy:.1%} ({round(result.accuracy * result.scored)}/{result.scored})")
+        )
+    reused = f"<p>{result.reused_chunks} chunks were reused from an earlier run.</p>" if result.reused_chunks else ""
+    return "".join(
+        [
+            _STYLE,
+            '<div class="bl"><h2>Batch inference: results</h2>',
+            f"<p>Data: {html.escape(result.source)}</p>",
+            _cards(cards),
+            reused,
+            f"<p>Results: <code>{html.escape(str(result.results.path))}</code><br>"
+            f"Errors: <code>{html.escape(str(result.errors.path))}</code></p>",
+            "<h3>Replicas</h3>",
+            _utilization_chart(replicas),
+            _replica_table(replicas),
+            "</div>",
+        ]
+    )
 
 
 def _cards(items: Sequence[tuple[str, str]]) -> str:
@@ -97,7 +130,7 @@ def _utilization_chart(replicas: Sequence[ReplicaSnapshot]) -> str:
             f'<rect x="{label_width}" y="{y}" width="{bar_width}" height="18" fill="#e4e7eb" rx="4"/>'
             f'<rect x="{label_width}" y="{y}" width="{width:.1f}" height="18" fill="#2f80ed" rx="4"/>'
             f'<text x="{label_width + bar_width + 8}" y="{y + 14}" font-size="12">'
-            f"{replica.utilization:.0%} busy, avg batch {replica.avg_batch_size:.1f}</text>"
+            f"{replica.utilization:.0%} busy ({_device(replica)}), avg batch {replica.avg_batch_size:.1f}</text>"
         )
     return (
         f'<svg width="{label_width + bar_width + 220}" height="{height}" role="img" '
@@ -107,12 +140,15 @@ def _utilization_chart(replicas: Sequence[ReplicaSnapshot]) -> str:
 
 def _replica_table(replicas: Sequence[ReplicaSnapshot]) -> str:
     header = (
-        "<tr><th>replica</th><th>records</th><th>batches</th><th>avg batch</th><th>avg tokens</th>"
-        "<th>utilization</th><th>latency p50 / p99</th><th>padding eff.</th><th>batches by reason</th></tr>"
+        "<tr><th>replica</th><th>model</th><th>load</th><th>records</th><th>batches</th><th>avg batch</th>"
+        "<th>avg tokens</th><th>busy (batcher)</th><th>GPU (NVML)</th><th>latency p50 / p99</th>"
+        "<th>padding eff.</th><th>batches by reason</th></tr>"
     )
     rows = "".join(
-        f"<tr><td>{html.escape(r.replica)}</td><td>{r.records}</td><td>{r.batches}</td>"
+        f"<tr><td>{html.escape(r.replica)}</td><td>{html.escape(r.model)}</td><td>{r.load_time_s:.1f}s</td>"
+        f"<td>{r.records}</td><td>{r.batches}</td>"
         f"<td>{r.avg_batch_size:.1f}</td><td>{r.avg_batch_tokens:.0f}</td><td>{r.utilization:.1%}</td>"
+        f"<td>{html.escape(_device(r))}</td>"
         f"<td>{r.latency_p50_s:.2f}s / {r.latency_p99_s:.2f}s</td><td>{r.padding_efficiency:.0%}</td>"
         f"<td>{html.escape(', '.join(f'{k} {v}' for k, v in r.batches_by_reason.items() if v))}</td></tr>"
         for r in replicas
@@ -120,20 +156,7 @@ def _replica_table(replicas: Sequence[ReplicaSnapshot]) -> str:
     return f"<table>{header}{rows}</table>"
 
 
-def _answers_table(result: RunResult, limit: int) -> str:
-    rows = []
-    for answer in result.answers[:limit]:
-        verdict = '<span class="ok">correct</span>' if answer.correct else '<span class="bad">wrong</span>'
-        if answer.error:
-            verdict = f'<span class="bad">failed: {html.escape(answer.error[:120])}</span>'
-        rows.append(
-            f"<tr><td>{answer.index}</td><td>{html.escape(answer.question[:160])}</td>"
-            f"<td>{html.escape(answer.completion[-200:])}</td><td>{_number(answer.predicted)}</td>"
-            f"<td>{_number(answer.gold)}</td><td>{verdict}</td></tr>"
-        )
-    header = "<tr><th>row</th><th>question</th><th>completion (end)</th><th>answer</th><th>gold</th><th></th></tr>"
-    return f"<table>{header}{''.join(rows)}</table>"
-
-
-def _number(value: float | None) -> str:
-    return "-" if value is None else f"{value:g}"
+def _device(replica: ReplicaSnapshot) -> str:
+    if replica.device_utilization >= 0:
+        return f"GPU {replica.device_utilization:.0%}"
+    return f"GPU utilization {replica.device_note}" if replica.device_note else "GPU utilization not available"

@@ -37,6 +37,7 @@ from flyteplugins_batcher.engines._factory import (
     create_engine,
     vllm_usable,
 )
+from flyteplugins_batcher.engines._model_reference import model_display_name
 from flyteplugins_batcher.engines._records import ChatMessages, PreparedPrompt, PromptRecord, Request
 from flyteplugins_batcher.engines._smollm2 import BUNDLED_MODEL_NAME, bundled_smollm2_gguf, bundled_smollm2_path
 from flyteplugins_batcher.engines._stats import EngineStats
@@ -75,6 +76,7 @@ __all__ = [
     "bundled_smollm2_gguf",
     "bundled_smollm2_path",
     "create_engine",
+    "model_display_name",
     "parse_engine_args",
     "vllm_usable",
 ]

@@ -41,3 +41,22 @@ def check_model_reference(model: str | os.PathLike[str]) -> None:
 def hub_offline() -> bool:
     """Whether `HF_HUB_OFFLINE` is set, so that only locally cached hub models can load."""
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def model_display_name(model: str | os.PathLike[str] | None) -> str:
+    """The short name results carry for a model reference: the bundled model's name, a path's last
+    part, or a hub id as given.
+
+    Example:
+        ```python
+        assert model_display_name("/models/Qwen2.5-1.5B-Instruct/") == "Qwen2.5-1.5B-Instruct"
+        assert model_display_name("HuggingFaceTB/SmolLM2-360M-Instruct") == "HuggingFaceTB/SmolLM2-360M-Instruct"
+        ```
+    """
+    if model is None:
+        from flyteplugins_batcher.engines._smollm2 import BUNDLED_MODEL_NAME
+
+        return BUNDLED_MODEL_NAME
+    text = os.fspath(model)
+    looks_like_path = text.startswith(("/", ".", "~")) or "\\" in text or text.count("/") > 1 or Path(text).exists()
+    return Path(text.rstrip("/")).name if looks_like_path else text

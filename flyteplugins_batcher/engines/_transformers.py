@@ -32,7 +32,7 @@ from flyteplugins_batcher.engines import _install
 from flyteplugins_batcher.engines._base import BatchEngine, Outcome
 from flyteplugins_batcher.engines._completion import Completion
 from flyteplugins_batcher.engines._config import GenerationConfig
-from flyteplugins_batcher.engines._model_reference import check_model_reference, hub_offline
+from flyteplugins_batcher.engines._model_reference import check_model_reference, hub_offline, model_display_name
 from flyteplugins_batcher.engines._model_thread import ModelThread
 from flyteplugins_batcher.engines._records import PreparedPrompt
 
@@ -177,12 +177,7 @@ class TransformersEngine(BatchEngine):
             torch.cuda.empty_cache()
 
     def _default_model_name(self) -> str:
-        if self.model_source is None:
-            from flyteplugins_batcher.engines._smollm2 import BUNDLED_MODEL_NAME
-
-            return BUNDLED_MODEL_NAME
-        path = Path(self.model_source)
-        return path.name if path.exists() else self.model_source
+        return model_display_name(self.model_source)
 
     @property
     def context_length(self) -> int:

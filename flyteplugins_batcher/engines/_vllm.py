@@ -26,7 +26,6 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
 from flyteplugins_batcher._settings import BatcherSettings
@@ -35,6 +34,7 @@ from flyteplugins_batcher.engines._base import BatchEngine, Engine, Outcome
 from flyteplugins_batcher.engines._completion import Completion, FinishReason
 from flyteplugins_batcher.engines._config import GenerationConfig
 from flyteplugins_batcher.engines._errors import EngineConfigError, EngineDeadError
+from flyteplugins_batcher.engines._model_reference import model_display_name
 from flyteplugins_batcher.engines._records import PreparedPrompt
 from flyteplugins_batcher.engines._vllm_args import (
     accepted_arguments,
@@ -128,8 +128,7 @@ class VLLMSupport(Engine):
         return dict(self.engine_args)
 
     def _default_model_name(self) -> str:
-        path = Path(self.model)
-        return path.name if path.exists() else self.model
+        return model_display_name(self.model)
 
     @property
     def is_healthy(self) -> bool:
