@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: install  ## Solve gsm8k locally with the bundled SmolLM2 (offline, CPU)
-	$(BIN)/flyte run --local workflows/batch_llm.py main
+	$(BIN)/flyte run --local workflows/batch_llm.py main --no-resume
 
 test: install  ## The whole suite, real-model tests included
 	$(BIN)/python -m pytest

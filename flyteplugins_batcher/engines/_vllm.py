@@ -17,12 +17,14 @@ later record fails with `EngineDeadError` at once, instead of waiting forever.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import gc
 import logging
 import multiprocessing.connection
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -121,6 +123,7 @@ class VLLMSupport(Engine):
         self.engine_args = dict(engine_args)
         self._limits: Limits | None = None
         self._dead = threading.Event()
+        self._closing = threading.Event()  # set while closing: the engine process ending then is no death
 
     @property
     def llm_kwargs(self) -> dict[str, Any]:
@@ -153,6 +156,10 @@ class VLLMSupport(Engine):
         self._tokenizer = tokenizer
         self._limits = Limits.read(vllm_config)
         self._dead.clear()
+        self._closing.clear()
+        # A process that ends with the engine loaded (a Flyte task returning, a script finishing)
+        # shuts it down first, so its engine process is not reported as having died.
+        atexit.register(_close_at_exit, weakref.ref(self))
 
     def _check_alive(self) -> None:
         if self._dead.is_set():
@@ -206,7 +213,6 @@ class VLLMEngine(VLLMSupport, BatchEngine):
         super().__init__(model, **kwargs)
         self._llm: Any = None
         self._llm_lock = threading.Lock()  # vLLM's offline LLM is not thread-safe: batches take turns
-        self._closing = threading.Event()
 
     def _load(self) -> None:
         vllm = import_vllm()
@@ -214,7 +220,6 @@ class VLLMEngine(VLLMSupport, BatchEngine):
         with config_errors(self.model):
             self._llm = vllm.LLM(self.model, **args)
         self._started(self._llm.get_tokenizer(), self._llm.llm_engine.vllm_config)
-        self._closing.clear()
         watch_engine_process(self._llm, self._dead, self._closing, self.name)
 
     def _close(self) -> None:
@@ -342,6 +347,13 @@ def watch_engine_process(
             on_death()
 
     threading.Thread(target=wait_for_death, daemon=True, name=f"{owner}-engine-watch").start()
+
+
+def _close_at_exit(engine_ref: weakref.ref[VLLMSupport]) -> None:
+    engine = engine_ref()
+    if engine is not None and engine.is_loaded:
+        engine._closing.set()
+        engine.close()
 
 
 def shutdown_offline(llm: Any) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import threading
 from typing import Any
 
 from flyteplugins_batcher.engines._base import Outcome, StreamingEngine
@@ -56,7 +55,6 @@ class VLLMStreamEngine(VLLMSupport, StreamingEngine):
         self._engine_loop: EngineLoop | None = None
         self._async_llm: Any = None
         self._request_ids = itertools.count()
-        self._closing = threading.Event()
 
     def _load(self) -> None:
         vllm = import_vllm()
@@ -70,7 +68,6 @@ class VLLMStreamEngine(VLLMSupport, StreamingEngine):
             raise
         self._engine_loop = loop
         self._started(self._async_llm.get_tokenizer(), self._async_llm.vllm_config)
-        self._closing.clear()
         watch_engine_process(self._async_llm, self._dead, self._closing, self.name)
 
     def _close(self) -> None:
