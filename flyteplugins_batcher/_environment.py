@@ -49,7 +49,7 @@ def inference_environment(
         memory: Memory request per replica.
         idle_ttl: How long idle replicas live before the environment scales to zero.
         scaledown_ttl: How long one idle replica lives before it is removed.
-        env_vars: Extra environment variables.
+        env_vars: Environment variables for the replicas (settings such as Hugging Face's belong in the image).
         **environment_options: Any other `flyte.TaskEnvironment` keyword (secrets, depends_on...).
 
     Raises:
@@ -78,7 +78,7 @@ def inference_environment(
         reusable=flyte.ReusePolicy(
             replicas=replicas, concurrency=concurrency, idle_ttl=idle_ttl, scaledown_ttl=scaledown_ttl
         ),
-        env_vars={"HF_HUB_ENABLE_HF_TRANSFER": "1", **(env_vars or {})},
+        env_vars=dict(env_vars or {}),
         **environment_options,
     )
 

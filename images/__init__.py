@@ -1,7 +1,8 @@
 """Container images for the batch LLM workflow, defined once and used by `workflows/batch_llm.py`.
 
 - `gpu_image`: the reusable GPU worker. vLLM, hf-transfer (fast weight downloads, enabled with
-  `HF_HUB_ENABLE_HF_TRANSFER=1`), unionai-reuse (the reusable-container runtime) and this package.
+  `HF_HUB_ENABLE_HF_TRANSFER=1`), nvidia-ml-py (the GPU's own utilization in the report),
+  unionai-reuse (the reusable-container runtime) and this package.
 - `driver_image`: the driver that loads gsm8k, fans chunks out and scores answers: this package
   with the `datasets` library, and no GPU stack.
 
@@ -28,7 +29,7 @@ PYTHON_VERSION = (3, 11)
 GPU_IMAGE_NAME = "batch-llm-gpu"
 DRIVER_IMAGE_NAME = "batch-llm-driver"
 
-GPU_PACKAGES = ("vllm>=0.10", "hf-transfer>=0.1.8", "unionai-reuse>=0.1.9,<0.3")
+GPU_PACKAGES = ("vllm>=0.11", "hf-transfer>=0.1.8", "nvidia-ml-py>=12", "unionai-reuse>=0.1.9,<0.3")
 DRIVER_PACKAGES = ("datasets>=3.0",)
 
 
@@ -52,8 +53,10 @@ def _override(name: str, env_var: str) -> str | None:
 
 
 def _cli_image_refs(argv: list[str]) -> dict[str, str]:
-    # flyte's CLI imports this module before it initializes its config, so its `--image` values are
-    # not in the config yet; read them from the command line, as flyte will.
+    # flyte's supported hook, `Image.from_ref_name(name)`, resolves only names given with `--image`
+    # or in the config and fails otherwise: it cannot fall back to the image defined here. And its CLI
+    # imports this module before it reads its config, so `--image` values are not there yet. Hence
+    # this one workaround: read them from the command line, as flyte will.
     refs: dict[str, str] = {}
     for position, argument in enumerate(argv):
         value = argument.removeprefix("--image=") if argument.startswith("--image=") else None

@@ -1,41 +1,76 @@
-"""Fixtures for running the workflow through flyte's real local runner."""
+"""Fixtures for running the workflows through flyte's real local runner."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import flyte
 import pytest
 
-from workflows import batch_llm
+from flyteplugins_batcher import SharedBatcher
+from workflows import llm_replica
 
 
 @pytest.fixture(scope="session")
 def run_locally() -> Callable[..., Any]:
-    """Run a task with flyte's local runner (not a direct call) and return its output."""
+    """Run a task with flyte's local runner (not a direct call) and return its output.
+
+    Flyte's run cache is off unless a test asks for it (`cache=True`): a chunk finished by one test
+    must not answer for another.
+    """
     flyte.init()
 
-    def run(task: Any, **inputs: Any) -> Any:
-        execution = flyte.with_runcontext(mode="local").run(task, **inputs)
+    def run(task: Any, *, cache: bool = False, **inputs: Any) -> Any:
+        execution = flyte.with_runcontext(mode="local", disable_run_cache=not cache).run(task, **inputs)
         return execution.outputs()[0]
 
     return run
 
 
 @pytest.fixture(autouse=True)
-def fresh_shared_engine(monkeypatch: pytest.MonkeyPatch):
+def fresh_replica(monkeypatch: pytest.MonkeyPatch) -> Iterator[SharedBatcher]:
     """Each test gets its own replica singleton, as a fresh replica would."""
-    shared = batch_llm.SharedBatcher(batch_llm.load_engine, batch_llm.make_batcher, name="batch_llm")
-    monkeypatch.setattr(batch_llm, "LLM", shared)
+    shared = SharedBatcher(llm_replica.load_engine, llm_replica.make_batcher, name="llm")
+    monkeypatch.setattr(llm_replica, "LLM", shared)
     yield shared
-    close_on_its_loop(batch_llm.LLM)  # whichever singleton the test ended with
+    close_on_its_loop(llm_replica.LLM)  # whichever singleton the test ended with
 
 
-def close_on_its_loop(shared: batch_llm.SharedBatcher) -> None:
-    """Stop a replica singleton on the event loop its batcher runs on (flyte's runner thread)."""
+def close_on_its_loop(shared: SharedBatcher) -> None:
+    """Stop a replica singleton on the event loop its batcher runs on (flyte's runner thread), or here."""
     batcher = shared.batcher
     loop = batcher.loop if batcher is not None else None
     if loop is not None and loop.is_running():
         asyncio.run_coroutine_threadsafe(shared.aclose(), loop).result(timeout=60)
+    else:
+        asyncio.run(shared.aclose())
+
+
+class CountingBatcher:
+    """Wraps the replica's batcher factory to count what reaches the engine, and to inject faults."""
+
+    def __init__(self, fail_when: Callable[[str], bool] | None = None, error: type[Exception] = RuntimeError) -> None:
+        self.prompts: list[str] = []
+        self.fail_when = fail_when or (lambda _text: False)
+        self.error = error
+
+    def make(self, engine: Any, settings: Any) -> Any:
+        real = engine.generate
+
+        def generate(records: list[Any]) -> list[Any]:
+            texts = [prompt_text(record) for record in records]
+            if any(self.fail_when(text) for text in texts):
+                raise self.error("the GPU fell off the bus")
+            self.prompts.extend(texts)
+            return real(records)
+
+        return llm_replica.TokenBatcher(
+            inference_fn=generate, token_estimator=engine.estimate_tokens, on_error="split", max_batch_size=16
+        )
+
+
+def prompt_text(record: Any) -> str:
+    prompt = getattr(record, "prompt", record)
+    return prompt if isinstance(prompt, str) else " ".join(message["content"] for message in prompt)

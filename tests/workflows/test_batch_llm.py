@@ -1,70 +1,107 @@
-"""The gsm8k workflow, end to end through flyte's local runner with the real SmolLM2."""
+"""The gsm8k workflow, end to end through flyte's local runner with the real SmolLM2 (and real vLLM)."""
 
 from __future__ import annotations
 
 import json
+import time
+import uuid
 from pathlib import Path
 
 import flyte.errors
 import pytest
 
 from flyteplugins_batcher import SharedBatcher
-from workflows import batch_llm
-from workflows.schema import RunResult
+from tests.workflows.conftest import CountingBatcher
+from workflows import batch_llm, llm_replica
+from workflows.schema import RunSummary
 
-FAST = {"max_new_tokens": 24, "source": "sample"}
-
-
-@pytest.mark.slow
-def test_main_answers_scores_and_batches_across_concurrent_chunks(run_locally, fresh_shared_engine):
-    result: RunResult = run_locally(batch_llm.main, num_questions=6, chunk_size=2, **FAST)
-
-    assert result.source == "the bundled sample"
-    assert result.questions == 6 and result.answered == 6 and result.failed_questions == []
-    assert [answer.index for answer in result.answers] == list(range(6))
-    assert all(answer.completion.strip() for answer in result.answers)
-    assert result.scored == 6 and 0.0 <= result.accuracy <= 1.0
-    assert result.accuracy == sum(answer.correct for answer in result.answers) / 6
-    assert result.questions_per_s > 0 and result.tokens_per_s > 0
-
-    (replica,) = result.replicas  # local mode: one process, one shared engine and batcher
-    assert replica.records == 6
-    # Three concurrent infer_batch calls of 2 prompts each fed one batcher: batches were shared.
-    assert replica.avg_batch_size > 2
-    assert 0.0 < replica.utilization <= 1.0
-    assert fresh_shared_engine.loads == 1
+FAST = {"max_new_tokens": 16, "source": "sample"}
 
 
-@pytest.mark.slow
-def test_a_failing_chunk_is_retried_then_reported_while_the_rest_is_kept(run_locally, monkeypatch, tmp_path: Path):
-    attempts = {"poison": 0}
+def read_lines(path: str) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
 
-    def poisoned_batcher(engine, settings):
-        batcher = batch_llm.make_batcher(engine, settings)
-        generate = batcher._caller.fn
 
-        def generate_or_fail(prompts):
-            if any("POISON" in prompt for prompt in prompts):
-                # on_error="split" bisects the batch until the poison runs alone: once per chunk attempt
-                attempts["poison"] += len(prompts) == 1
-                raise RuntimeError("the GPU fell off the bus")
-            return generate(prompts)
-
-        batcher._caller.fn = generate_or_fail
-        return batcher
-
-    monkeypatch.setattr(batch_llm, "LLM", SharedBatcher(batch_llm.load_engine, poisoned_batcher))
-    questions = ["What is 2 + 2?", "What is 3 + 5?", "POISON: what is 1 + 1?", "What is 10 - 4?"]
+def questions_file(tmp_path: Path, questions: list[str]) -> str:
+    """A gsm8k-style file whose questions no other test (or earlier run) has asked."""
+    marker = uuid.uuid4().hex[:8]
     path = tmp_path / "questions.jsonl"
-    path.write_text("\n".join(json.dumps({"question": q, "answer": f"#### {i}"}) for i, q in enumerate(questions)))
+    lines = [json.dumps({"question": f"{q} (#{marker})", "answer": f"#### {i}"}) for i, q in enumerate(questions)]
+    path.write_text("\n".join(lines))
+    return str(path)
 
-    result: RunResult = run_locally(batch_llm.main, source=str(path), chunk_size=2, max_new_tokens=16)
 
-    assert attempts["poison"] == 1 + batch_llm.CHUNK_RETRIES  # Flyte retried the chunk
-    assert result.failed_questions == [2, 3]  # the poisoned chunk, reported by dataset row
-    assert result.answered == 2
-    assert all(answer.completion for answer in result.answers[:2])
-    assert "chunk failed" in result.answers[2].error
+@pytest.mark.slow
+def test_main_answers_scores_and_batches_across_concurrent_chunks(run_locally, fresh_replica, tmp_path: Path):
+    summary: RunSummary = run_locally(batch_llm.main, num_questions=6, chunk_size=2, output_dir=str(tmp_path), **FAST)
+
+    assert summary.source == "the bundled sample"
+    assert (summary.requests, summary.answered, summary.failed, summary.scored) == (6, 6, 0, 6)
+    answers = read_lines(summary.results.path)
+    assert sorted(answer["index"] for answer in answers) == list(range(6))
+    assert all(answer["completion"].strip() and "gold" in answer for answer in answers)
+    assert summary.accuracy == sum(answer["correct"] for answer in answers) / 6
+    assert read_lines(summary.errors.path) == []
+    assert (tmp_path / "answers.jsonl").read_text() == Path(summary.results.path).read_text()  # the copy asked for
+    assert summary.requests_per_s > 0 and summary.output_tokens_per_s > 0
+    assert 0 < summary.load_time_s < summary.inference_s + summary.load_time_s
+    # Three concurrent chunks of 2 fed one batcher: batches were shared across chunks.
+    assert fresh_replica.batcher.stats.avg_batch_size > 2
+    assert fresh_replica.loads == 1
+
+
+@pytest.mark.slow
+def test_a_failing_chunk_is_retried_then_reported_and_the_run_exits_non_zero(
+    run_locally, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+):
+    counting = CountingBatcher(fail_when=lambda text: "POISON" in text)
+    monkeypatch.setattr(llm_replica, "LLM", SharedBatcher(llm_replica.load_engine, counting.make))
+    source = questions_file(tmp_path, ["What is 2 + 2?", "What is 3 + 5?", "POISON: what is 1 + 1?", "What is 10 - 4?"])
+
+    with pytest.raises(flyte.errors.RuntimeUserError, match=r"2 of 4 requests failed \(50.0%, allowed: 0.0%\)"):
+        run_locally(batch_llm.main, source=source, chunk_size=2, max_new_tokens=8)
+
+    summary: RunSummary = run_locally(
+        batch_llm.main, source=source, chunk_size=2, max_new_tokens=8, max_failed_fraction=0.5
+    )
+    assert (summary.answered, summary.failed) == (2, 2)
+    failed = read_lines(summary.errors.path)
+    assert sorted(row["index"] for row in failed) == [2, 3]  # the poisoned chunk, reported by dataset row
+    assert all("chunk failed" in row["error"] for row in failed)
+    assert len(read_lines(summary.results.path)) == 2
+
+
+@pytest.mark.slow
+def test_a_rerun_after_a_crash_recomputes_only_the_unfinished_chunks(
+    run_locally, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+):
+    source = questions_file(tmp_path, [f"What is {n} + {n}?" for n in range(8)])
+    crashing = CountingBatcher(fail_when=lambda text: "What is 6 + 6?" in text)
+    monkeypatch.setattr(llm_replica, "LLM", SharedBatcher(llm_replica.load_engine, crashing.make))
+    with pytest.raises(flyte.errors.RuntimeUserError, match="failed"):
+        run_locally(batch_llm.main, cache=True, source=source, chunk_size=2, max_new_tokens=4)
+    finished = {text for text in crashing.prompts if "6 + 6" not in text and "7 + 7" not in text}
+    assert len(finished) == 6  # three of the four chunks finished (and were cached)
+
+    healthy = CountingBatcher()
+    monkeypatch.setattr(llm_replica, "LLM", SharedBatcher(llm_replica.load_engine, healthy.make))
+    summary: RunSummary = run_locally(batch_llm.main, cache=True, source=source, chunk_size=2, max_new_tokens=4)
+
+    assert summary.answered == 8 and summary.reused_chunks == 3
+    assert len(healthy.prompts) == 2 and all("6 + 6" in text or "7 + 7" in text for text in healthy.prompts)
+
+
+@pytest.mark.slow
+def test_a_missing_model_fails_the_run_at_once_without_retries(run_locally):
+    started = time.monotonic()
+    with pytest.raises(flyte.errors.RuntimeUserError, match="model path '/no/such/model' does not exist"):
+        run_locally(batch_llm.main, model="/no/such/model", num_questions=4, chunk_size=2, **FAST)
+    assert time.monotonic() - started < 30  # not 3 attempts x backoff per chunk
+
+
+def test_vllm_only_settings_are_refused_for_the_transformers_engine(run_locally):
+    with pytest.raises(flyte.errors.RuntimeUserError, match="max_model_len apply to engine='vllm' only"):
+        run_locally(batch_llm.main, engine="transformers", max_model_len=512, num_questions=2, **FAST)
 
 
 def test_chunk_size_must_be_positive(run_locally):
@@ -75,3 +112,14 @@ def test_chunk_size_must_be_positive(run_locally):
 def test_a_missing_source_path_is_a_clear_error(run_locally, tmp_path: Path):
     with pytest.raises(flyte.errors.RuntimeUserError, match="existing file"):
         run_locally(batch_llm.main, source=str(tmp_path / "missing.jsonl"))
+
+
+@pytest.mark.slow
+def test_the_vllm_engine_answers_every_question_with_no_other_option(run_locally):
+    pytest.importorskip("vllm", reason="needs vLLM: `make install` adds its CPU build")
+
+    summary: RunSummary = run_locally(batch_llm.main, engine="vllm", num_questions=8, chunk_size=4, **FAST)
+
+    assert (summary.requests, summary.answered, summary.failed) == (8, 8, 0)
+    assert all(answer["completion"] for answer in read_lines(summary.results.path))
+    assert summary.load_time_s > 1  # reported apart from inference

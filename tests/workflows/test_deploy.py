@@ -13,7 +13,7 @@ from flyte._deploy import plan_deploy  # the planning step of `flyte deploy`, pu
 from flyte.extras import serialize_env
 
 import images
-from workflows import batch_llm
+from workflows import batch_jsonl, batch_llm, llm_replica
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -23,20 +23,20 @@ def spec_of(env: flyte.TaskEnvironment, task_name: str):
     return specs[f"{env.name}.{task_name}"]
 
 
-def test_gpu_task_spec_carries_the_reuse_policy_and_the_accelerator():
-    template = spec_of(batch_llm.gpu_env, "infer_batch").task_template
+def test_gpu_task_spec_carries_the_reuse_policy_accelerator_retries_and_cache():
+    template = spec_of(llm_replica.gpu_env, "infer_chunk").task_template
     policy = template.reuse_policy
     assert (policy.min_replicas, policy.max_replicas, policy.concurrency) == (2, 2, 10)
     assert template.extended_resources.gpu_accelerator.device == "nvidia-l4"
-    assert template.metadata.retries.retries == batch_llm.CHUNK_RETRIES
-    env = {pair.key: pair.value for pair in template.container.env}
-    assert env["HF_HUB_ENABLE_HF_TRANSFER"] == "1"
+    assert template.metadata.retries.retries == llm_replica.CHUNK_RETRIES
+    assert template.metadata.discoverable  # finished chunks are cached: a re-run resumes
 
 
-def test_driver_task_spec_is_a_plain_task():
-    template = spec_of(batch_llm.driver_env, "main").task_template
-    assert not template.HasField("reuse_policy")
-    assert not template.extended_resources.HasField("gpu_accelerator")
+def test_driver_task_specs_are_plain_tasks():
+    for module in (batch_llm, batch_jsonl):
+        template = spec_of(module.driver_env, "main").task_template
+        assert not template.HasField("reuse_policy")
+        assert not template.extended_resources.HasField("gpu_accelerator")
 
 
 def test_the_deploy_plan_covers_both_environments():
@@ -46,9 +46,9 @@ def test_the_deploy_plan_covers_both_environments():
 
 def test_images_are_defined_once_with_what_each_side_needs():
     gpu, driver = images.build_gpu_image(), images.build_driver_image()
-    assert batch_llm.gpu_env.image == gpu and batch_llm.driver_env.image == driver
+    assert llm_replica.gpu_env.image == gpu and batch_llm.driver_env.image == driver
     layers = repr(gpu._layers)
-    for package in ("vllm", "hf-transfer", "unionai-reuse"):
+    for package in ("vllm", "hf-transfer", "nvidia-ml-py", "unionai-reuse"):
         assert package in layers
     assert "HF_HUB_ENABLE_HF_TRANSFER" in layers
     assert "datasets" in repr(driver._layers) and "vllm" not in repr(driver._layers)
@@ -57,10 +57,10 @@ def test_images_are_defined_once_with_what_each_side_needs():
 
 def test_replicas_concurrency_gpu_and_images_can_be_set_from_the_environment():
     probe = (
-        "import json; from workflows import batch_llm as w; "
-        "p = w.gpu_env.reusable; "
-        "print(json.dumps([p.replicas, p.concurrency, w.gpu_env.image, w.driver_env.image, "
-        "str(w.gpu_env.resources.gpu)]))"
+        "import json; from workflows import batch_llm as w, llm_replica as r; "
+        "p = r.gpu_env.reusable; "
+        "print(json.dumps([p.replicas, p.concurrency, r.gpu_env.image, w.driver_env.image, "
+        "str(r.gpu_env.resources.gpu)]))"
     )
     env = {
         **os.environ,
