@@ -1,0 +1,135 @@
+"""The JSONL batch job end to end through flyte's local runner, with the real SmolLM2."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import flyte.errors
+import pytest
+from flyte.io import File
+
+from flyteplugins_batcher import SharedBatcher
+from tests.workflows.conftest import CountingBatcher
+from workflows import batch_jsonl, llm_replica
+from workflows.schema import RunSummary
+
+pytestmark = pytest.mark.slow
+
+MODEL = "SmolLM2-135M-Instruct"
+
+
+def chat(custom_id: str, text: str, **body: object) -> dict:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": text}], **body}
+    return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body}
+
+
+def write(tmp_path: Path, lines: list[object]) -> File:
+    path = tmp_path / "requests.jsonl"
+    path.write_text("\n".join(line if isinstance(line, str) else json.dumps(line) for line in lines) + "\n")
+    return File.from_local_sync(str(path))
+
+
+def read_lines(path: str) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
+GOOD = [
+    chat("chat-1", "What is 2 + 2?"),
+    chat("short", "Tell me about the ocean.", max_tokens=3),
+    {"custom_id": "completion-1", "method": "POST", "url": "/v1/completions", "body": {"prompt": "Once upon a time"}},
+    {"custom_id": "plain-1", "prompt": "Name a color."},
+    {"messages": [{"role": "user", "content": "Say hi."}]},
+]
+BAD = [
+    ("{this is not json", "invalid_json"),
+    ({"method": "POST", "url": "/v1/chat/completions", "body": {"messages": []}}, "missing_custom_id"),
+    (chat("chat-1", "A second request with the first one's id"), "duplicate_custom_id"),
+    ({"custom_id": "embed", "method": "POST", "url": "/v1/embeddings", "body": {"input": "x"}}, "invalid_url"),
+    ({"custom_id": "empty-body", "method": "POST", "url": "/v1/chat/completions", "body": {}}, "invalid_body"),
+    (chat("other-model", "hi", model="gpt-4o"), "model_mismatch"),
+    (chat("too-hot", "hi", temperature=-2), "invalid_request"),
+    (chat("too-long", "word " * 9000), "context_length_exceeded"),
+]
+
+
+def test_good_lines_are_answered_and_each_bad_line_fails_alone_with_its_code(run_locally, tmp_path: Path):
+    lines = [GOOD[0], BAD[0][0], GOOD[1], BAD[1][0], GOOD[2], BAD[2][0], BAD[3][0], GOOD[3], BAD[4][0], ""]
+    lines += [BAD[5][0], GOOD[4], BAD[6][0], BAD[7][0]]
+    request_file = write(tmp_path, lines)
+    outputs = tmp_path / "out"
+
+    summary: RunSummary = run_locally(
+        batch_jsonl.main,
+        input=request_file,
+        output_dir=str(outputs),
+        max_new_tokens=12,
+        chunk_size=2,
+        max_failed_fraction=1.0,
+    )
+
+    assert (summary.requests, summary.answered, summary.failed) == (13, 5, 8)  # the blank line is no request
+    results = {line["custom_id"]: line for line in read_lines(summary.results.path)}
+    assert set(results) == {"chat-1", "short", "completion-1", "plain-1", "line-12"}
+    body = results["chat-1"]["response"]["body"]
+    assert results["chat-1"]["response"]["status_code"] == 200 and body["model"] == MODEL
+    assert body["choices"][0]["message"]["content"] and body["choices"][0]["finish_reason"] in ("stop", "length")
+    usage = body["usage"]
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"] > 0
+    short = results["short"]["response"]["body"]
+    assert short["usage"]["completion_tokens"] == 3 and short["choices"][0]["finish_reason"] == "length"
+    assert results["completion-1"]["response"]["body"]["choices"][0]["text"]
+
+    errors = read_lines(summary.errors.path)
+    assert sorted(error["error"]["code"] for error in errors) == sorted(code for _, code in BAD)
+    duplicate = next(error for error in errors if error["error"]["code"] == "duplicate_custom_id")
+    assert duplicate["custom_id"] == "chat-1" and "already used on line 1" in duplicate["error"]["message"]
+    assert all(error["response"] is None and error["error"]["message"] for error in errors)
+    assert sorted((outputs).iterdir()) == [outputs / "errors.jsonl", outputs / "results.jsonl"]
+
+
+def test_failures_beyond_the_threshold_exit_non_zero_after_writing_everything(run_locally, tmp_path: Path):
+    request_file = write(tmp_path, [GOOD[3], "{broken"])
+    outputs = tmp_path / "out"
+
+    with pytest.raises(flyte.errors.RuntimeUserError, match=r"1 of 2 requests failed \(50.0%, allowed: 0.0%\)"):
+        run_locally(batch_jsonl.main, input=request_file, output_dir=str(outputs), max_new_tokens=4)
+
+    assert len(read_lines(str(outputs / "results.jsonl"))) == 1
+    assert read_lines(str(outputs / "errors.jsonl"))[0]["error"]["code"] == "invalid_json"
+
+
+def test_an_empty_file_is_a_clear_error(run_locally, tmp_path: Path):
+    with pytest.raises(flyte.errors.RuntimeUserError, match="the file has no requests"):
+        run_locally(batch_jsonl.main, input=write(tmp_path, ["", "   "]))
+
+
+def test_a_model_mismatch_can_be_ignored(run_locally, tmp_path: Path):
+    summary: RunSummary = run_locally(
+        batch_jsonl.main,
+        input=write(tmp_path, [chat("other-model", "hi", model="gpt-4o")]),
+        model_mismatch="ignore",
+        max_new_tokens=4,
+    )
+    [line] = read_lines(summary.results.path)
+    assert line["response"]["body"]["model"] == MODEL  # answered by the served model, which it names
+
+
+def test_a_rerun_after_a_crash_recomputes_only_the_unfinished_chunks(
+    run_locally, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+):
+    marker = uuid.uuid4().hex[:8]  # requests no earlier run has cached
+    request_file = write(tmp_path, [{"custom_id": f"r{n}", "prompt": f"Count to {n} ({marker})"} for n in range(12)])
+    crashing = CountingBatcher(fail_when=lambda text: "Count to 10 " in text)
+    monkeypatch.setattr(llm_replica, "LLM", SharedBatcher(llm_replica.load_engine, crashing.make))
+    with pytest.raises(flyte.errors.RuntimeUserError, match="requests failed"):
+        run_locally(batch_jsonl.main, cache=True, input=request_file, chunk_size=3, max_new_tokens=4)
+
+    healthy = CountingBatcher()
+    monkeypatch.setattr(llm_replica, "LLM", SharedBatcher(llm_replica.load_engine, healthy.make))
+    summary: RunSummary = run_locally(batch_jsonl.main, cache=True, input=request_file, chunk_size=3, max_new_tokens=4)
+
+    assert (summary.answered, summary.failed, summary.reused_chunks) == (12, 0, 3)
+    assert sorted(healthy.prompts) == sorted(f"Count to {n} ({marker})" for n in (9, 10, 11))  # one chunk of four
+    assert sorted(line["custom_id"] for line in read_lines(summary.results.path)) == sorted(f"r{n}" for n in range(12))
