@@ -1,0 +1,125 @@
+"""The JSONL driver's memory on huge inputs: peak memory for 20k vs 200k request lines (goal: within 1.5x).
+
+The driver of `workflows/batch_jsonl.py` (its `Job`: streaming parse, duplicate-id check, bounded
+chunks in flight, results written as chunks finish) runs here against a trivial engine that answers
+instantly, so what is measured is the driver alone. Each size runs in a fresh process; reported are
+the process's peak resident memory and the peak of Python allocations (tracemalloc).
+
+    python benchmarks/bench_jsonl_memory.py            # 20 000 and 200 000 lines
+    python benchmarks/bench_jsonl_memory.py --sizes 1000,10000
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+import tracemalloc
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+
+def write_requests(path: Path, count: int) -> None:
+    with path.open("w") as handle:
+        for number in range(count):
+            body = {"messages": [{"role": "user", "content": f"Question number {number}: what is {number} + 1?"}]}
+            line = {"custom_id": f"request-{number}", "method": "POST", "url": "/v1/chat/completions", "body": body}
+            handle.write(json.dumps(line) + "\n")
+
+
+async def run_driver(path: Path, chunk_size: int, max_in_flight: int) -> int:
+    from flyteplugins_batcher.engines import GenerationConfig
+    from workflows.batch_jsonl import Job
+    from workflows.driver import fan_out
+    from workflows.schema import ChunkOutcome, ItemResult, ReplicaSnapshot, RequestChunk
+
+    async def answer(chunk: RequestChunk) -> ChunkOutcome:  # a trivial engine: echo, at once
+        await asyncio.sleep(0)
+        results = [ItemResult(item.key, item.messages[0].content[::-1], "stop", 10, 5) for item in chunk.items]
+        return ChunkOutcome(chunk.index, results, ReplicaSnapshot(replica="trivial"), finished_at=time.time())
+
+    job = Job(
+        path,
+        Path(tempfile.mkdtemp(prefix="jsonl-memory-")),
+        served_model="trivial",
+        model_mismatch="error",
+        defaults=GenerationConfig(),
+    )
+    try:
+        await fan_out(job.chunks(chunk_size), answer, job.on_chunk, max_in_flight=max_in_flight)
+    finally:
+        job.close()
+    return job.counts.done
+
+
+def measure(count: int, chunk_size: int, max_in_flight: int) -> dict[str, float]:
+    """Run the driver over `count` lines in this process (call in a fresh one)."""
+    import flyte
+
+    flyte.init()
+    folder = Path(tempfile.mkdtemp(prefix="jsonl-input-"))
+    path = folder / "requests.jsonl"
+    write_requests(path, count)
+    tracemalloc.start()
+    started = time.perf_counter()
+    done = asyncio.run(run_driver(path, chunk_size, max_in_flight))
+    seconds = time.perf_counter() - started
+    _, python_peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert done == count, f"{done} of {count} requests done"
+    return {
+        "lines": count,
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "python_peak_mib": python_peak / 2**20,
+        "seconds": seconds,
+        "input_mib": path.stat().st_size / 2**20,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="20000,200000", help="comma-separated line counts")
+    parser.add_argument("--chunk-size", type=int, default=32)
+    parser.add_argument("--max-chunks-in-flight", type=int, default=16)
+    parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # internal: measure one size, print JSON
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(measure(args.one, args.chunk_size, args.max_chunks_in_flight)))
+        return
+
+    from benchmarks._tables import markdown_table
+
+    rows = []
+    for size in (int(text) for text in args.sizes.split(",")):
+        command = [sys.executable, __file__, "--one", str(size), "--chunk-size", str(args.chunk_size)]
+        command += ["--max-chunks-in-flight", str(args.max_chunks_in_flight)]
+        output = subprocess.run(command, capture_output=True, text=True, check=True, cwd=REPO_ROOT).stdout
+        rows.append(json.loads(output.strip().splitlines()[-1]))
+    base = rows[0]
+    table = [
+        [
+            f"{row['lines']:,}",
+            f"{row['input_mib']:.1f}",
+            f"{row['peak_rss_mib']:.0f}",
+            f"{row['peak_rss_mib'] / base['peak_rss_mib']:.2f}",
+            f"{row['python_peak_mib']:.1f}",
+            f"{row['python_peak_mib'] / base['python_peak_mib']:.2f}",
+            f"{row['seconds']:.1f}",
+        ]
+        for row in rows
+    ]
+    headers = ["lines", "input MiB", "peak RSS MiB", "x first", "peak Python allocations MiB", "x first", "seconds"]
+    print(f"\nJSONL driver, chunks of {args.chunk_size}, at most {args.max_chunks_in_flight} in flight\n")
+    print(markdown_table(headers, table))
+
+
+if __name__ == "__main__":
+    main()
