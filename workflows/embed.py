@@ -75,7 +75,7 @@ class ChunkVectors:
     documents_per_s: float
     avg_batch_size: float
     padding_efficiency: float
-    truncated: int
+    truncated: int  # documents of this chunk cut at the model's max_seq_length
     model_seconds: float
 
 
@@ -88,7 +88,7 @@ class EmbedSummary:
     embedded: int
     failed: int
     dimensions: int
-    documents_per_s: float
+    documents_per_s: float  # at the model, on the busiest replica since it started
     avg_batch_size: float
     padding_efficiency: float
     truncated: int
@@ -102,6 +102,7 @@ async def embed_chunk(chunk: DocumentChunk) -> ChunkVectors:
     await asyncio.to_thread(load_model, model_reference())  # once per replica, off the event loop
     outcomes = await asyncio.gather(*(embed(text) for text in chunk.texts), return_exceptions=True)
     ids, vectors, failed_ids, failures = [], [], [], []
+    truncated = 0
     for doc_id, outcome in zip(chunk.ids, outcomes, strict=True):
         if isinstance(outcome, ValueError):
             failed_ids.append(doc_id)
@@ -110,7 +111,8 @@ async def embed_chunk(chunk: DocumentChunk) -> ChunkVectors:
             raise outcome  # not this document's fault: let Flyte retry the chunk
         else:
             ids.append(doc_id)
-            vectors.append(outcome)
+            vectors.append(outcome.vector)
+            truncated += outcome.truncated
     path = Path(tempfile.mkdtemp(prefix="embed-chunk-")) / f"chunk-{chunk.index:06d}.parquet"
     await asyncio.to_thread(write_parquet, path, ids, vectors)
     stats = embed.stats
@@ -122,7 +124,7 @@ async def embed_chunk(chunk: DocumentChunk) -> ChunkVectors:
         documents_per_s=EMBED_STATS.documents / EMBED_STATS.model_seconds if EMBED_STATS.model_seconds else 0.0,
         avg_batch_size=stats.avg_batch_size,
         padding_efficiency=EMBED_STATS.padding_efficiency,
-        truncated=EMBED_STATS.truncated,
+        truncated=truncated,
         model_seconds=EMBED_STATS.model_seconds,
     )
 
@@ -174,7 +176,7 @@ async def main(
         documents_per_s=latest.documents_per_s,
         avg_batch_size=latest.avg_batch_size,
         padding_efficiency=latest.padding_efficiency,
-        truncated=latest.truncated,
+        truncated=sum(result.truncated for result in results),
         vectors=await publish(folder / "vectors.parquet", output_dir),
         errors=await publish(errors.path, output_dir),
     )
@@ -186,7 +188,7 @@ async def main(
         f"vectors: {summary.vectors.path} | errors: {summary.errors.path}",
         flush=True,
     )
-    check_failures(summary.failed, documents, max_failed_fraction, f"see {summary.errors.path}")
+    check_failures(summary.failed, documents, max_failed_fraction, f"see {summary.errors.path}", noun="documents")
     return summary
 
 

