@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import tempfile
 import time
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -108,26 +107,8 @@ async def main(
         raise ValueError(f"chunk_size and max_chunks_in_flight must be >= 1, got {chunk_size}, {max_chunks_in_flight}")
     if model_mismatch not in ("error", "ignore"):
         raise ValueError(f"model_mismatch must be 'error' or 'ignore', got {model_mismatch!r}")
-    settings = EngineSettings(
-        engine=engine,
-        model=model,
-        vllm_mode=vllm_mode,
-        max_model_len=max_model_len,
-        kv_cache_gb=kv_cache_gb,
-        gpu_memory_utilization=gpu_memory_utilization,
-        dtype=dtype,
-        tensor_parallel_size=tensor_parallel_size,
-        enforce_eager=enforce_eager,
-        engine_args=engine_args,
-        system_prompt=system_prompt,
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        top_p=top_p,
-        target_batch_tokens=target_batch_tokens,
-        max_batch_size=max_batch_size,
-        batch_timeout_s=batch_timeout_s,
-        cache_salt="" if resume else uuid.uuid4().hex,
-    )
+    # Every engine option of this task's signature goes into the settings (the replica's key).
+    settings = EngineSettings.from_options(locals(), resume=resume)
     local_input = Path(await input.download())
     folder = Path(tempfile.mkdtemp(prefix="batch-jsonl-"))
     job = Job(

@@ -17,7 +17,6 @@ import asyncio
 import logging
 import tempfile
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -88,25 +87,8 @@ async def main(
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     loaded = await asyncio.to_thread(load_problems, source, num_questions)
     print(f"gsm8k source: {loaded.source}: {len(loaded.problems)} questions", flush=True)
-    settings = EngineSettings(
-        engine=engine,
-        model=model,
-        vllm_mode=vllm_mode,
-        max_model_len=max_model_len,
-        kv_cache_gb=kv_cache_gb,
-        gpu_memory_utilization=gpu_memory_utilization,
-        dtype=dtype,
-        tensor_parallel_size=tensor_parallel_size,
-        enforce_eager=enforce_eager,
-        engine_args=engine_args,
-        system_prompt=SYSTEM_PROMPT,
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        target_batch_tokens=target_batch_tokens,
-        max_batch_size=max_batch_size,
-        batch_timeout_s=batch_timeout_s,
-        cache_salt="" if resume else uuid.uuid4().hex,
-    )
+    # Every engine option of this task's signature goes into the settings (the replica's key).
+    settings = EngineSettings.from_options(locals(), resume=resume, system_prompt=SYSTEM_PROMPT)
     problems = {problem.index: problem for problem in loaded.problems}
     folder = Path(tempfile.mkdtemp(prefix="batch-llm-"))
     answers, failures = JsonLines(folder / "answers.jsonl"), JsonLines(folder / "failed.jsonl")

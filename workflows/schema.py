@@ -6,7 +6,8 @@ which is several times slower than one dataclass holding the list.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import uuid
+from dataclasses import dataclass, field, fields
 
 from flyte.io import File
 
@@ -38,6 +39,13 @@ class EngineSettings:
     max_batch_size: int = 0
     batch_timeout_s: float = 0.05
     cache_salt: str = ""  # a fresh value makes every chunk run again instead of reusing finished ones
+
+    @classmethod
+    def from_options(cls, options: dict[str, object], *, resume: bool, **overrides: object) -> EngineSettings:
+        """The settings among a workflow's options (its `locals()`), with `overrides`; a fresh salt unless resuming."""
+        names = {field.name for field in fields(cls)}
+        chosen = {name: value for name, value in options.items() if name in names}
+        return cls(**{**chosen, **overrides, "cache_salt": "" if resume else uuid.uuid4().hex})  # type: ignore[arg-type]
 
 
 @dataclass
