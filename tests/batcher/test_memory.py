@@ -43,4 +43,8 @@ async def test_no_per_record_growth_after_records_complete(deadline_s: float | N
             tracemalloc.stop()
     growth = sum(stat.size_diff for stat in after.compare_to(before, "filename"))
     assert batcher.stats.total_completed == 35_000
-    assert growth < 64 * 1024, f"grew {growth} bytes over 30k records"
+    # A leaked record holds over 300 bytes (its 256-byte payload, envelope and future): 30k of them
+    # would be over 9 MB. What may legitimately grow is far smaller: the stats' log-scale histograms
+    # gain a bucket for each new latency value (about a thousand at most), and whatever is in flight
+    # at the snapshot; on a loaded machine that reached 75 KB, so the bound leaves room for it.
+    assert growth < 256 * 1024, f"grew {growth} bytes over 30k records ({growth / 30_000:.1f} per record)"
