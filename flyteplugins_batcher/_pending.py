@@ -7,7 +7,16 @@ it with its lock, because the device's runner forms batches from it while the lo
 Order: the record to go next is the head of the highest priority level, where a waiting record
 gains one level per `priority_aging_s` seconds (so low priorities cannot starve). Within a level,
 records go in submission order (`grouping="fifo"`), or, with `grouping="by_cost"`, the head goes
-with the records of that level whose cost is closest to its own.
+with records of that level close to it in cost.
+
+How `by_cost` picks them: the level's records sorted by cost are cut into blocks of
+`max_batch_size` from the cheapest up, and the head goes with its own block. When everything
+waits at once, that is exactly the offline ideal (sort everything, then cut batches), and taking a
+whole block leaves the other blocks whole, where growing a batch outward from the head would
+leave fragments on both sides that later end up in batches of mixed cost. Within the block,
+records closest in cost to the head go first, so a budget that binds still keeps the batch tight;
+when the block runs out (a partial block, or records cancelled meanwhile), the batch grows past
+it by the same rule.
 """
 
 from __future__ import annotations
@@ -249,6 +258,8 @@ class PendingQueue:
         anchor = self._queues[level][0]  # the live head, as `_next_level` left it
         position = bisect.bisect_left(entries, (anchor.cost, anchor.seq))
         low, high = position, position + 1  # the batch is a run of neighbours in cost order
+        block_low = position - position % max_size  # the head's block (see the module notes)
+        block_high = block_low + max_size
         batch = [anchor]
         cost = anchor.cost
         can_grow_up = True
@@ -257,7 +268,12 @@ class PendingQueue:
             above = entries[high][2] if can_grow_up and high < len(entries) else None
             if below is None and above is None:
                 break
-            take_above = below is None or (above is not None and above.cost - anchor.cost < anchor.cost - below.cost)
+            if below is not None and above is not None and (low > block_low) != (high < block_high):
+                take_above = high < block_high  # finish the block before leaving it
+            else:
+                take_above = below is None or (
+                    above is not None and above.cost - anchor.cost < anchor.cost - below.cost
+                )
             candidate = above if take_above else below
             assert candidate is not None
             if not (candidate.future.done() or candidate.is_expired(now)):
