@@ -14,9 +14,8 @@ How `by_cost` picks them: the level's records sorted by cost are cut into blocks
 waits at once, that is exactly the offline ideal (sort everything, then cut batches), and taking a
 whole block leaves the other blocks whole, where growing a batch outward from the head would
 leave fragments on both sides that later end up in batches of mixed cost. Within the block,
-records closest in cost to the head go first, so a budget that binds still keeps the batch tight;
-when the block runs out (a partial block, or records cancelled meanwhile), the batch grows past
-it by the same rule.
+records closest in cost to the head go first, so a budget that binds still keeps the batch tight.
+A batch never leaves its block: the costliest block may be a partial one, as in the offline ideal.
 """
 
 from __future__ import annotations
@@ -264,16 +263,11 @@ class PendingQueue:
         cost = anchor.cost
         can_grow_up = True
         while len(batch) < max_size:
-            below = entries[low - 1][2] if low > 0 else None
-            above = entries[high][2] if can_grow_up and high < len(entries) else None
+            below = entries[low - 1][2] if low > block_low else None
+            above = entries[high][2] if can_grow_up and high < min(block_high, len(entries)) else None
             if below is None and above is None:
                 break
-            if below is not None and above is not None and (low > block_low) != (high < block_high):
-                take_above = high < block_high  # finish the block before leaving it
-            else:
-                take_above = below is None or (
-                    above is not None and above.cost - anchor.cost < anchor.cost - below.cost
-                )
+            take_above = below is None or (above is not None and above.cost - anchor.cost < anchor.cost - below.cost)
             candidate = above if take_above else below
             assert candidate is not None
             if not (candidate.future.done() or candidate.is_expired(now)):

@@ -54,6 +54,15 @@ async def test_by_cost_groups_similar_lengths_and_keeps_results_in_place():
     assert fifo.padding_efficiency() < 0.6 * ideal
 
 
+async def test_when_everything_waits_by_cost_batches_are_the_offline_ideal():
+    lengths = random.Random(11).sample(range(1, 1000), 60)  # distinct, so the ideal's blocks are unique
+    model, results = await run_mixed("by_cost", lengths)
+    assert results == [length * 10 for length in lengths]
+    ordered = sorted(lengths)
+    ideal = sorted(tuple(ordered[start : start + 8]) for start in range(0, len(ordered), 8))
+    assert sorted(tuple(sorted(batch)) for batch in model.batches[1:]) == ideal
+
+
 async def test_each_by_cost_batch_holds_the_oldest_waiting_record():
     lengths = [100, 5, 6, 101, 7, 99, 5, 102, 8, 6]
     model, _ = await run_mixed("by_cost", lengths)
