@@ -31,7 +31,10 @@ def check_model_reference(model: str | os.PathLike[str]) -> None:
         return
     looks_like_path = text.startswith(("/", ".", "~")) or text.endswith(".gguf") or text.count("/") > 1 or "\\" in text
     if looks_like_path:
-        raise ModelNotFoundError(f"model path {text!r} does not exist")
+        raise ModelNotFoundError(
+            f"model path {text!r} does not exist: pass an existing local model directory (or .gguf file), "
+            "a Hugging Face hub id like 'org/name', or no model for the bundled SmolLM2"
+        )
     if not _HUB_ID.match(text) or "--" in text or ".." in text:
         raise InvalidModelReferenceError(
             f"model {text!r} is neither an existing path nor a Hugging Face hub id like 'org/name'"
