@@ -94,7 +94,8 @@ def test_a_rerun_after_a_crash_recomputes_only_the_unfinished_chunks(
 @pytest.mark.slow
 def test_a_missing_model_fails_the_run_at_once_without_retries(run_locally):
     started = time.monotonic()
-    with pytest.raises(flyte.errors.RuntimeUserError, match="model path '/no/such/model' does not exist: pass an existing"):
+    message = "model path '/no/such/model' does not exist: pass an existing"
+    with pytest.raises(flyte.errors.RuntimeUserError, match=message):
         run_locally(batch_llm.main, model="/no/such/model", num_questions=4, chunk_size=2, **FAST)
     assert time.monotonic() - started < 30  # not 3 attempts x backoff per chunk
 
