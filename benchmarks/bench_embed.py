@@ -145,7 +145,7 @@ def main() -> None:
     parser.add_argument(
         "--ways",
         default="",
-        help="comma-separated way numbers to run (e.g. 1,3,4,6; default: all; 1, 3b and 4 are always run)",
+        help="comma-separated way numbers to run (e.g. 1,3,4,6; default: all; 1, 3, 3b, 4 always run)",
     )
     args = parser.parse_args()
 
