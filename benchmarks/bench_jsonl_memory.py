@@ -37,8 +37,8 @@ def write_requests(path: Path, count: int) -> None:
 
 async def run_driver(path: Path, chunk_size: int, max_in_flight: int) -> int:
     from flyteplugins_batcher.engines import GenerationConfig
-    from workflows.batch_jsonl import Job
     from workflows.driver import fan_out
+    from workflows.jsonl_job import Job
     from workflows.schema import ChunkOutcome, ItemResult, ReplicaSnapshot, RequestChunk
 
     async def answer(chunk: RequestChunk) -> ChunkOutcome:  # a trivial engine: echo, at once

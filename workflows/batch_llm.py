@@ -17,84 +17,47 @@ import asyncio
 import logging
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-from workflows.driver import Counts, JsonLines, check_failures, driver_env, fan_out, publish, summary_line
+from workflows.driver import Counts, JsonLines, RunOptions, fan_out, finish_run
+from workflows.environments import driver_environment
 from workflows.gsm8k import SYSTEM_PROMPT, Problem, extract_answer, is_correct, load_problems
-from workflows.llm_replica import infer_chunk
-from workflows.report import Progress, final_html
+from workflows.llm_replica import gpu_env, infer_chunk
+from workflows.options import task_with_options
+from workflows.report import Progress
 from workflows.schema import ChatMessage, ChunkOutcome, EngineSettings, RequestChunk, RequestItem, RunSummary
 
 logger = logging.getLogger("batch_llm")
 
+driver_env = driver_environment("batch_llm_driver", gpu_env)
 
-@driver_env.task(report=True)
+
+@task_with_options(driver_env, report=True)
 async def main(
     num_questions: int = 32,
-    chunk_size: int = 8,
     source: str = "auto",
-    engine: str = "auto",
-    model: str = "",
-    vllm_mode: str = "",
-    max_model_len: int = 0,
-    kv_cache_gb: float = 0.0,
-    gpu_memory_utilization: float = 0.0,
-    dtype: str = "",
-    tensor_parallel_size: int = 0,
-    enforce_eager: str = "",
-    engine_args: str = "",
-    max_new_tokens: int = 256,
-    temperature: float = 0.0,
-    target_batch_tokens: int = 0,
-    max_batch_size: int = 0,
-    batch_timeout_s: float = 0.05,
-    max_chunks_in_flight: int = 64,
-    max_failed_fraction: float = 0.0,
-    resume: bool = True,
-    output_dir: str = "",
+    run: RunOptions = RunOptions(chunk_size=8, max_chunks_in_flight=64),
+    settings: EngineSettings = EngineSettings(system_prompt=SYSTEM_PROMPT),
 ) -> RunSummary:
     """Answer gsm8k questions with batched LLM inference and score them.
 
     Args:
         num_questions: How many questions (clamped to what the source has).
-        chunk_size: Questions per `infer_chunk` call.
         source: "auto" (the Hub when reachable, else the bundled sample), "hub", "sample", or a
             local .jsonl / .parquet path.
-        engine: "auto" (vLLM on a GPU, else Transformers), "vllm" or "transformers".
-        model: Hub id or local path; empty for the bundled SmolLM2-135M-Instruct.
-        vllm_mode: "stream" (the default: each question is its own request to vLLM's continuous
-            batching) or "batch" (whole batches through `LLM.generate`).
-        max_model_len: vLLM's context length (0: the model's).
-        kv_cache_gb: vLLM's KV cache in GiB (0: 2 GiB at most on CPU, vLLM's default on GPU).
-        gpu_memory_utilization: vLLM's share of GPU memory (on CPU: of host memory) instead.
-        dtype: Model dtype ("float32", "bfloat16", ...; empty: the engine's choice for the device).
-        tensor_parallel_size: GPUs per replica for vLLM.
-        enforce_eager: "true" to skip vLLM's graph compilation ("": the default for the device).
-        engine_args: Any other vLLM engine argument, as a JSON object.
-        max_new_tokens: Generation budget per answer.
-        temperature: 0 for greedy decoding.
-        target_batch_tokens: Token budget per batch (0: the engine's default).
-        max_batch_size: Records per batch (0: the engine's default).
-        batch_timeout_s: Longest a prompt waits for its batch to fill.
-        max_chunks_in_flight: Chunks outstanding at once.
-        max_failed_fraction: Share of questions that may fail before the run exits non-zero (their
-            answers are still written).
-        resume: Reuse chunks finished by an earlier run with the same questions and settings.
-        output_dir: Also copy the answers file here (a local folder or a remote URI).
+        run: How the run is chunked, resumed and written.
+        settings: The engine, generation and batcher settings.
     """
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     loaded = await asyncio.to_thread(load_problems, source, num_questions)
     print(f"gsm8k source: {loaded.source}: {len(loaded.problems)} questions", flush=True)
-    # Every engine option of this task's signature goes into the settings (the replica's key).
-    settings = EngineSettings.from_options(locals(), resume=resume, system_prompt=SYSTEM_PROMPT)
     problems = {problem.index: problem for problem in loaded.problems}
     folder = Path(tempfile.mkdtemp(prefix="batch-llm-"))
     answers, failures = JsonLines(folder / "answers.jsonl"), JsonLines(folder / "failed.jsonl")
     tally = Tally()
     progress = Progress("gsm8k batch inference", total=len(problems))
     started = time.time()
+    cache_salt = run.cache_salt()
 
     async def on_chunk(chunk: RequestChunk, outcome: ChunkOutcome | None, reason: str) -> None:
         reused = outcome is not None and outcome.finished_at < started
@@ -107,33 +70,26 @@ async def main(
 
     try:
         fanned = await fan_out(
-            _chunks(loaded.problems, chunk_size),
-            lambda chunk: infer_chunk(chunk, settings),
+            _chunks(loaded.problems, run.chunk_size),
+            lambda chunk: infer_chunk(chunk, settings, cache_salt),
             on_chunk,
-            max_in_flight=max_chunks_in_flight,
+            max_in_flight=run.max_chunks_in_flight,
         )
     finally:
         answers.close()
         failures.close()
-    summary = RunSummary(
+    return await finish_run(
+        tally,
+        fanned,
         source=loaded.source,
-        requests=len(problems),
-        answered=tally.done - tally.failed,
-        failed=tally.failed,
-        reused_chunks=tally.reused_chunks,
+        results=answers.path,
+        errors=failures.path,
+        run=run,
+        progress=progress,
+        noun="questions",
         accuracy=tally.correct / tally.scored if tally.scored else 0.0,
         scored=tally.scored,
-        load_time_s=fanned.load_time_s,
-        inference_s=fanned.inference_s,
-        requests_per_s=fanned.per_second(tally.fresh_answers),
-        output_tokens_per_s=fanned.per_second(tally.fresh_tokens),
-        results=await publish(answers.path, output_dir),
-        errors=await publish(failures.path, output_dir),
     )
-    await progress.finish(final_html(summary, fanned.replicas))
-    print(summary_line(summary, "questions"), flush=True)
-    check_failures(tally.failed, len(problems), max_failed_fraction, f"answers are in {summary.results.path}")
-    return summary
 
 
 class Tally(Counts):
@@ -153,7 +109,7 @@ class Tally(Counts):
         return f"accuracy so far {self.correct / self.scored:.1%}" if self.scored else ""
 
 
-def _chunks(problems: list[Problem], chunk_size: int) -> Iterator[RequestChunk]:
+async def _chunks(problems: list[Problem], chunk_size: int) -> AsyncIterator[RequestChunk]:
     for number, start in enumerate(range(0, len(problems), chunk_size)):
         items = [
             RequestItem(key=str(problem.index), messages=[ChatMessage("user", problem.question)])

@@ -1,10 +1,13 @@
-"""The driver side of the LLM workflows: fan chunks out to the replicas, keep what finishes, account for the rest.
+"""The driver side of the workflows: fan chunks out to the replicas, keep what finishes, account for the rest.
 
 Chunks are produced lazily and at most `max_in_flight` are outstanding, so a driver reading a
 million-line file holds a bounded amount of it. Each finished chunk is handed to the workflow's
 `on_chunk` at once (which writes its results out), so nothing accumulates either. A chunk that fails
 after Flyte's retries is reported by its records, and the run goes on; a failure that retrying
 cannot fix (a missing model, say) stops the whole run at once with its message.
+
+Nothing here imports a workload (an engine, a model, a replica): `fan_out` takes any `infer`
+callable, a Flyte task or a plain async function.
 """
 
 from __future__ import annotations
@@ -14,30 +17,58 @@ import json
 import logging
 import shutil
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+import uuid
+from collections.abc import AsyncIterable, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-import flyte
 import flyte.errors
 from flyte.io import File
 
-from images import driver_image
-from workflows.llm_replica import gpu_env
+from workflows.report import Progress, final_html
 from workflows.schema import ChunkOutcome, ReplicaSnapshot, RequestChunk, RunSummary
 
 logger = logging.getLogger("workflows.driver")
 
-driver_env = flyte.TaskEnvironment(
-    name="batch_llm_driver",
-    image=driver_image,
-    resources=flyte.Resources(cpu=2, memory="4Gi"),
-    depends_on=[gpu_env],
-)
-
 ChunkHandler = Callable[[RequestChunk, ChunkOutcome | None, str], Awaitable[None]]
 """Called once per chunk, as it finishes: its outcome, or `None` and why it failed."""
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How a driver runs a job: its chunks, how many are outstanding, which failures it accepts, what it reuses.
+
+    Every LLM workflow takes them as inputs of their own (`workflows/options.py`), each with its own
+    defaults.
+
+    Attributes:
+        chunk_size: Requests per replica call (a chunk is what Flyte caches and retries).
+        max_chunks_in_flight: Chunks outstanding at once (bounds the driver's memory and the replicas' queue).
+        max_failed_fraction: Share of requests that may fail before the run exits non-zero (everything that
+            finished is written first).
+        resume: Reuse chunks finished by an earlier run with the same requests and settings (--no-resume
+            computes everything again).
+        output_dir: Also copy the results and errors files here (a local folder or a remote URI).
+    """
+
+    chunk_size: int = 32
+    max_chunks_in_flight: int = 16
+    max_failed_fraction: float = 0.0
+    resume: bool = True
+    output_dir: str = ""
+
+    def __post_init__(self) -> None:
+        if self.chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {self.chunk_size}")
+        if self.max_chunks_in_flight < 1:
+            raise ValueError(f"max_chunks_in_flight must be >= 1, got {self.max_chunks_in_flight}")
+        if not 0 <= self.max_failed_fraction <= 1:
+            raise ValueError(f"max_failed_fraction must be in [0, 1], got {self.max_failed_fraction}")
+
+    def cache_salt(self) -> str:
+        """The chunks' cache salt for this run: empty when resuming (finished chunks are reused), else fresh."""
+        return "" if self.resume else uuid.uuid4().hex
 
 
 class UnrecoverableRunError(RuntimeError):
@@ -80,7 +111,7 @@ class Counts:
 
 
 async def fan_out(
-    chunks: Iterable[RequestChunk] | AsyncIterator[RequestChunk],
+    chunks: AsyncIterable[RequestChunk],
     infer: Callable[[RequestChunk], Awaitable[ChunkOutcome]],
     on_chunk: ChunkHandler,
     *,
@@ -123,7 +154,7 @@ async def fan_out(
         await on_chunk(chunk, outcome, reason)
 
     try:
-        async for chunk in _aiter(chunks):
+        async for chunk in chunks:
             await slots.acquire()
             if fatal:
                 slots.release()
@@ -146,15 +177,6 @@ async def fan_out(
 def not_retryable(error: BaseException) -> bool:
     """Whether a chunk failed in a way that retrying cannot fix (the task raised `NonRecoverableError`)."""
     return isinstance(error, flyte.errors.NonRecoverableError) or getattr(error, "code", "") == "NonRecoverableError"
-
-
-async def _aiter(items: Iterable[Any] | AsyncIterator[Any]) -> AsyncIterator[Any]:
-    if hasattr(items, "__aiter__"):
-        async for item in items:  # type: ignore[union-attr]
-            yield item
-    else:
-        for item in items:  # type: ignore[union-attr]
-            yield item
 
 
 class JsonLines:
@@ -206,6 +228,45 @@ def check_failures(failed: int, total: int, max_failed_fraction: float, where: s
             f"{failed} of {total} {noun} failed ({fraction:.1%}, allowed: {max_failed_fraction:.1%}); {where}. "
             "Raise --max_failed_fraction to accept failures."
         )
+
+
+async def finish_run(
+    counts: Counts,
+    fanned: FanOutStats,
+    *,
+    source: str,
+    results: Path,
+    errors: Path,
+    run: RunOptions,
+    progress: Progress,
+    noun: str = "requests",
+    accuracy: float = 0.0,
+    scored: int = 0,
+) -> RunSummary:
+    """Publish the results and errors files, show the final report, print the summary line and return it.
+
+    Raises:
+        RuntimeError: More requests failed than `run.max_failed_fraction` allows (after all of the above).
+    """
+    summary = RunSummary(
+        source=source,
+        requests=counts.done,
+        answered=counts.done - counts.failed,
+        failed=counts.failed,
+        reused_chunks=counts.reused_chunks,
+        accuracy=accuracy,
+        scored=scored,
+        load_time_s=fanned.load_time_s,
+        inference_s=fanned.inference_s,
+        requests_per_s=fanned.per_second(counts.fresh_answers),
+        output_tokens_per_s=fanned.per_second(counts.fresh_tokens),
+        results=await publish(results, run.output_dir),
+        errors=await publish(errors, run.output_dir),
+    )
+    await progress.finish(final_html(summary, fanned.replicas))
+    print(summary_line(summary, noun), flush=True)
+    check_failures(summary.failed, summary.requests, run.max_failed_fraction, f"see {summary.errors.path}")
+    return summary
 
 
 def summary_line(summary: RunSummary, noun: str) -> str:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import tempfile
 import time
 import uuid
@@ -25,58 +24,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import flyte
 import flyte.report
 from flyte.io import File
 
-from flyteplugins_batcher import inference_environment
-from images import driver_image, embed_image
 from workflows.driver import JsonLines, check_failures, publish
-from workflows.embeddings import EMBED_STATS, embed, load_model, model_reference
+from workflows.embed_replica import DocumentChunk, embed_chunk, embed_env, write_parquet
+from workflows.environments import driver_environment
+from workflows.options import task_with_options
 from workflows.report import STYLE, cards_html
 
 SAMPLE_CORPUS = Path(__file__).resolve().parent / "data" / "embed_sample.jsonl"
-GPU = os.environ.get("EMBED_GPU", "L4:1")
 
-embed_env = inference_environment(
-    "embed_gpu",
-    image=embed_image,
-    gpu=None if GPU.lower() == "none" else GPU,
-    replicas=int(os.environ.get("EMBED_REPLICAS", "2")),
-    concurrency=int(os.environ.get("EMBED_CONCURRENCY", "8")),
-)
-
-driver_env = flyte.TaskEnvironment(
-    name="embed_driver",
-    image=driver_image,
-    resources=flyte.Resources(cpu=2, memory="4Gi"),
-    depends_on=[embed_env],
-)
-
-
-@dataclass
-class DocumentChunk:
-    """Documents for one `embed_chunk` call."""
-
-    index: int
-    ids: list[str]
-    texts: list[str]
-    cache_salt: str = ""  # a fresh value makes the chunk run again instead of reusing an earlier run's vectors
-
-
-@dataclass
-class ChunkVectors:
-    """A chunk's vectors (a Parquet file of `id`, `vector`), its failures, and its replica's batching."""
-
-    index: int
-    vectors: File
-    failed_ids: list[str]
-    failures: list[str]
-    documents_per_s: float
-    avg_batch_size: float
-    padding_efficiency: float
-    truncated: int  # documents of this chunk cut at the model's max_seq_length
-    model_seconds: float
+driver_env = driver_environment("embed_driver", embed_env)
 
 
 @dataclass
@@ -96,40 +55,7 @@ class EmbedSummary:
     errors: File
 
 
-@embed_env.task(retries=2, cache="auto")
-async def embed_chunk(chunk: DocumentChunk) -> ChunkVectors:
-    """Embed one chunk through the replica's shared, length-aware `@batched` function."""
-    await asyncio.to_thread(load_model, model_reference())  # once per replica, off the event loop
-    outcomes = await asyncio.gather(*(embed(text) for text in chunk.texts), return_exceptions=True)
-    ids, vectors, failed_ids, failures = [], [], [], []
-    truncated = 0
-    for doc_id, outcome in zip(chunk.ids, outcomes, strict=True):
-        if isinstance(outcome, ValueError):
-            failed_ids.append(doc_id)
-            failures.append(str(outcome))
-        elif isinstance(outcome, BaseException):
-            raise outcome  # not this document's fault: let Flyte retry the chunk
-        else:
-            ids.append(doc_id)
-            vectors.append(outcome.vector)
-            truncated += outcome.truncated
-    path = Path(tempfile.mkdtemp(prefix="embed-chunk-")) / f"chunk-{chunk.index:06d}.parquet"
-    await asyncio.to_thread(write_parquet, path, ids, vectors)
-    stats = embed.stats
-    return ChunkVectors(
-        index=chunk.index,
-        vectors=await File.from_local(str(path)),
-        failed_ids=failed_ids,
-        failures=failures,
-        documents_per_s=EMBED_STATS.documents / EMBED_STATS.model_seconds if EMBED_STATS.model_seconds else 0.0,
-        avg_batch_size=stats.avg_batch_size,
-        padding_efficiency=EMBED_STATS.padding_efficiency,
-        truncated=truncated,
-        model_seconds=EMBED_STATS.model_seconds,
-    )
-
-
-@driver_env.task(report=True)
+@task_with_options(driver_env, report=True)
 async def main(
     corpus: str = "sample",
     chunk_size: int = 64,
@@ -234,15 +160,6 @@ def _document(path: Path, line_number: int, line: str) -> tuple[str | None, str]
     except (json.JSONDecodeError, KeyError, TypeError) as error:
         raise ValueError(f"{path}:{line_number}: a document line needs a 'text' field ({error})") from None
     return str(row.get("id", line_number)), str(text)
-
-
-def write_parquet(path: Path, ids: list[str], vectors: list[list[float]]) -> None:
-    """`id` and `vector` (a list of float32) columns."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    table = pa.table({"id": pa.array(ids, pa.string()), "vector": pa.array(vectors, pa.list_(pa.float32()))})
-    pq.write_table(table, path)
 
 
 async def join_parquet(parts: list[File], target: Path) -> tuple[int, int]:

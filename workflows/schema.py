@@ -6,18 +6,42 @@ which is several times slower than one dataclass holding the list.
 
 from __future__ import annotations
 
-import uuid
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, replace
 
 from flyte.io import File
+
+from flyteplugins_batcher.engines import GenerationConfig, Request
 
 
 @dataclass(frozen=True)
 class EngineSettings:
-    """Engine, generation and batcher settings: the key of the replica's shared engine.
+    """Engine, generation and batcher settings: what the replica's shared engine is keyed on.
 
-    Zero or empty means "the engine's default". The vLLM fields apply to `engine="vllm"` (or "auto"
-    on a GPU); `engine_args` is a JSON object of any other vLLM engine argument.
+    Every LLM workflow takes them as inputs of their own (`workflows/options.py`): a field added
+    here, with its help below, is an option of each of them. Zero or empty means "the engine's
+    default". The vLLM fields apply to `engine="vllm"` (or "auto" on a GPU).
+
+    Attributes:
+        engine: "auto" (vLLM on a GPU, else Transformers), "vllm" or "transformers".
+        model: Hub id or local path; empty for the bundled SmolLM2-135M-Instruct.
+        vllm_mode: "stream" (the default: each prompt is its own request to vLLM's continuous
+            batching) or "batch" (whole batches through `LLM.generate`).
+        max_model_len: vLLM's context length (0: the model's).
+        kv_cache_gb: vLLM's KV cache in GiB (0: 2 GiB at most on CPU, vLLM's default on GPU).
+        gpu_memory_utilization: vLLM's share of GPU memory (on CPU: of host memory), instead of
+            kv_cache_gb.
+        dtype: Model dtype ("float32", "bfloat16", ...; empty: the engine's choice for the device).
+        tensor_parallel_size: GPUs per replica for vLLM (0: one).
+        enforce_eager: "true" to skip vLLM's graph compilation (empty: the default for the device).
+        engine_args: Any other vLLM engine argument, as a JSON object.
+        system_prompt: Added to prompts that do not bring their own system message.
+        max_new_tokens: Generation budget per answer (a request's own max_tokens wins).
+        temperature: 0 for greedy decoding (a request's own temperature wins).
+        top_p: Nucleus-sampling mass, when sampling (a request's own top_p wins).
+        seed: Seed for sampling, so that a sampled run can be repeated (a request's own seed wins).
+        target_batch_tokens: Token budget per batch (0: the engine's default).
+        max_batch_size: Records per batch (0: the engine's default).
+        batch_timeout_s: Longest a prompt waits for its batch to fill.
     """
 
     engine: str = "auto"
@@ -34,18 +58,20 @@ class EngineSettings:
     max_new_tokens: int = 256
     temperature: float = 0.0
     top_p: float = 1.0
-    seed: int = -1
+    seed: int | None = None
     target_batch_tokens: int = 0
     max_batch_size: int = 0
     batch_timeout_s: float = 0.05
-    cache_salt: str = ""  # a fresh value makes every chunk run again instead of reusing finished ones
 
-    @classmethod
-    def from_options(cls, options: dict[str, object], *, resume: bool, **overrides: object) -> EngineSettings:
-        """The settings among a workflow's options (its `locals()`), with `overrides`; a fresh salt unless resuming."""
-        names = {field.name for field in fields(cls)}
-        chosen = {name: value for name, value in options.items() if name in names}
-        return cls(**{**chosen, **overrides, "cache_salt": "" if resume else uuid.uuid4().hex})  # type: ignore[arg-type]
+    def generation(self) -> GenerationConfig:
+        """The run's default generation settings (requests may set their own).
+
+        Raises:
+            ValueError: A setting is out of range.
+        """
+        return GenerationConfig(
+            max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p, seed=self.seed
+        )
 
 
 @dataclass
@@ -58,16 +84,40 @@ class ChatMessage:
 
 @dataclass
 class RequestItem:
-    """One prompt for the engine, with settings of its own where the request gave any (else -1 / empty)."""
+    """One prompt for the engine, with the generation settings its request set for itself (`None`: the run's).
+
+    The settings are named as in `GenerationConfig`; `generation` is the one place they become one.
+    """
 
     key: str
     prompt: str = ""
     messages: list[ChatMessage] = field(default_factory=list)
-    max_tokens: int = -1
-    temperature: float = -1.0
-    top_p: float = -1.0
-    stop: list[str] = field(default_factory=list)
-    seed: int = -1
+    max_new_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    stop: list[str] | None = None
+    seed: int | None = None
+
+    def generation(self, defaults: GenerationConfig) -> GenerationConfig:
+        """The run's `defaults` with this item's own settings over them.
+
+        Raises:
+            ValueError: A setting is out of range.
+        """
+        own = {name: getattr(self, name) for name in _OWN_SETTINGS if getattr(self, name) is not None}
+        return replace(defaults, **own) if own else defaults
+
+    def engine_request(self, defaults: GenerationConfig) -> Request:
+        """The engine `Request` for this item: its prompt (or chat messages) and its generation settings."""
+        prompt: str | list[dict[str, str]] = (
+            [{"role": message.role, "content": message.content} for message in self.messages]
+            if self.messages
+            else self.prompt
+        )
+        return Request(prompt, self.generation(defaults), id=self.key)
+
+
+_OWN_SETTINGS = ("max_new_tokens", "temperature", "top_p", "stop", "seed")
 
 
 @dataclass

@@ -8,13 +8,15 @@ these pieces in your own tasks.
 Example:
     ```python
     from flyteplugins_batcher.batch_api import RequestLineError, error_line, parse_request_line, response_line
+    from flyteplugins_batcher.engines import Request
 
     try:
         request = parse_request_line(line, number, served_model=engine.model_name)
     except RequestLineError as error:
         errors.write(json.dumps(error_line(error, request_number=number)) + "\\n")
     else:
-        [completion] = engine.generate([request.to_request(engine.generation)])
+        generation = request.generation(engine.generation)  # the line's own settings over the engine's
+        [completion] = engine.generate([Request(request.prompt, generation, id=request.custom_id)])
         results.write(json.dumps(response_line(request, completion, model=engine.model_name, request_number=number)))
     ```
 """

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from flyteplugins_batcher.engines import GenerationConfig, Request
+from flyteplugins_batcher.engines import GenerationConfig
 
 Endpoint = Literal["/v1/chat/completions", "/v1/completions"]
 ENDPOINTS: tuple[str, ...] = ("/v1/chat/completions", "/v1/completions")
@@ -83,10 +83,6 @@ class BatchRequest:
             return replace(defaults, **self.settings)
         except (TypeError, ValueError) as error:
             raise RequestLineError("invalid_request", str(error), line=self.line, custom_id=self.custom_id) from None
-
-    def to_request(self, defaults: GenerationConfig) -> Request:
-        """An engine `Request` for this line, with its own settings."""
-        return Request(self.prompt, self.generation(defaults), id=self.custom_id)
 
 
 def parse_request_line(

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from flyteplugins_batcher.batch_api import RequestLineError, SeenIds, error_line, parse_request_line, response_line
-from flyteplugins_batcher.engines import Completion, GenerationConfig, Request
+from flyteplugins_batcher.engines import Completion, GenerationConfig
 
 DEFAULTS = GenerationConfig(max_new_tokens=64, temperature=0.0)
 
@@ -30,10 +30,9 @@ def test_an_openai_chat_line_becomes_a_request_with_its_own_settings():
     )
     parsed = parse_request_line(line, 4, served_model="SmolLM2-135M-Instruct")
     assert (parsed.line, parsed.custom_id, parsed.endpoint) == (4, "q-7", "/v1/chat/completions")
-    request = parsed.to_request(DEFAULTS)
-    assert isinstance(request, Request) and request.id == "q-7"
-    assert request.prompt == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}]
-    assert request.generation == GenerationConfig(max_new_tokens=12, temperature=0.5, top_p=0.9, stop=("\n\n",), seed=3)
+    assert parsed.prompt == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}]
+    expected = GenerationConfig(max_new_tokens=12, temperature=0.5, top_p=0.9, stop=("\n\n",), seed=3)
+    assert parsed.generation(DEFAULTS) == expected
 
 
 def test_completions_lines_and_plain_lines_are_accepted_with_run_defaults():
@@ -84,7 +83,7 @@ def test_a_model_mismatch_can_be_ignored_by_rule():
 def test_out_of_range_settings_fail_the_line_when_applied():
     parsed = parse_request_line(openai_line(messages=[{"role": "user", "content": "x"}], temperature=-1), 3)
     with pytest.raises(RequestLineError, match="temperature must be >= 0") as raised:
-        parsed.to_request(DEFAULTS)
+        parsed.generation(DEFAULTS)
     assert raised.value.code == "invalid_request" and raised.value.custom_id == "r1"
 
 

@@ -9,8 +9,8 @@ from typing import Any
 import flyte
 import pytest
 
-from flyteplugins_batcher import SharedBatcher
-from workflows import llm_replica
+from flyteplugins_batcher import TokenBatcher
+from workflows.llm_replica import LLMReplica, set_process_replica
 
 
 @pytest.fixture(scope="session")
@@ -29,23 +29,45 @@ def run_locally() -> Callable[..., Any]:
     return run
 
 
+class Replicas:
+    """The replicas a test ran this process's chunks on; all closed when it ends."""
+
+    def __init__(self) -> None:
+        self.used: list[LLMReplica] = []
+
+    def use(self, replica: LLMReplica) -> LLMReplica:
+        """Run this process's chunks on `replica` from now on, as a freshly started replica would."""
+        self.used.append(replica)
+        set_process_replica(replica)
+        return replica
+
+
 @pytest.fixture(autouse=True)
-def fresh_replica(monkeypatch: pytest.MonkeyPatch) -> Iterator[SharedBatcher]:
-    """Each test gets its own replica singleton, as a fresh replica would."""
-    shared = SharedBatcher(llm_replica.load_engine, llm_replica.make_batcher, name="llm")
-    monkeypatch.setattr(llm_replica, "LLM", shared)
-    yield shared
-    close_on_its_loop(llm_replica.LLM)  # whichever singleton the test ended with
+def replicas() -> Iterator[Replicas]:
+    """Each test runs its chunks on replicas of its own, starting with a fresh default one."""
+    tracker = Replicas()
+    tracker.use(LLMReplica())
+    yield tracker
+    previous = set_process_replica(None)
+    assert previous is tracker.used[-1]
+    for replica in tracker.used:
+        close_on_its_loop(replica)
 
 
-def close_on_its_loop(shared: SharedBatcher) -> None:
-    """Stop a replica singleton on the event loop its batcher runs on (flyte's runner thread), or here."""
-    batcher = shared.batcher
+@pytest.fixture
+def fresh_replica(replicas: Replicas) -> LLMReplica:
+    """The replica this test's chunks run on."""
+    return replicas.used[-1]
+
+
+def close_on_its_loop(replica: LLMReplica) -> None:
+    """Stop a replica on the event loop its batcher runs on (flyte's runner thread), or here."""
+    batcher = replica.shared.batcher
     loop = batcher.loop if batcher is not None else None
     if loop is not None and loop.is_running():
-        asyncio.run_coroutine_threadsafe(shared.aclose(), loop).result(timeout=60)
+        asyncio.run_coroutine_threadsafe(replica.aclose(), loop).result(timeout=60)
     else:
-        asyncio.run(shared.aclose())
+        asyncio.run(replica.aclose())
 
 
 class CountingBatcher:
@@ -66,7 +88,7 @@ class CountingBatcher:
             self.prompts.extend(texts)
             return real(records)
 
-        return llm_replica.TokenBatcher(
+        return TokenBatcher(
             inference_fn=generate, token_estimator=engine.estimate_tokens, on_error="split", max_batch_size=16
         )
 

@@ -10,9 +10,9 @@ import flyte.errors
 import pytest
 from flyte.io import File
 
-from flyteplugins_batcher import SharedBatcher
 from tests.workflows.conftest import CountingBatcher
-from workflows import batch_jsonl, llm_replica
+from workflows import batch_jsonl
+from workflows.llm_replica import LLMReplica
 from workflows.schema import RunSummary
 
 pytestmark = pytest.mark.slow
@@ -116,18 +116,16 @@ def test_a_model_mismatch_can_be_ignored(run_locally, tmp_path: Path):
     assert line["response"]["body"]["model"] == MODEL  # answered by the served model, which it names
 
 
-def test_a_rerun_after_a_crash_recomputes_only_the_unfinished_chunks(
-    run_locally, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-):
+def test_a_rerun_after_a_crash_recomputes_only_the_unfinished_chunks(run_locally, replicas, tmp_path: Path):
     marker = uuid.uuid4().hex[:8]  # requests no earlier run has cached
     request_file = write(tmp_path, [{"custom_id": f"r{n}", "prompt": f"Count to {n} ({marker})"} for n in range(12)])
     crashing = CountingBatcher(fail_when=lambda text: "Count to 10 " in text)
-    monkeypatch.setattr(llm_replica, "LLM", SharedBatcher(llm_replica.load_engine, crashing.make))
+    replicas.use(LLMReplica(crashing.make))
     with pytest.raises(flyte.errors.RuntimeUserError, match="requests failed"):
         run_locally(batch_jsonl.main, cache=True, input=request_file, chunk_size=3, max_new_tokens=4)
 
     healthy = CountingBatcher()
-    monkeypatch.setattr(llm_replica, "LLM", SharedBatcher(llm_replica.load_engine, healthy.make))
+    replicas.use(LLMReplica(healthy.make))
     summary: RunSummary = run_locally(batch_jsonl.main, cache=True, input=request_file, chunk_size=3, max_new_tokens=4)
 
     assert (summary.answered, summary.failed, summary.reused_chunks) == (12, 0, 3)

