@@ -83,7 +83,7 @@ class FanOutStats:
     failed_chunks: int = 0
     load_time_s: float = 0.0  # the slowest replica's model load (a fresh one's; reused chunks load nothing)
     wall_s: float = 0.0
-    replicas: list[ReplicaSnapshot] = field(default_factory=list)  # each replica's latest state
+    replicas: list[ReplicaSnapshot] = field(default_factory=list)  # each replica's latest state, by name
 
     @property
     def inference_s(self) -> float:
@@ -93,6 +93,20 @@ class FanOutStats:
     def per_second(self, amount: float) -> float:
         """`amount` per second of inference."""
         return amount / self.inference_s if self.inference_s > 0 else 0.0
+
+    def record(self, outcome: ChunkOutcome | None, started: float) -> None:
+        """Count a finished chunk (`None`: it failed) and keep its replica's latest state, if this run computed it."""
+        self.chunks += 1
+        if outcome is None:
+            self.failed_chunks += 1
+            return
+        if outcome.finished_at < started:  # reused from an earlier run: no replica worked on it
+            return
+        snapshot = outcome.replica
+        others = [replica for replica in self.replicas if replica.replica != snapshot.replica]
+        if all(replica.records <= snapshot.records for replica in self.replicas if replica.replica == snapshot.replica):
+            self.replicas = sorted([*others, snapshot], key=lambda replica: replica.replica)
+        self.load_time_s = max(self.load_time_s, snapshot.load_time_s)
 
 
 class Counts:
@@ -125,7 +139,6 @@ async def fan_out(
     if max_in_flight < 1:
         raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
     stats = FanOutStats()
-    replicas: dict[str, ReplicaSnapshot] = {}
     started = time.time()
     slots = asyncio.Semaphore(max_in_flight)
     running: set[asyncio.Task[None]] = set()
@@ -143,14 +156,7 @@ async def fan_out(
             outcome, reason = None, f"chunk failed: {error}"
         finally:
             slots.release()
-        stats.chunks += 1
-        if outcome is None:
-            stats.failed_chunks += 1
-        elif outcome.finished_at >= started:  # computed by this run, not reused from an earlier one
-            latest = replicas.get(outcome.replica.replica)
-            if latest is None or outcome.replica.records >= latest.records:
-                replicas[outcome.replica.replica] = outcome.replica
-            stats.load_time_s = max(stats.load_time_s, outcome.replica.load_time_s)
+        stats.record(outcome, started)
         await on_chunk(chunk, outcome, reason)
 
     try:
@@ -170,7 +176,6 @@ async def fan_out(
     if fatal:
         raise UnrecoverableRunError(str(fatal[0])) from fatal[0]
     stats.wall_s = time.time() - started
-    stats.replicas = sorted(replicas.values(), key=lambda snapshot: snapshot.replica)
     return stats
 
 
