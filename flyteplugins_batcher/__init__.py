@@ -16,7 +16,7 @@ Example:
 from __future__ import annotations
 
 from flyteplugins_batcher._batched import BatchedFunction, batched
-from flyteplugins_batcher._batcher import BatcherState, DynamicBatcher
+from flyteplugins_batcher._batcher import DynamicBatcher
 from flyteplugins_batcher._device_monitor import DeviceMonitor, DeviceUtilization
 from flyteplugins_batcher._environment import ReplicaStarvationWarning, inference_environment
 from flyteplugins_batcher._errors import (
@@ -32,6 +32,7 @@ from flyteplugins_batcher._errors import (
 )
 from flyteplugins_batcher._histogram import Distribution
 from flyteplugins_batcher._invoke import BlockingProcessFnWarning
+from flyteplugins_batcher._lifecycle import BatcherState
 from flyteplugins_batcher._records import (
     CostEstimator,
     CostEstimatorFn,

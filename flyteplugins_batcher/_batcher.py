@@ -2,25 +2,25 @@
 
 The way of a record, one module per step:
 
-1. `submit` (here) costs it (`_cost`) and queues it: producers wait when the queue is full.
+1. `submit` (here) costs it (`_cost`) and puts it in an envelope (`_envelope`, which also holds
+   the record's one state); producers wait while the queue is full (`_backpressure`).
 2. The waiting room (`_pending`) orders records by priority, then by submission (or by similar
    cost, with `grouping="by_cost"`).
 3. The staging area (`_staging`) forms batches within the cost budget and stages full ones ahead
-   (`prefetch_batches`), where the device's runners take them.
-4. The device (`_device`) runs batches through the process function, in a worker thread for a
-   plain `def` or on the loop for an `async def`, and takes the next batch itself the moment one
-   returns.
-5. Settling (`_settle`) resolves each record's future, once, and counts it in the stats.
+   (`prefetch_batches`), where the runners take them.
+4. The runners (`_runners`) run batches through the process function, in a worker thread for a
+   plain `def` or on the loop for an `async def`, and take the next batch themselves the moment
+   one returns.
+5. The Settler (`_settle`) ends each record: resolves its future, once, and counts it.
 
-This module orchestrates them on the event loop: lifecycle, backpressure, timers for timeouts and
-deadlines, and what happens when something fails.
+One run of the batcher (`_dispatch`) acts on the staging area's plans and the runners' reports on
+the event loop; the lifecycle (`_lifecycle`) starts, stops and fails runs. This module is the
+public face: construction, submission and iteration.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import enum
 import logging
 import math
 import time
@@ -28,9 +28,11 @@ from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Sequence
 from typing import Any, Generic, TypeVar
 
+from typing_extensions import Unpack
+
 from flyteplugins_batcher._cost import CostResolver
-from flyteplugins_batcher._deadlines import DeadlineWatch
-from flyteplugins_batcher._device import Device, DeviceHooks
+from flyteplugins_batcher._dispatch import Dispatcher
+from flyteplugins_batcher._envelope import Envelope
 from flyteplugins_batcher._errors import (
     BatcherClosedError,
     BatcherFailedError,
@@ -38,31 +40,19 @@ from flyteplugins_batcher._errors import (
     CostBudgetExceededError,
     short_repr,
 )
+from flyteplugins_batcher._invoke import is_async_callable
 from flyteplugins_batcher._iterate import aiter_records, outcome
-from flyteplugins_batcher._pending import Envelope
+from flyteplugins_batcher._keywords import SettingsKeywords, with_settings_signature
+from flyteplugins_batcher._lifecycle import ACTIVE, BatcherState, Lifecycle
 from flyteplugins_batcher._records import CostEstimatorFn, ProcessFn, RecordT, ResultT
-from flyteplugins_batcher._settings import BatcherSettings, Grouping, OnError, Oversized
+from flyteplugins_batcher._settings import BatcherSettings
 from flyteplugins_batcher._settle import Settler
-from flyteplugins_batcher._staging import Batch, Plan, StagingArea
-from flyteplugins_batcher._stats import BatchStats, Settled, StatsRecorder
+from flyteplugins_batcher._stats import BatchStats, StatsRecorder
 
 logger = logging.getLogger("flyteplugins_batcher")
 
 BatcherT = TypeVar("BatcherT", bound="DynamicBatcher[Any, Any]")
 
-
-class BatcherState(enum.Enum):
-    """Where a batcher is in its life."""
-
-    NEW = "new"  # built, never started
-    RUNNING = "running"  # taking records
-    DRAINING = "draining"  # `stop()`: no new records; the queued ones still run
-    ABORTING = "aborting"  # `stop()` ran out of time: what is left is being cancelled
-    STOPPED = "stopped"  # may start again
-    FAILED = "failed"  # the process function raised something no batch survives; see `failure`
-
-
-_ACTIVE = (BatcherState.RUNNING, BatcherState.DRAINING, BatcherState.ABORTING)
 _RUNNING = BatcherState.RUNNING
 _get_running_loop = asyncio.get_running_loop
 _monotonic = time.monotonic
@@ -88,35 +78,17 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
             the batcher (every pending record and later submit).
         cost_estimator: `f(record) -> int`. Cost precedence: explicit `estimated_cost` >
             `cost_estimator` > `record.estimate_cost()` > `default_cost`.
-        target_batch_cost: Cost budget per batch, a hard limit. A single record costlier than the
-            budget runs alone (or is rejected, see `oversized`).
-        max_batch_size: Most records per batch.
-        min_batch_size: Records to wait for before dispatching to an idle device; the batch goes
-            anyway once its oldest record has waited `batch_timeout_s`.
-        batch_timeout_s: Longest a record waits for its batch to fill, counted from its
-            `submit`. An idle device does not wait for it (see `min_batch_size`).
-        max_queue_size: Records that may wait beyond the staged batches and the batch being
-            assembled; when full, `submit` awaits (backpressure). 0 or less means unbounded.
-        prefetch_batches: Full batches assembled ahead and staged at the device, so the next
-            batch starts the moment the previous one returns.
-        default_cost: Cost of a record when nothing else estimates it.
-        max_concurrent_batches: Batches that may be inside the process function at once, for
-            engines that overlap work (or serve several requests). Results always reach the
-            right futures.
-        max_inflight_cost: Upper bound on the summed cost of all batches in flight; `None` means
-            `target_batch_cost * max_concurrent_batches`.
-        on_error: When the process function raises for a whole batch: `"raise"` (default) fails
-            every record of the batch with that exception; `"split"` bisects the batch and re-runs
-            the halves until the failing records are isolated, so healthy records still get
-            results. Splitting costs about `2 * log2(batch size)` extra calls per failing record.
-        oversized: A record costlier than `target_batch_cost`: `"run_alone"` (default) runs it
-            in a batch of its own; `"reject"` makes `submit` raise `CostBudgetExceededError`.
-        grouping: `"fifo"` (default) forms batches in submission order; `"by_cost"` groups
-            records of similar cost (for padded models, where a batch costs what its longest row
-            costs), always including the oldest waiting record so that nothing starves.
-        priority_aging_s: A waiting record gains one priority level per this many seconds, so
-            low priorities cannot starve; `None` means strict priorities.
         name: Used in logs, warnings and thread names.
+        **settings: The fields of `BatcherSettings`, which gives their defaults and documents
+            them: `target_batch_cost` (a hard limit), `max_batch_size`, `min_batch_size`,
+            `batch_timeout_s`, `max_queue_size` (beyond it `submit` awaits), `prefetch_batches`,
+            `default_cost` (flyte.extras' keywords), and `max_concurrent_batches`,
+            `max_in_flight_cost`, `on_error` (`"split"` isolates failing records), `oversized`,
+            `grouping` (`"by_cost"` for padded models) and `priority_aging_s`.
+
+    Raises:
+        TypeError: A keyword is not a setting (the message names the closest one).
+        ValueError: A setting is out of range, or `process_fn` is not callable.
 
     Example:
         ```python
@@ -131,42 +103,16 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
 
     _cost_protocols: tuple[str, ...] = ("estimate_cost",)
 
+    @with_settings_signature()
     def __init__(
         self,
         process_fn: ProcessFn[RecordT, ResultT],
         *,
         cost_estimator: CostEstimatorFn[RecordT] | None = None,
-        target_batch_cost: int = 32_000,
-        max_batch_size: int = 256,
-        min_batch_size: int = 1,
-        batch_timeout_s: float = 0.05,
-        max_queue_size: int = 5_000,
-        prefetch_batches: int = 2,
-        default_cost: int = 1,
-        max_concurrent_batches: int = 1,
-        max_inflight_cost: int | None = None,
-        on_error: OnError = "raise",
-        oversized: Oversized = "run_alone",
-        grouping: Grouping = "fifo",
-        priority_aging_s: float | None = 10.0,
         name: str | None = None,
+        **settings: Unpack[SettingsKeywords],
     ) -> None:
-        settings = BatcherSettings(
-            target_batch_cost=target_batch_cost,
-            max_batch_size=max_batch_size,
-            min_batch_size=min_batch_size,
-            batch_timeout_s=batch_timeout_s,
-            max_queue_size=max_queue_size,
-            prefetch_batches=prefetch_batches,
-            default_cost=default_cost,
-            max_concurrent_batches=max_concurrent_batches,
-            max_inflight_cost=max_inflight_cost,
-            on_error=on_error,
-            oversized=oversized,
-            grouping=grouping,
-            priority_aging_s=priority_aging_s,
-        )
-        self._setup(process_fn, settings, cost_estimator, name)
+        self._setup(process_fn, BatcherSettings.from_keywords(**settings), cost_estimator, name)
 
     @classmethod
     def from_settings(
@@ -201,37 +147,23 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
         self.name = name or type(self).__name__
         self._settings = settings
         self._process_fn = process_fn
+        self._is_async = is_async_callable(process_fn)
         self._costs = CostResolver(self.name, cost_estimator, settings.default_cost, self._cost_protocols)
-        self._capacity = settings.queue_capacity or math.inf  # records that may wait unstaged
         self._reject_above = settings.target_batch_cost if settings.oversized == "reject" else math.inf
-        self._state = BatcherState.NEW
-        self._failure: BatcherFailedError | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._seq = 0
-        # Statistics describe the batcher's whole life, across restarts.
-        self._stats = StatsRecorder()
+        self._stats = StatsRecorder()  # the batcher's whole life, across restarts
         self._settler = Settler(self.name, self._stats, split_hint=settings.on_error == "raise")
-        self._reset_runtime_state()
+        self._lifecycle = Lifecycle(self.name, self._new_run)
 
-    def _reset_runtime_state(self) -> None:
-        settings = self._settings
-        self._staging = StagingArea(settings)
-        self._device = Device(
+    def _new_run(self, loop: asyncio.AbstractEventLoop) -> Dispatcher:
+        return Dispatcher(
+            loop,
             self._process_fn,
-            owner=self.name,
-            staging=self._staging,
-            busy=self._stats.busy,
-            hooks=DeviceHooks(self._on_dispatched, self._on_outcome, self._on_done, self._on_retired, self._on_fatal),
-            split=settings.on_error == "split",
-            max_runners=settings.max_concurrent_batches,
+            self._settings,
+            batcher_name=self.name,
+            stats=self._stats,
+            settler=self._settler,
+            on_failure=self._lifecycle.fail,
         )
-        self._space_waiters: deque[asyncio.Future[None]] = deque()
-        self._deadlines: DeadlineWatch | None = None
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = math.inf
-        self._drained: asyncio.Future[None] | None = None
-        self._stopped: asyncio.Future[None] | None = None
-        self._watchdog: asyncio.Task[None] | None = None
 
     # -- properties --------------------------------------------------------------------------------
 
@@ -243,39 +175,42 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
     @property
     def stats(self) -> BatchStats:
         """A fresh `BatchStats` snapshot."""
+        run = self._lifecycle.run
         return self._stats.snapshot(
-            time.monotonic(), queue_depth=self._staging.waiting, inflight_batches=self._staging.inflight_batches
+            time.monotonic(),
+            queue_depth=run.staging.waiting if run is not None else 0,
+            in_flight_batches=run.staging.in_flight_batches if run is not None else 0,
         )
 
     @property
     def state(self) -> BatcherState:
         """Where the batcher is in its life."""
-        return self._state
+        return self._lifecycle.state
 
     @property
     def is_running(self) -> bool:
         """Whether the batcher has started and has not finished stopping."""
-        return self._state in _ACTIVE
+        return self._lifecycle.state in ACTIVE
 
     @property
     def is_failed(self) -> bool:
         """Whether the process function raised something that no batch survives (see `failure`)."""
-        return self._state is BatcherState.FAILED
+        return self._lifecycle.state is BatcherState.FAILED
 
     @property
     def failure(self) -> BatcherFailedError | None:
         """Why the batcher failed (its `__cause__` is what the process function raised), or `None`."""
-        return self._failure
+        return self._lifecycle.failure
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None:
         """The event loop the batcher runs on (set by `start`)."""
-        return self._loop
+        return self._lifecycle.loop
 
     @property
     def is_async(self) -> bool:
         """Whether the process function is awaited on the loop (else it runs in a worker thread)."""
-        return self._device.is_async
+        return self._is_async
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -285,17 +220,7 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
         Raises:
             RuntimeError: If the batcher is already running.
         """
-        if self._state in _ACTIVE:
-            raise RuntimeError(f"{self.name} is already running")
-        self._reset_runtime_state()
-        self._failure = None
-        loop = self._loop = asyncio.get_running_loop()
-        self._device.attach(loop)
-        self._deadlines = DeadlineWatch(loop, self._expire)
-        self._state = BatcherState.RUNNING
-        self._stopped = loop.create_future()
-        self._watchdog = loop.create_task(self._watch_loop(self._stopped), name=f"{self.name}-watchdog")
-        logger.debug("%s started", self.name)
+        self._lifecycle.start()
 
     async def stop(self, timeout: float | None = None, *, cancel_pending: bool = False) -> None:
         """Stop taking records, finish the queued ones, and shut down.
@@ -310,24 +235,8 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
             cancel_pending: Cancel queued records that have not been dispatched instead of
                 running them; batches already in flight still finish.
         """
-        if self._state in (BatcherState.NEW, BatcherState.STOPPED):
-            return
-        try:
-            if self._state is BatcherState.RUNNING:
-                self._state = BatcherState.DRAINING
-                self._release_space_waiters(BatcherClosedError(f"{self.name} is stopping and takes no new records"))
-            if self._state is BatcherState.DRAINING:
-                if cancel_pending:
-                    self._settler.settle(self._staging.remove_waiting(), Settled.CANCELLED)
-                self._staging.start_draining()
-                self._pump()
-                await self._wait_drained(timeout)
-        except asyncio.CancelledError:
-            self._abort()
-            raise
-        finally:
-            self._finish()
-        logger.info("%s stopped: %s", self.name, self.stats.summary())
+        if await self._lifecycle.stop(timeout, cancel_pending):
+            logger.info("%s stopped: %s", self.name, self.stats.summary())
 
     def release(self) -> None:
         """Let go of a batcher whose event loop has stopped or closed: cancel what is left, free its threads.
@@ -338,16 +247,7 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
         Raises:
             RuntimeError: The batcher's event loop is still running.
         """
-        if self._state in (BatcherState.NEW, BatcherState.STOPPED):
-            return
-        loop = self._loop
-        if loop is not None and loop.is_running():
-            raise RuntimeError(f"{self.name}: its event loop still runs; call stop() on that loop instead")
-        with contextlib.suppress(RuntimeError):  # a closed loop cannot run the futures' callbacks
-            self._settler.settle(self._staging.remove_waiting(with_running=True), Settled.CANCELLED)
-        if self._watchdog is not None:
-            self._watchdog.cancel()  # it finishes if that loop ever runs again
-        self._finish()
+        self._lifecycle.release()
 
     async def __aenter__(self) -> DynamicBatcher[RecordT, ResultT]:
         await self.start()
@@ -360,52 +260,6 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
             # The block failed or was cancelled (a `wait_for` around `run()` timed out, say): nobody
             # will await what is left, and a stuck device must not keep the caller from leaving.
             await self.stop(timeout=0, cancel_pending=True)
-
-    async def _wait_drained(self, timeout: float | None) -> None:
-        if not self._stats.in_system:
-            return
-        assert self._loop is not None
-        drained = self._drained = self._loop.create_future()
-        done, _ = await asyncio.wait({drained}, timeout=timeout)
-        if not done:
-            logger.warning("%s: stop timed out after %ss; cancelling the remaining records", self.name, timeout)
-            self._abort()
-
-    def _abort(self) -> None:
-        """Cancel everything left: waiting records and batches in flight."""
-        if self._state not in _ACTIVE:
-            return
-        self._state = BatcherState.ABORTING
-        self._settler.settle(self._staging.remove_waiting(with_running=True), Settled.CANCELLED)
-        self._device.cancel_runners()
-
-    def _finish(self) -> None:
-        if self._deadlines is not None:
-            self._deadlines.close()
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer, self._timer_at = None, math.inf
-        self._device.shutdown()
-        stopped = self._stopped
-        if stopped is not None and not stopped.done():
-            with contextlib.suppress(RuntimeError):
-                stopped.set_result(None)
-        if self._state is not BatcherState.FAILED:
-            self._state = BatcherState.STOPPED
-
-    async def _watch_loop(self, stopped: asyncio.Future[None]) -> None:
-        """Waits for `stop`; if the event loop shuts down first (`asyncio.run` returning), lets go."""
-        try:
-            await stopped
-        except asyncio.CancelledError:
-            if self._state in _ACTIVE:
-                left = self._stats.in_system
-                self._abort()
-                self._finish()
-                logger.warning(
-                    "%s: the event loop shut down while it was running; cancelled %d records", self.name, left
-                )
-            raise
 
     # -- submitting --------------------------------------------------------------------------------
 
@@ -441,10 +295,11 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
             ValueError: `deadline_s` is not a positive number, or `priority` not an integer.
             Exception: Whatever the cost estimator raised, with a note naming the record.
         """
-        # This runs once per record: module-level names and a short path for the common case.
-        if self._state is not _RUNNING:
-            raise self._not_accepting_error()
-        loop = self._loop
+        # This runs once per record: local names, module-level names, and a short common path.
+        lifecycle = self._lifecycle
+        if lifecycle.state is not _RUNNING:
+            raise lifecycle.not_accepting_error()
+        loop = lifecycle.loop
         if loop is not _get_running_loop():
             raise RuntimeError(f"{self.name} runs on another event loop; submit from the loop that started it")
         if estimated_cost.__class__ is int and estimated_cost >= 0:  # type: ignore[operator]
@@ -452,28 +307,25 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
         else:
             cost = self._costs.resolve(record, estimated_cost)
         if cost > self._reject_above:
-            raise CostBudgetExceededError(
-                f"{self.name}: {short_repr(record)} costs {cost}, more than target_batch_cost="
-                f"{self._settings.target_batch_cost}; it can never fit a batch (oversized='reject')"
-            )
+            raise self._oversized_error(record, cost)
         if priority.__class__ is not int:
             _check_priority(priority)
         if deadline_s is not None:
             _check_deadline(deadline_s)
-        staging = self._staging
-        if staging.pending.size >= self._capacity:
-            await self._wait_for_space()
+        run = lifecycle.run
+        assert run is not None and loop is not None  # both set by start()
+        backpressure = run.backpressure
+        if run.pending.size >= backpressure.capacity:
+            await backpressure.wait_for_space()
         now = _monotonic()
         future: asyncio.Future[ResultT] = loop.create_future()
-        seq = self._seq = self._stats.record_submit(now)
-        envelope = Envelope(record, cost, future, now, seq, priority)
+        envelope = Envelope(record, cost, future, now, self._stats.record_submit(now), priority)
         if deadline_s is not None:
             envelope.deadline = now + deadline_s
-            assert self._deadlines is not None  # set by start()
-            self._deadlines.watch(envelope)
-        plan = staging.plan(now, envelope)  # this runs per record: `_pump` only when there is something to do
-        if plan is not None or self._space_waiters:
-            self._act(plan)
+            run.deadlines.watch(envelope)
+        plan = run.staging.plan(now, envelope)  # once per record: act only when there is something to do
+        if plan is not None or backpressure.waiters:
+            run.act(plan)
         return future
 
     async def submit_batch(
@@ -505,12 +357,12 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
 
     def flush(self) -> None:
         """Dispatch everything submitted so far without waiting for `batch_timeout_s` or `min_batch_size`."""
-        self._flush_through(self._seq)
+        self._flush_through(self._stats.submitted)
 
     def _flush_through(self, seq: int) -> None:
-        if self._state is BatcherState.RUNNING:
-            self._staging.flush(seq)
-            self._pump()
+        run = self._lifecycle.run
+        if self._lifecycle.state is _RUNNING and run is not None:
+            run.flush(seq)
 
     async def map(
         self,
@@ -545,8 +397,8 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
         last_seq = -1
         try:
             async for record in aiter_records(records):
-                window.append(await self._submit_or_failed_future(record))
-                last_seq = self._seq
+                window.append(await self._submit_or_refused(record))
+                last_seq = self._stats.submitted
                 while len(window) >= window_size:
                     yield await outcome(window.popleft(), return_exceptions)
             self._flush_through(last_seq)  # the input ended: its tail need not wait for batch_timeout_s
@@ -554,11 +406,10 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
                 yield await outcome(window.popleft(), return_exceptions)
         finally:
             if window:
-                for future in window:
-                    future.cancel()
-                if self._state in _ACTIVE:  # count them now, not when their batch would have gone
-                    self._settler.settle(self._staging.remove_cancelled(), Settled.CANCELLED)
-                    self._pump()
+                self._settler.abandon(window)
+                run = self._lifecycle.run
+                if run is not None:
+                    run.drop_dead()  # count them now, not when their batch would have gone
 
     async def run(
         self, records: Iterable[RecordT] | AsyncIterable[RecordT], *, return_exceptions: bool = False
@@ -576,166 +427,24 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
             answers = await DynamicBatcher(model.predict).run(inputs)
             ```
         """
-        if self._state in (BatcherState.NEW, BatcherState.STOPPED):
+        if self._lifecycle.state in (BatcherState.NEW, BatcherState.STOPPED):
             async with self:
                 return [result async for result in self.map(records, return_exceptions=return_exceptions)]
         return [result async for result in self.map(records, return_exceptions=return_exceptions)]
 
-    async def _submit_or_failed_future(self, record: RecordT) -> asyncio.Future[ResultT]:
+    async def _submit_or_refused(self, record: RecordT) -> asyncio.Future[ResultT]:
         try:
             return await self.submit(record)
         except (BatcherClosedError, BatcherFailedError, BatcherNotRunningError):
             raise
         except Exception as exc:  # a bad record fails at its own position, not the whole stream
-            failed: asyncio.Future[ResultT] = asyncio.get_running_loop().create_future()
-            failed.set_exception(exc)
-            return failed
+            return Settler.refused(exc)
 
-    def _not_accepting_error(self) -> BaseException:
-        if self._state is BatcherState.FAILED and self._failure is not None:
-            return self._failure
-        if self._state is BatcherState.NEW:
-            return BatcherNotRunningError(f"{self.name} is not running. Call start() or use 'async with'.")
-        return BatcherClosedError(f"{self.name} is stopped and takes no new records")
-
-    # -- backpressure ------------------------------------------------------------------------------
-
-    async def _wait_for_space(self) -> None:
-        assert self._loop is not None
-        while self._staging.pending.size >= self._capacity:
-            waiter: asyncio.Future[None] = self._loop.create_future()
-            self._space_waiters.append(waiter)
-            try:
-                await waiter
-            except BaseException:
-                slot_given = waiter.done() and not waiter.cancelled() and waiter.exception() is None
-                waiter.cancel()
-                with contextlib.suppress(ValueError):
-                    self._space_waiters.remove(waiter)
-                if slot_given:
-                    self._wake_space_waiters()  # pass on the slot this cancelled producer will not use
-                raise
-            if self._state is not BatcherState.RUNNING:
-                raise self._not_accepting_error()
-
-    def _wake_space_waiters(self) -> None:
-        waiters = self._space_waiters
-        free = self._capacity - self._staging.pending.size
-        while free > 0 and waiters:
-            waiter = waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                free -= 1
-
-    def _release_space_waiters(self, error: BaseException) -> None:
-        while self._space_waiters:
-            waiter = self._space_waiters.popleft()
-            if not waiter.done():
-                waiter.set_exception(error)
-
-    # -- dispatching -------------------------------------------------------------------------------
-
-    def _pump(self) -> None:
-        """Let the staging area act on a change (a completion, a timeout, a flush)."""
-        self._act(self._staging.plan(time.monotonic()))
-
-    def _act(self, plan: Plan | None) -> None:
-        """Start runners, settle skipped records, arm the timer, let waiting producers in."""
-        if plan is not None:
-            if plan.runners_to_start:
-                self._device.start_runners(plan.runners_to_start)
-            if plan.skipped:
-                self._settle_skipped(plan.skipped)
-            if plan.wake_at is not None and plan.wake_at < self._timer_at:
-                self._arm_timer(plan.wake_at)
-        if self._space_waiters:
-            self._wake_space_waiters()
-
-    def _arm_timer(self, when: float) -> None:
-        loop = self._loop
-        assert loop is not None
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer_at = when
-        self._timer = loop.call_later(max(when - time.monotonic(), 0.0), self._on_timer)
-
-    def _on_timer(self) -> None:
-        self._timer, self._timer_at = None, math.inf
-        if self._state in _ACTIVE:
-            self._pump()
-
-    def _expire(self, envelope: Envelope) -> None:
-        if self._staging.mark_expired(envelope):
-            self._settler.settle([envelope], Settled.EXPIRED)
-            self._check_drained()
-
-    def _settle_skipped(self, skipped: list[Envelope]) -> None:
-        cancelled = [envelope for envelope in skipped if envelope.future.done()]
-        if cancelled:
-            self._settler.settle(cancelled, Settled.CANCELLED)
-        if len(cancelled) < len(skipped):
-            self._settler.settle([envelope for envelope in skipped if not envelope.future.done()], Settled.EXPIRED)
-
-    # -- device hooks (on the event loop) --------------------------------------------------------------
-
-    def _on_dispatched(self, batch: Batch, skipped: list[Envelope]) -> None:
-        if skipped:
-            self._settle_skipped(skipped)
-        envelopes = batch.envelopes
-        now = time.monotonic()
-        self._stats.record_dispatch(
-            [now - envelope.submitted_at for envelope in envelopes],
-            batch.cost,
-            batch.reason,
-            oversized=len(envelopes) == 1 and batch.cost > self._settings.target_batch_cost,
+    def _oversized_error(self, record: RecordT, cost: int) -> CostBudgetExceededError:
+        return CostBudgetExceededError(
+            f"{self.name}: {short_repr(record)} costs {cost}, more than target_batch_cost="
+            f"{self._settings.target_batch_cost}; it can never fit a batch (oversized='reject')"
         )
-        if self._state in _ACTIVE:
-            self._pump()  # a staging slot is free: stage the next full batch, let waiting producers in
-
-    def _on_outcome(self, records: list[Envelope], outcome: Any) -> None:
-        self._settler.settle(records, Settled.RAN, outcome)
-
-    def _on_done(self, batch: Batch) -> None:
-        if self._deadlines is not None:
-            self._deadlines.trim(self._stats.in_system)
-        if self._state in _ACTIVE:
-            self._pump()
-        self._check_drained()
-
-    def _on_retired(self, skipped: list[Envelope]) -> None:
-        if skipped:
-            self._settle_skipped(skipped)
-        if self._state in _ACTIVE and self._staging.has_waiting():
-            self._pump()  # records wait that may go later (a timeout): arm the timer
-        self._check_drained()
-
-    def _on_fatal(self, error: BaseException, batch: Batch) -> None:
-        self._staging.finish(batch)
-        self._fail(error, batch)
-
-    def _check_drained(self) -> None:
-        drained = self._drained
-        if drained is not None and not drained.done() and not self._stats.in_system:
-            drained.set_result(None)
-
-    # -- failure -----------------------------------------------------------------------------------
-
-    def _fail(self, cause: BaseException, batch: Batch) -> None:
-        """No batch can run any more: fail everything unresolved, and every later submit."""
-        record_error = cause if isinstance(cause, Exception) else BatcherFailedError(f"{self.name} failed: {cause!r}")
-        if record_error is not cause:
-            record_error.__cause__ = cause
-        if self._state is not BatcherState.FAILED:
-            failure = BatcherFailedError(f"{self.name} failed: {cause!r}")
-            failure.__cause__ = cause
-            self._failure = failure
-            self._state = BatcherState.FAILED
-            logger.error("%s failed; failing all pending records", self.name, exc_info=cause)
-            self._release_space_waiters(failure)
-        self._settler.settle(batch.envelopes, Settled.RAN, record_error)
-        self._settler.settle(self._staging.remove_waiting(with_running=True), Settled.FAILED, record_error)
-        self._device.cancel_runners()
-        self._check_drained()
 
 
 def _check_priority(priority: Any) -> None:

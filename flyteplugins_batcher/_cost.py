@@ -13,7 +13,7 @@ class CostResolver:
     """Decides what a record costs against the batch budget.
 
     Args:
-        owner: The batcher's name, for error messages.
+        batcher_name: The batcher's name, for error messages.
         estimator: `f(record) -> cost`, or `None`.
         default_cost: Cost when nothing else gives one.
         protocol_methods: Record methods to try, in order (`estimate_tokens`, `estimate_cost`).
@@ -21,12 +21,12 @@ class CostResolver:
 
     def __init__(
         self,
-        owner: str,
+        batcher_name: str,
         estimator: Callable[[Any], Any] | None,
         default_cost: int,
         protocol_methods: tuple[str, ...],
     ) -> None:
-        self._owner = owner
+        self._batcher_name = batcher_name
         self._estimator = estimator
         self._default_cost = default_cost
         self._protocol_methods = protocol_methods
@@ -49,7 +49,7 @@ class CostResolver:
         try:
             cost = estimator(record)
         except Exception as exc:
-            add_note(exc, f"{self._owner}: {source} failed for {short_repr(record)}")
+            add_note(exc, f"{self._batcher_name}: {source} failed for {short_repr(record)}")
             raise
         return self._checked(record, cost, source)
 
@@ -75,5 +75,5 @@ class CostResolver:
         if isinstance(cost, (int, float)) and not isinstance(cost, bool) and cost >= 0 and math.isfinite(cost):
             return math.ceil(cost)
         raise ValueError(
-            f"{self._owner}: {source} gave {cost!r} for {short_repr(record)}; a cost must be a number >= 0"
+            f"{self._batcher_name}: {source} gave {cost!r} for {short_repr(record)}; a cost must be a number >= 0"
         )

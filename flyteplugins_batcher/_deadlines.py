@@ -1,9 +1,9 @@
 """Deadlines: one timer for every record's `deadline_s`, so a record with a deadline costs a heap push, not a timer.
 
-Records that settle before their deadline are not removed from the heap (that would cost a search
-per record); they are skipped when their deadline comes, and the heap is rebuilt without them
-whenever they make up most of it (`trim`, after each batch), so memory follows the records
-actually in the batcher, not how many went through it.
+Records that a runner takes before their deadline are not removed from the heap (that would cost a
+search per record); they are skipped when their deadline comes, and the heap is rebuilt without
+them whenever they make up most of it (`trim`, after each batch), so memory follows the records
+still waiting in the batcher, not how many went through it.
 """
 
 from __future__ import annotations
@@ -13,18 +13,18 @@ import heapq
 import time
 from collections.abc import Callable
 
-from flyteplugins_batcher._pending import Envelope
+from flyteplugins_batcher._envelope import Envelope
 
 _SLACK = 64
-"""Settled entries tolerated beyond twice the records still in the batcher before the heap is rebuilt."""
+"""Entries that can no longer expire tolerated beyond twice the records in the batcher before the heap is rebuilt."""
 
 
 class DeadlineWatch:
-    """Calls `on_expired(envelope)` on the event loop for each unsettled record whose deadline passed.
+    """Calls `on_expired(envelope)` on the event loop for each waiting record whose deadline passed.
 
     Args:
         loop: The batcher's event loop.
-        on_expired: Receives each record whose deadline passed while it was not settled yet.
+        on_expired: Receives each record whose deadline passed while it was still queued or staged.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, on_expired: Callable[[Envelope], None]) -> None:
@@ -43,9 +43,9 @@ class DeadlineWatch:
             self._arm(deadline)
 
     def trim(self, in_batcher: int) -> None:
-        """Drop settled entries once they outnumber the `in_batcher` records that may still expire."""
+        """Drop the entries that can no longer expire once they outnumber the `in_batcher` records."""
         if len(self._heap) > 2 * in_batcher + _SLACK:
-            self._heap = [entry for entry in self._heap if not entry[2].settled]
+            self._heap = [entry for entry in self._heap if entry[2].is_waiting()]
             heapq.heapify(self._heap)
 
     def close(self) -> None:
@@ -67,7 +67,7 @@ class DeadlineWatch:
         now = time.monotonic()
         while heap and heap[0][0] <= now:
             envelope = heapq.heappop(heap)[2]
-            if not envelope.settled:
+            if envelope.is_waiting():
                 self._on_expired(envelope)
         if heap:
             self._arm(heap[0][0])

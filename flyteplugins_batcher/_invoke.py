@@ -37,12 +37,12 @@ class BlockingStepMonitor:
 
     Args:
         fn: The process function (named in the warning).
-        owner: The batcher's name.
+        batcher_name: The batcher's name.
     """
 
-    def __init__(self, fn: Callable[..., Any], owner: str) -> None:
+    def __init__(self, fn: Callable[..., Any], batcher_name: str) -> None:
         self._fn = fn
-        self._owner = owner
+        self._batcher_name = batcher_name
         self._warned = False
 
     def watch(self, awaitable: Awaitable[Any]) -> Awaitable[Any]:
@@ -55,9 +55,10 @@ class BlockingStepMonitor:
         self._warned = True
         name = getattr(self._fn, "__qualname__", repr(self._fn))
         message = (
-            f"{self._owner}: the async process function {name!r} blocked the event loop for {seconds:.2f}s in one "
-            "step, so no producer could load or submit data meanwhile. Make it a plain `def` (the batcher runs "
-            "plain functions in a worker thread) or wrap the blocking call in `await asyncio.to_thread(...)`."
+            f"{self._batcher_name}: the async process function {name!r} blocked the event loop for "
+            f"{seconds:.2f}s in one step, so no producer could load or submit data meanwhile. Make it a plain "
+            "`def` (the batcher runs plain functions in a worker thread) or wrap the blocking call in "
+            "`await asyncio.to_thread(...)`."
         )
         logger.warning(message)
         warnings.warn(message, BlockingProcessFnWarning, stacklevel=2)

@@ -20,61 +20,13 @@ A batch never leaves its block: the costliest block may be a partial one, as in 
 
 from __future__ import annotations
 
-import asyncio
 import bisect
 import contextlib
 from collections import deque
 from collections.abc import Iterator
-from typing import Any
 
-from flyteplugins_batcher._errors import short_repr
+from flyteplugins_batcher._envelope import QUEUED, Envelope, RecordState, take_live
 from flyteplugins_batcher._settings import Grouping
-
-
-class Envelope:
-    """A submitted record with its future and accounting; lives only until its record is settled."""
-
-    __slots__ = (
-        "cost",
-        "deadline",
-        "future",
-        "priority",
-        "record",
-        "seq",
-        "settled",
-        "submitted_at",
-        "taken",
-    )
-
-    def __init__(
-        self,
-        record: Any,
-        cost: int,
-        future: asyncio.Future[Any],
-        submitted_at: float,
-        seq: int,
-        priority: int = 0,
-        deadline: float | None = None,
-    ) -> None:
-        self.record = record
-        self.cost = cost
-        self.future = future
-        self.submitted_at = submitted_at
-        self.seq = seq
-        self.priority = priority
-        self.deadline = deadline  # time.monotonic() after which it must not be dispatched
-        # Left the queue. Needed where the queue drops records lazily (`by_cost`); FIFO deques pop
-        # records as they leave, so their hot path does not set it (see `PendingQueue.holds`).
-        self.taken = False
-        self.settled = False  # its outcome is counted in the stats (exactly once)
-
-    def describe(self) -> str:
-        """Names the record in error messages: its submission number and a short repr."""
-        return f"record #{self.seq} {short_repr(self.record)}"
-
-    def is_expired(self, now: float) -> bool:
-        """Whether its deadline passed before it was dispatched."""
-        return self.deadline is not None and now >= self.deadline
 
 
 class PendingQueue:
@@ -114,64 +66,62 @@ class PendingQueue:
         self.size += 1
         self.cost += envelope.cost
 
-    def oldest(self, skipped: list[Envelope]) -> Envelope | None:
+    def oldest(self, now: float, skipped: list[Envelope]) -> Envelope | None:
         """The longest-waiting live record (its age drives `batch_timeout_s` and `flush`).
 
-        Records found cancelled or expired at the heads are removed into `skipped`.
+        Records found cancelled or expired at the heads are dropped into `skipped`.
         """
         oldest: Envelope | None = None
         for level in self._levels:
-            head = self._live_head(level, skipped)
+            head = self._live_head(level, now, skipped)
             if head is not None and (oldest is None or head.seq < oldest.seq):
                 oldest = head
         return oldest
 
     def peek(self, now: float, skipped: list[Envelope]) -> Envelope | None:
-        """The record that goes first in the next batch (dead heads are removed into `skipped`)."""
+        """The record that goes first in the next batch (dead heads are dropped into `skipped`)."""
         level = self._next_level(now, skipped)
         return None if level is None else self._queues[level][0]
 
-    def take_batch(self, budget: int, max_size: int, now: float, skipped: list[Envelope]) -> list[Envelope]:
-        """Remove and return the next batch: at most `max_size` records within `budget`.
+    def take_batch(
+        self, budget: int, max_size: int, now: float, skipped: list[Envelope], to: RecordState
+    ) -> list[Envelope]:
+        """Remove and return the next batch, moved to `to`: at most `max_size` records within `budget`.
 
         The first record always goes, so one costlier than the budget runs alone; otherwise a
         record that would cross the budget stays for the next batch. Cancelled records, and
-        records whose deadline has passed, are removed into `skipped` and never batched.
+        records whose deadline has passed, are dropped into `skipped` and never batched.
         """
         level = self._next_level(now, skipped)
         if level is None:
             return []
         if self._by_cost:
-            return self._take_similar_cost(level, budget, max_size, now, skipped)
-        return self._take_in_order(level, budget, max_size, now, skipped)
+            return self._take_similar_cost(level, budget, max_size, now, skipped, to)
+        return self._take_in_order(level, budget, max_size, now, skipped, to)
 
-    def holds(self, envelope: Envelope) -> bool:
-        """Whether `envelope` is still queued (a scan in FIFO mode: for rare events such as an expiry)."""
-        if self._by_cost:
-            return not envelope.taken
-        queue = self._queues.get(envelope.priority)
-        return queue is not None and envelope in queue
+    def remove(self, envelope: Envelope) -> None:
+        """Drop one queued record (its deadline passed); a scan in FIFO mode, for rare events such as this."""
+        self._drop(envelope)
+        if not self._by_cost:
+            self._queues[envelope.priority].remove(envelope)
 
-    def remove_done(self) -> list[Envelope]:
-        """Remove every record whose future is already done (cancelled by its caller); returns them."""
+    def remove_dead(self, now: float) -> list[Envelope]:
+        """Drop every record that is cancelled or past its deadline; returns them."""
         removed: list[Envelope] = []
         for level, queue in self._queues.items():
-            kept = deque(envelope for envelope in queue if not envelope.taken and not envelope.future.done())
-            removed.extend(envelope for envelope in queue if not envelope.taken and envelope.future.done())
+            kept: deque[Envelope] = deque()
+            for envelope in queue:
+                if envelope.state is not QUEUED:
+                    continue  # left already (by_cost drops its FIFO entries lazily)
+                (kept if envelope.is_live(now) else removed).append(envelope)
             self._queues[level] = kept
-            if self._by_cost:
-                self._sorted[level] = [entry for entry in self._sorted[level] if not entry[2].future.done()]
         for envelope in removed:
-            envelope.taken = True
-            self.size -= 1
-            self.cost -= envelope.cost
+            self._drop(envelope)
         return removed
 
     def remove_all(self) -> list[Envelope]:
-        """Empty the queue; returns the records that were still in it."""
-        removed = [envelope for envelope in self._iter_queued() if not envelope.taken]
-        for envelope in removed:
-            envelope.taken = True
+        """Empty the queue; returns the records that were still in it (the caller ends them)."""
+        removed = [envelope for envelope in self._iter_queued() if envelope.state is QUEUED]
         for queue in self._queues.values():
             queue.clear()
         for entries in self._sorted.values():
@@ -193,16 +143,17 @@ class PendingQueue:
         for queue in self._queues.values():
             yield from queue
 
-    def _live_head(self, level: int, skipped: list[Envelope], now: float | None = None) -> Envelope | None:
-        """The head of a level once taken, cancelled and expired records (as of `now`) are dropped."""
+    def _live_head(self, level: int, now: float, skipped: list[Envelope]) -> Envelope | None:
+        """The head of a level once records that left, were cancelled or expired are dropped."""
         queue = self._queues[level]
         while queue:
             head = queue[0]
-            if head.taken:
+            if head.state is not QUEUED:
+                queue.popleft()  # taken by a `by_cost` batch, or removed: already discounted
+            elif not head.is_live(now):
                 queue.popleft()
-            elif head.future.done() or (now is not None and head.is_expired(now)):
-                queue.popleft()
-                self._drop(head, skipped)
+                self._drop(head)
+                skipped.append(head)
             else:
                 return head
         return None
@@ -211,10 +162,10 @@ class PendingQueue:
         """The level whose head goes next: highest priority, counting the age of each head."""
         if len(self._levels) == 1:
             level = self._levels[0]
-            return level if self._live_head(level, skipped, now) is not None else None
+            return level if self._live_head(level, now, skipped) is not None else None
         best_level, best_rank = None, None
         for level in self._levels:
-            head = self._live_head(level, skipped, now)
+            head = self._live_head(level, now, skipped)
             if head is None:
                 continue
             effective = level if self._aging_s is None else level + (now - head.submitted_at) / self._aging_s
@@ -224,7 +175,7 @@ class PendingQueue:
         return best_level
 
     def _take_in_order(
-        self, level: int, budget: int, max_size: int, now: float, skipped: list[Envelope]
+        self, level: int, budget: int, max_size: int, now: float, skipped: list[Envelope], to: RecordState
     ) -> list[Envelope]:
         queue = self._queues[level]
         # Count what fits first, then take it in one go: this runs for every record, so it is
@@ -241,17 +192,10 @@ class PendingQueue:
         taken = [popleft() for _ in range(count)]
         self.size -= count
         self.cost -= cost
-        batch = [
-            envelope
-            for envelope in taken
-            if not envelope.future.done() and (envelope.deadline is None or now < envelope.deadline)
-        ]
-        if len(batch) < count:  # cancelled or expired meanwhile: they never run
-            skipped.extend(envelope for envelope in taken if envelope not in batch)
-        return batch
+        return take_live(taken, now, to, skipped)  # records cancelled or expired meanwhile never run
 
     def _take_similar_cost(
-        self, level: int, budget: int, max_size: int, now: float, skipped: list[Envelope]
+        self, level: int, budget: int, max_size: int, now: float, skipped: list[Envelope], to: RecordState
     ) -> list[Envelope]:
         entries = self._sorted[level]
         anchor = self._queues[level][0]  # the live head, as `_next_level` left it
@@ -270,7 +214,7 @@ class PendingQueue:
             take_above = below is None or (above is not None and above.cost - anchor.cost < anchor.cost - below.cost)
             candidate = above if take_above else below
             assert candidate is not None
-            if not (candidate.future.done() or candidate.is_expired(now)):
+            if candidate.is_live(now):
                 if cost + candidate.cost > budget:
                     if take_above:
                         can_grow_up = False  # a cheaper record below may still fit; costlier ones never will
@@ -279,6 +223,7 @@ class PendingQueue:
                 batch.append(candidate)
                 cost += candidate.cost
             else:
+                candidate.drop()
                 skipped.append(candidate)
             if take_above:
                 high += 1
@@ -286,15 +231,16 @@ class PendingQueue:
                 low -= 1
         removed = entries[low:high]
         del entries[low:high]
-        for _, _, envelope in removed:
-            envelope.taken = True
         self.size -= len(removed)
         self.cost -= sum(entry[0] for entry in removed)
-        return batch
+        return take_live(batch, now, to, skipped)
 
-    def _drop(self, envelope: Envelope, skipped: list[Envelope]) -> None:
-        """Remove a record that must not run (cancelled, or past its deadline)."""
-        envelope.taken = True
+    def _drop(self, envelope: Envelope) -> None:
+        """Take a record that must not run (cancelled, or past its deadline) out of the counts and the cost order.
+
+        Its FIFO entry goes lazily, when it reaches the head of its level.
+        """
+        envelope.drop()
         self.size -= 1
         self.cost -= envelope.cost
         if self._by_cost:
@@ -303,4 +249,3 @@ class PendingQueue:
             with contextlib.suppress(IndexError):
                 if entries[index][2] is envelope:
                     del entries[index]
-        skipped.append(envelope)

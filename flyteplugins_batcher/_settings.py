@@ -1,17 +1,21 @@
 """`BatcherSettings`: every tunable of a batcher as one frozen, validated value.
 
 `DynamicBatcher`, `TokenBatcher`, `@batched` and the engines' `batcher_defaults()` all build one,
-so a setting is validated once, in one place, and a misspelt keyword fails where it is written.
+so a setting's default and validation live here alone, and a misspelt keyword fails where it is
+written.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
+
+from flyteplugins_batcher._deprecation import warn_deprecated
 
 OnError = Literal["raise", "split"]
 Oversized = Literal["run_alone", "reject"]
@@ -20,18 +24,40 @@ Grouping = Literal["fifo", "by_cost"]
 TOKEN_KEYWORDS: Mapping[str, str] = {
     "target_batch_tokens": "target_batch_cost",
     "default_token_estimate": "default_cost",
-    "max_inflight_tokens": "max_inflight_cost",
+    "max_in_flight_tokens": "max_in_flight_cost",
 }
 """`TokenBatcher`'s names for `DynamicBatcher` settings."""
 
+DEPRECATED_KEYWORDS: Mapping[str, str] = {
+    "max_inflight_cost": "max_in_flight_cost",
+    "max_inflight_tokens": "max_in_flight_tokens",
+}
+"""Spellings of 0.1.0 that still work, with a `DeprecationWarning`."""
 
+ClassT = TypeVar("ClassT", bound=type)
+
+
+def _accepts_deprecated_keywords(cls: ClassT) -> ClassT:
+    """Let the dataclass's own `__init__` take the deprecated spellings too (with a warning)."""
+    generated = cls.__init__
+
+    @functools.wraps(generated)
+    def __init__(self: Any, *args: Any, **keywords: Any) -> None:
+        generated(self, *args, **_current_names(keywords))
+
+    cls.__init__ = __init__  # type: ignore[misc]
+    return cls
+
+
+@_accepts_deprecated_keywords
 @dataclass(frozen=True)
 class BatcherSettings:
     """How a batcher forms and runs batches; see the README's configuration table.
 
-    Build it with keywords (token-named ones such as `target_batch_tokens` are accepted by
-    `from_keywords`), derive variants with `replace`. Invalid values raise `ValueError` at
-    construction; unknown keywords raise `TypeError` naming the closest valid one.
+    The one place that gives each setting its default and checks it: the batchers' keywords are
+    these fields. Build it with keywords (token-named ones such as `target_batch_tokens` are
+    accepted by `from_keywords`), derive variants with `replace`. Invalid values raise
+    `ValueError` at construction; unknown keywords raise `TypeError` naming the closest valid one.
 
     Attributes:
         target_batch_cost: Cost budget per batch, a hard limit (`target_batch_tokens`).
@@ -45,8 +71,8 @@ class BatcherSettings:
             starts the moment the previous one returns.
         default_cost: Cost of a record nothing else estimates (`default_token_estimate`).
         max_concurrent_batches: Batches inside the process function at once.
-        max_inflight_cost: Summed cost of the batches in flight (`max_inflight_tokens`); `None`
-            means `target_batch_cost * max_concurrent_batches`.
+        max_in_flight_cost: Summed cost of the batches in flight (`max_in_flight_tokens`); `None`
+            means `target_batch_cost * max_concurrent_batches`. Formerly `max_inflight_cost`.
         on_error: `"raise"` fails a whole batch with its exception; `"split"` bisects it to
             isolate the failing records.
         oversized: A record costlier than the budget: `"run_alone"` or `"reject"` at submit.
@@ -71,7 +97,7 @@ class BatcherSettings:
     prefetch_batches: int = 2
     default_cost: int = 1
     max_concurrent_batches: int = 1
-    max_inflight_cost: int | None = None
+    max_in_flight_cost: int | None = None
     on_error: OnError = "raise"
     oversized: Oversized = "run_alone"
     grouping: Grouping = "fifo"
@@ -94,8 +120,8 @@ class BatcherSettings:
             self.max_concurrent_batches >= 1, f"max_concurrent_batches must be >= 1, got {self.max_concurrent_batches}"
         )
         _require(
-            self.max_inflight_cost is None or self.max_inflight_cost > 0,
-            f"max_inflight_cost must be > 0, got {self.max_inflight_cost}",
+            self.max_in_flight_cost is None or self.max_in_flight_cost > 0,
+            f"max_in_flight_cost must be > 0, got {self.max_in_flight_cost}",
         )
         _require(self.on_error in ("raise", "split"), f"on_error must be 'raise' or 'split', got {self.on_error!r}")
         _require(
@@ -109,11 +135,23 @@ class BatcherSettings:
         )
 
     @property
-    def inflight_cost_limit(self) -> int:
+    def in_flight_cost_limit(self) -> int:
         """The bound on the summed cost of batches in flight."""
-        if self.max_inflight_cost is not None:
-            return self.max_inflight_cost
+        if self.max_in_flight_cost is not None:
+            return self.max_in_flight_cost
         return self.target_batch_cost * self.max_concurrent_batches
+
+    @property
+    def max_inflight_cost(self) -> int | None:
+        """Deprecated spelling of `max_in_flight_cost`."""
+        warn_deprecated("max_inflight_cost", "max_in_flight_cost")
+        return self.max_in_flight_cost
+
+    @property
+    def inflight_cost_limit(self) -> int:
+        """Deprecated spelling of `in_flight_cost_limit`."""
+        warn_deprecated("inflight_cost_limit", "in_flight_cost_limit")
+        return self.in_flight_cost_limit
 
     @property
     def queue_capacity(self) -> int:
@@ -151,21 +189,51 @@ class BatcherSettings:
 SETTING_NAMES: frozenset[str] = frozenset(field.name for field in dataclasses.fields(BatcherSettings))
 
 
-def normalize_keywords(keywords: Mapping[str, Any]) -> dict[str, Any]:
-    """Map token names onto setting names and reject anything that is not a setting.
+def normalize_keywords(keywords: Mapping[str, Any], *, token_names_win: bool = False) -> dict[str, Any]:
+    """Map token names and deprecated spellings onto setting names, and reject anything that is not a setting.
+
+    A token name given as `None` counts as not given (as in `flyte.extras.TokenBatcher`).
+
+    Args:
+        keywords: Settings by any of their names.
+        token_names_win: A token name given beside its cost name wins, as in
+            `flyte.extras.TokenBatcher`; otherwise that is an error.
 
     Raises:
         TypeError: Unknown keyword (with the closest valid name), or one setting given twice.
     """
     normalized: dict[str, Any] = {}
-    for name, value in keywords.items():
+    given_as: dict[str, str] = {}
+    token_values: dict[str, Any] = {}
+    for name, value in _current_names(keywords).items():
         setting = TOKEN_KEYWORDS.get(name, name)
         if setting not in SETTING_NAMES:
             raise TypeError(f"{name!r} is not a batcher setting{_suggestion(name)}")
+        if setting != name and (value is None or token_names_win):
+            if value is not None:
+                token_values[setting] = value
+            continue
         if setting in normalized:
-            raise TypeError(f"{setting!r} given twice (as {setting!r} and its token name)")
-        normalized[setting] = value
+            raise TypeError(f"{setting!r} given twice (as {given_as[setting]!r} and {name!r})")
+        normalized[setting], given_as[setting] = value, name
+    normalized.update(token_values)
     return normalized
+
+
+def _current_names(keywords: Mapping[str, Any]) -> dict[str, Any]:
+    """`keywords` with deprecated spellings replaced by their current names (each warns, once per process)."""
+    if not any(name in DEPRECATED_KEYWORDS for name in keywords):
+        return dict(keywords)
+    current: dict[str, Any] = {}
+    for name, value in keywords.items():
+        new_name = DEPRECATED_KEYWORDS.get(name)
+        if new_name is not None:
+            warn_deprecated(name, new_name)
+            if new_name in keywords:
+                raise TypeError(f"{new_name!r} given twice (as {new_name!r} and {name!r})")
+            name = new_name
+        current[name] = value
+    return current
 
 
 @dataclass(frozen=True)
@@ -198,7 +266,7 @@ class BatcherOptions:
 
 
 def _suggestion(name: str) -> str:
-    candidates = sorted(SETTING_NAMES | set(TOKEN_KEYWORDS) | {"cost_estimator", "token_estimator", "name"})
+    candidates = sorted((SETTING_NAMES | set(TOKEN_KEYWORDS) | {"cost_estimator", "token_estimator", "name"}) - {name})
     close = difflib.get_close_matches(name, candidates, n=1)
     return f"; did you mean {close[0]!r}?" if close else f"; valid settings: {', '.join(candidates)}"
 

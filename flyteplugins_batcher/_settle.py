@@ -1,113 +1,144 @@
 """Settling: the one place where a record's future gets its outcome and the statistics learn of it.
 
 Every way a record can end (a result or an error from the process function, a batcher failure, a
-cancellation, a passed deadline) goes through `Settler.settle`, which resolves each future at most
-once and counts each record exactly once.
+cancellation, a passed deadline) goes through `Settler.settle`, which moves the record into its
+end state (`_envelope.RecordState`), resolves its future at most once and counts it exactly once.
+The futures that `map` hands out for records `submit` refused, and those it cancels when its
+consumer stops early, are made and cancelled here too.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
+from flyteplugins_batcher._envelope import CANCELLED, COMPLETED, ENDS, EXPIRED, RUNNING, Envelope, RecordState
 from flyteplugins_batcher._errors import RecordExpiredError, add_note, short_repr
-from flyteplugins_batcher._pending import Envelope
-from flyteplugins_batcher._stats import Settled, StatsRecorder
+from flyteplugins_batcher._stats import StatsRecorder
 
 logger = logging.getLogger("flyteplugins_batcher")
 
+_monotonic = time.monotonic
+
 
 class Settler:
-    """Resolves records' futures and counts them. Runs on the batcher's event loop.
+    """Ends records: resolves their futures and counts them. Runs on the batcher's event loop.
 
     Args:
-        owner: The batcher's name, for the notes that tie an error to its records.
+        batcher_name: For the notes that tie an error to its records.
         stats: The batcher's statistics.
         split_hint: Whether a whole-batch error should suggest `on_error="split"`.
     """
 
-    def __init__(self, owner: str, stats: StatsRecorder, *, split_hint: bool) -> None:
-        self._owner = owner
+    def __init__(self, batcher_name: str, stats: StatsRecorder, *, split_hint: bool) -> None:
+        self._batcher_name = batcher_name
         self._stats = stats
         self._split_hint = split_hint
 
-    def settle(self, envelopes: Sequence[Envelope], how: Settled, outcome: Any = None) -> None:
-        """Give each record its outcome, once, and count it.
+    def settle(self, envelopes: Sequence[Envelope], end: RecordState, outcome: Any = None) -> None:
+        """End every record that has not ended yet in `end`, resolve its future, and count it.
+
+        A record whose future its caller cancelled ends `CANCELLED` instead (or `COMPLETED`, if it ran).
 
         Args:
             envelopes: The records.
-            how: `RAN` (they went through the process function), `FAILED` (the batcher failed
-                before they ran), `CANCELLED` or `EXPIRED`.
-            outcome: For `RAN`, the process function's results in order (a slot may hold an
+            end: `COMPLETED` (they went through the process function), `FAILED` (the batcher failed
+                before they completed), `CANCELLED` or `EXPIRED`.
+            outcome: For `COMPLETED`, the process function's results in order (a slot may hold an
                 `Exception`), or one exception for all of them; for `FAILED`, the exception.
         """
-        if how is Settled.RAN and not isinstance(outcome, BaseException):
-            self._settle_results(envelopes, outcome)
+        if end is COMPLETED and not isinstance(outcome, BaseException):
+            self._complete(envelopes, outcome)
             return
-        fresh = [envelope for envelope in envelopes if not envelope.settled]
+        fresh = [envelope for envelope in envelopes if envelope.state not in ENDS]
         if not fresh:
             return
         error = outcome if isinstance(outcome, BaseException) else None
-        if error is not None and how is Settled.RAN:
+        if error is not None and end is COMPLETED:
             self._note_batch_error(error, fresh)
-            logger.error("%s: %d records failed: %r", self._owner, len(fresh), error)
-        late_cancels = []
+            logger.error("%s: %d records failed: %r", self._batcher_name, len(fresh), error)
+        if_cancelled = COMPLETED if end is COMPLETED else CANCELLED
+        cancelled_by_caller: list[Envelope] = []
+        resolved: list[Envelope] = []
         for envelope in fresh:
-            envelope.settled = True
             future = envelope.future
-            if future.done():  # cancelled by its caller meanwhile
-                late_cancels.append(envelope)
+            if future.done():  # its caller cancelled it
+                envelope.state = if_cancelled
+                cancelled_by_caller.append(envelope)
                 continue
-            if how is Settled.CANCELLED:
+            envelope.state = end
+            resolved.append(envelope)
+            if end is CANCELLED:
                 future.cancel()
-            elif how is Settled.EXPIRED:
+            elif end is EXPIRED:
                 future.set_exception(
-                    RecordExpiredError(f"{self._owner}: {envelope.describe()} passed its deadline before it ran")
+                    RecordExpiredError(f"{self._batcher_name}: {envelope.describe()} passed its deadline before it ran")
                 )
             else:
                 future.set_exception(error)  # type: ignore[arg-type]
-        counted = [envelope for envelope in fresh if envelope not in late_cancels] if late_cancels else fresh
-        now = time.monotonic()
-        if counted:
-            failed = len(counted) if how is Settled.RAN else 0
-            self._stats.record_settled(now, [now - envelope.submitted_at for envelope in counted], how, failed=failed)
-        if late_cancels:
-            cancelled_how = Settled.RAN if how is Settled.RAN else Settled.CANCELLED
-            self._stats.record_settled(now, [now - envelope.submitted_at for envelope in late_cancels], cancelled_how)
+        now = _monotonic()
+        self._count(now, cancelled_by_caller, if_cancelled)
+        self._count(now, resolved, end, failed=len(resolved) if end is COMPLETED else 0)
 
-    def _settle_results(self, envelopes: Sequence[Envelope], results: Sequence[Any]) -> None:
-        now = time.monotonic()
+    def settle_dropped(self, envelopes: Sequence[Envelope]) -> None:
+        """End records that left the queue without running: cancelled by their caller, or past their deadline."""
+        self.settle(envelopes, EXPIRED)  # those whose caller cancelled them end CANCELLED
+
+    @staticmethod
+    def refused(error: Exception) -> asyncio.Future[Any]:
+        """A future already failed with `error`, for a record that `submit` refused (`map` yields it in place).
+
+        The record never entered the batcher, so it is not counted.
+        """
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        future.set_exception(error)
+        return future
+
+    @staticmethod
+    def abandon(futures: Iterable[asyncio.Future[Any]]) -> None:
+        """Cancel the futures of records whose consumer went away, as their caller would.
+
+        They are counted when their records end: cancelled if they were still waiting (the
+        batcher drops them), completed if they were already running.
+        """
+        for future in futures:
+            future.cancel()
+
+    def _complete(self, envelopes: Sequence[Envelope], results: Sequence[Any]) -> None:
+        # Once per record that completes: the hot path of settling.
         failed = 0
-        earlier: list[Envelope] = []  # settled before their results came (the batcher failed or aborted)
+        earlier: list[Envelope] = []  # ended before their results came (the batcher failed or aborted)
         for envelope, result in zip(envelopes, results, strict=True):
-            future = envelope.future
-            if future.done():  # settled earlier, or cancelled by its caller while it ran (still counts as run)
-                if envelope.settled:
-                    earlier.append(envelope)
-                envelope.settled = True
+            if envelope.state is not RUNNING:
+                earlier.append(envelope)
                 continue
-            envelope.settled = True
+            envelope.state = COMPLETED
+            future = envelope.future
+            if future.done():  # its caller cancelled it while it ran: it still counts as completed
+                continue
             if isinstance(result, Exception):
-                add_note(result, f"{self._owner}: failed {envelope.describe()}")
+                add_note(result, f"{self._batcher_name}: failed {envelope.describe()}")
                 future.set_exception(result)
                 failed += 1
             else:
                 future.set_result(result)
         counted = [envelope for envelope in envelopes if envelope not in earlier] if earlier else envelopes
-        if counted:
-            self._stats.record_settled(
-                now, [now - envelope.submitted_at for envelope in counted], Settled.RAN, failed=failed
-            )
+        self._count(_monotonic(), counted, COMPLETED, failed=failed)
+
+    def _count(self, now: float, envelopes: Sequence[Envelope], end: RecordState, *, failed: int = 0) -> None:
+        if envelopes:
+            self._stats.record_settled(now, [now - envelope.submitted_at for envelope in envelopes], end, failed=failed)
 
     def _note_batch_error(self, error: BaseException, envelopes: Sequence[Envelope]) -> None:
         if len(envelopes) == 1:
-            add_note(error, f"{self._owner}: failed {envelopes[0].describe()}")
+            add_note(error, f"{self._batcher_name}: failed {envelopes[0].describe()}")
             return
         hint = "; on_error='split' isolates the failing records" if self._split_hint else ""
         add_note(
             error,
-            f"{self._owner}: failed {len(envelopes)} records (#{envelopes[0].seq}..#{envelopes[-1].seq}, first "
-            f"{short_repr(envelopes[0].record)}){hint}",
+            f"{self._batcher_name}: failed {len(envelopes)} records (#{envelopes[0].seq}..#{envelopes[-1].seq}, "
+            f"first {short_repr(envelopes[0].record)}){hint}",
         )

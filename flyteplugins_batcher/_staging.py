@@ -21,7 +21,8 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field
 
-from flyteplugins_batcher._pending import Envelope, PendingQueue
+from flyteplugins_batcher._envelope import QUEUED, RUNNING, STAGED, Envelope, take_live
+from flyteplugins_batcher._pending import PendingQueue
 from flyteplugins_batcher._settings import BatcherSettings
 from flyteplugins_batcher._stats import DispatchReason
 
@@ -59,10 +60,10 @@ class StagingArea:
         self.staged: deque[Batch] = deque()
         self.runners = 0  # runners started and not yet retired
         self.running: set[Batch] = set()  # inside the process function
-        self.inflight_cost = 0
+        self.in_flight_cost = 0
         self.draining = False
         self.flush_upto = -1  # records up to this submission number go without waiting for the timeout
-        self._inflight_limit = settings.inflight_cost_limit
+        self._in_flight_limit = settings.in_flight_cost_limit
         self._prefetch = settings.prefetch_batches
         self._max_size = settings.max_batch_size
         self._budget = settings.target_batch_cost
@@ -100,7 +101,7 @@ class StagingArea:
         pending = self.pending
         reason = self._pending_reason(now, skipped)
         ready = self._takeable(now, reason, skipped)
-        claimed = self.runners - self.inflight_batches  # started, about to take a batch
+        claimed = self.runners - self.in_flight_batches  # started, about to take a batch
         while self.runners < self._max_runners and claimed < ready:
             self.runners += 1
             claimed += 1
@@ -108,7 +109,7 @@ class StagingArea:
         if reason is None and pending and self.runners < self._max_runners:
             # The waiting records may go once the oldest times out; busy runners look again by
             # themselves when their batch returns.
-            oldest = pending.oldest(skipped)
+            oldest = pending.oldest(now, skipped)
             if oldest is not None:
                 plan.wake_at = oldest.submitted_at + self.settings.batch_timeout_s
         return plan
@@ -120,7 +121,7 @@ class StagingArea:
             pending.size >= settings.max_batch_size or pending.cost >= settings.target_batch_cost
         ):
             why: DispatchReason = "full" if pending.size >= settings.max_batch_size else "budget"
-            records = pending.take_batch(settings.target_batch_cost, settings.max_batch_size, now, skipped)
+            records = pending.take_batch(settings.target_batch_cost, settings.max_batch_size, now, skipped, STAGED)
             if not records:
                 break
             self.staged.append(Batch(records, sum(record.cost for record in records), why, staged=True))
@@ -156,30 +157,40 @@ class StagingArea:
             self._release(batch)
 
     @property
-    def inflight_batches(self) -> int:
+    def in_flight_batches(self) -> int:
         """Batches inside the process function."""
         return len(self.running)
 
-    def remove_cancelled(self) -> list[Envelope]:
-        """Take out every waiting or staged record whose caller cancelled it."""
+    def remove_dead(self, now: float) -> list[Envelope]:
+        """Drop every waiting or staged record that was cancelled or is past its deadline; returns them."""
         with self.lock:
-            removed = self.pending.remove_done()
+            removed = self.pending.remove_dead(now)
             for batch in self.staged:
-                removed.extend(envelope for envelope in batch.envelopes if envelope.future.done())
-                batch.envelopes = [envelope for envelope in batch.envelopes if not envelope.future.done()]
-                batch.cost = sum(envelope.cost for envelope in batch.envelopes)
+                dead = [envelope for envelope in batch.envelopes if not envelope.is_live(now)]
+                if dead:
+                    for envelope in dead:
+                        envelope.drop()
+                    batch.envelopes = [envelope for envelope in batch.envelopes if envelope.state is STAGED]
+                    batch.cost = sum(envelope.cost for envelope in batch.envelopes)
+                    removed.extend(dead)
             return removed
 
-    def mark_expired(self, envelope: Envelope) -> bool:
-        """Whether a record whose deadline just passed was still undispatched (the caller then fails it).
+    def drop_expired(self, envelope: Envelope) -> bool:
+        """Drop a record whose deadline just passed, if no runner took it yet; whether it was dropped.
 
-        Under the lock, so that a runner cannot take it meanwhile: a record is undispatched while
-        it is queued or in a staged batch.
+        Under the lock, so that a runner cannot take it meanwhile.
         """
         with self.lock:
-            if envelope.future.done():
-                return False
-            return self.pending.holds(envelope) or any(envelope in batch.envelopes for batch in self.staged)
+            if envelope.state is QUEUED:
+                self.pending.remove(envelope)
+                return True
+            if envelope.state is STAGED:
+                batch = next(batch for batch in self.staged if envelope in batch.envelopes)
+                batch.envelopes.remove(envelope)
+                batch.cost -= envelope.cost
+                envelope.drop()
+                return True
+            return False
 
     @property
     def waiting(self) -> int:
@@ -207,25 +218,20 @@ class StagingArea:
                     break  # formed just now: its records were checked as they were taken
                 # A staged batch waited: some of its records may have been cancelled or expired since.
                 envelopes = batch.envelopes
-                live = [
-                    envelope
-                    for envelope in envelopes
-                    if not envelope.future.done() and (envelope.deadline is None or now < envelope.deadline)
-                ]
+                live = take_live(envelopes, now, RUNNING, skipped)
                 if len(live) < len(envelopes):
-                    skipped.extend(envelope for envelope in envelopes if envelope not in live)
                     batch.envelopes = live
                     batch.cost = sum(envelope.cost for envelope in live)
                 if live:
                     break
             self.running.add(batch)
-            self.inflight_cost += batch.cost
+            self.in_flight_cost += batch.cost
             return batch, skipped
 
     def _release(self, batch: Batch) -> None:
         if batch in self.running:
             self.running.discard(batch)
-            self.inflight_cost -= batch.cost
+            self.in_flight_cost -= batch.cost
 
     def has_waiting(self) -> bool:
         """Whether records wait that no runner will take until something changes (a timeout, a submit)."""
@@ -234,13 +240,13 @@ class StagingArea:
 
     def _takeable(self, now: float, reason: DispatchReason | None, skipped: list[Envelope]) -> int:
         """How many batches a runner could take right now (`_take` would not refuse the first)."""
-        room = self._inflight_limit - self.inflight_cost
+        room = self._in_flight_limit - self.in_flight_cost
         if self.staged:
-            fits = not self.inflight_batches or self.staged[0].cost <= room
+            fits = not self.in_flight_batches or self.staged[0].cost <= room
             return len(self.staged) + (reason is not None) if fits else 0
         if reason is None:
             return 0
-        if self.inflight_batches:
+        if self.in_flight_batches:
             head = self.pending.peek(now, skipped)
             if head is None or head.cost > room:
                 return 0
@@ -248,22 +254,22 @@ class StagingArea:
 
     def _take(self, now: float, skipped: list[Envelope]) -> Batch | None:
         settings = self.settings
-        room = self._inflight_limit - self.inflight_cost
+        room = self._in_flight_limit - self.in_flight_cost
         if self.staged:
             head = self.staged[0]
-            if self.inflight_batches and head.cost > room:
+            if self.in_flight_batches and head.cost > room:
                 return None  # the in-flight bound is reached; a completion will call again
             return self.staged.popleft()
         reason = self._pending_reason(now, skipped)
         if reason is None:
             return None
         budget = settings.target_batch_cost
-        if self.inflight_batches:
+        if self.in_flight_batches:
             head = self.pending.peek(now, skipped)
             if head is None or head.cost > room:
                 return None  # it goes once a batch in flight returns (an oversized record: on an idle device)
             budget = min(budget, room)
-        records = self.pending.take_batch(budget, settings.max_batch_size, now, skipped)
+        records = self.pending.take_batch(budget, settings.max_batch_size, now, skipped, RUNNING)
         if not records:
             return None
         return Batch(records, sum(record.cost for record in records), reason)
@@ -277,13 +283,13 @@ class StagingArea:
             return "full"
         if pending.cost >= settings.target_batch_cost:
             return "budget"
-        oldest = pending.oldest(skipped)
+        oldest = pending.oldest(now, skipped)
         if oldest is None:
             return None
         if self.draining or oldest.seq <= self.flush_upto:
             return "drain"
         if now - oldest.submitted_at >= settings.batch_timeout_s:
             return "timeout"
-        if not self.inflight_batches and pending.size >= settings.min_batch_size:
+        if not self.in_flight_batches and pending.size >= settings.min_batch_size:
             return "idle"
         return None

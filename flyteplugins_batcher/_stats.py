@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import enum
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from flyteplugins_batcher._deprecation import warn_deprecated
+from flyteplugins_batcher._envelope import COMPLETED, FAILED, RecordState
 from flyteplugins_batcher._histogram import Distribution, LogHistogram
 
 DispatchReason = Literal["full", "budget", "timeout", "idle", "drain"]
@@ -57,7 +58,7 @@ class BatchStats:
         batch_size: Records per batch.
         batch_cost: Estimated cost per batch.
         queue_depth: Records waiting right now (queued, or in a staged batch).
-        inflight_batches: Batches inside the process function right now.
+        in_flight_batches: Batches inside the process function right now.
 
     Example:
         ```python
@@ -87,13 +88,19 @@ class BatchStats:
     batch_size: Distribution = field(default_factory=Distribution)
     batch_cost: Distribution = field(default_factory=Distribution)
     queue_depth: int = 0
-    inflight_batches: int = 0
+    in_flight_batches: int = 0
 
     @property
     def utilization(self) -> float:
         """Fraction of the active time the process function was busy (0.0-1.0)."""
         total = self.busy_time_s + self.idle_time_s
         return self.busy_time_s / total if total > 0 else 0.0
+
+    @property
+    def inflight_batches(self) -> int:
+        """Deprecated spelling of `in_flight_batches`."""
+        warn_deprecated("inflight_batches", "in_flight_batches")
+        return self.in_flight_batches
 
     def as_dict(self) -> dict[str, Any]:
         """Every field plus `utilization`, as JSON-friendly plain values."""
@@ -124,15 +131,6 @@ class BatchStats:
 
 def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.1f}ms" if seconds < 10 else f"{seconds:.1f}s"
-
-
-class Settled(enum.Enum):
-    """How a record left the batcher, for the statistics."""
-
-    RAN = "ran"  # went through the process function (with a result or an error)
-    FAILED = "failed"  # failed without running (the batcher failed)
-    CANCELLED = "cancelled"
-    EXPIRED = "expired"
 
 
 class BusyClock:
@@ -196,6 +194,11 @@ class StatsRecorder:
         """Records accepted and not yet settled."""
         return self._in_system
 
+    @property
+    def submitted(self) -> int:
+        """Records accepted so far; the last one accepted has this submission number."""
+        return self._submitted
+
     def record_submit(self, now: float) -> int:
         """A record was accepted; returns how many have been, which numbers it."""
         if not self._in_system:
@@ -214,19 +217,19 @@ class StatsRecorder:
         self._batch_cost.add(max(cost, 1))
         self._queue_wait.add_many(waited)
 
-    def record_settled(self, now: float, latencies: list[float], how: Settled, *, failed: int = 0) -> None:
-        """Records whose futures are now resolved, each with its time from submit to now.
+    def record_settled(self, now: float, latencies: list[float], end: RecordState, *, failed: int = 0) -> None:
+        """Records that ended in `end`, each with its time from submit to now.
 
-        `failed` of them (when they ran) got an exception.
+        `failed` of them (when they completed) got an exception.
         """
         count = len(latencies)
-        if how is Settled.RAN:
+        if end is COMPLETED:
             self._completed += count
             self._failed += failed
             self._latency.add_many(latencies)
-        elif how is Settled.FAILED:
+        elif end is FAILED:
             self._failed += count
-        elif how is Settled.CANCELLED:
+        elif end is RecordState.CANCELLED:
             self._cancelled += count
         else:
             self._expired += count
@@ -234,7 +237,7 @@ class StatsRecorder:
         if not self._in_system:
             self._active_total += now - self._active_since
 
-    def snapshot(self, now: float, *, queue_depth: int, inflight_batches: int) -> BatchStats:
+    def snapshot(self, now: float, *, queue_depth: int, in_flight_batches: int) -> BatchStats:
         """The statistics as of `now`."""
         active = self._active_total + (now - self._active_since if self._in_system else 0.0)
         busy = self.busy.busy_s(now)
@@ -261,5 +264,5 @@ class StatsRecorder:
             batch_size=batch_size,
             batch_cost=self._batch_cost.summary(),
             queue_depth=queue_depth,
-            inflight_batches=inflight_batches,
+            in_flight_batches=in_flight_batches,
         )

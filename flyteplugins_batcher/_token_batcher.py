@@ -5,9 +5,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
+from typing_extensions import Unpack
+
 from flyteplugins_batcher._batcher import DynamicBatcher
+from flyteplugins_batcher._keywords import TokenSettingsKeywords, with_settings_signature
 from flyteplugins_batcher._records import CostEstimatorFn, ProcessFn, RecordT, ResultT
-from flyteplugins_batcher._settings import BatcherSettings, Grouping, OnError, Oversized
+from flyteplugins_batcher._settings import BatcherSettings, normalize_keywords
 
 
 class TokenBatcher(DynamicBatcher[RecordT, ResultT]):
@@ -16,7 +19,8 @@ class TokenBatcher(DynamicBatcher[RecordT, ResultT]):
     Accepts token-named keywords and maps them onto `DynamicBatcher`: `inference_fn` (or
     `process_fn`), `token_estimator` (or `cost_estimator`), `target_batch_tokens` (or
     `target_batch_cost`), `default_token_estimate` (or `default_cost`), and
-    `max_inflight_tokens` (or `max_inflight_cost`). Records are costed by an explicit
+    `max_in_flight_tokens` (or `max_in_flight_cost`); as in flyte.extras, a token name given
+    (not `None`) wins over its cost name. Records are costed by an explicit
     `estimated_tokens`/`estimated_cost`, then the estimator function, then
     `record.estimate_tokens()`, then `record.estimate_cost()`, then the default.
 
@@ -35,6 +39,7 @@ class TokenBatcher(DynamicBatcher[RecordT, ResultT]):
 
     _cost_protocols = ("estimate_tokens", "estimate_cost")
 
+    @with_settings_signature(token_names=True)
     def __init__(
         self,
         inference_fn: ProcessFn[RecordT, ResultT] | None = None,
@@ -42,43 +47,14 @@ class TokenBatcher(DynamicBatcher[RecordT, ResultT]):
         process_fn: ProcessFn[RecordT, ResultT] | None = None,
         token_estimator: CostEstimatorFn[RecordT] | None = None,
         cost_estimator: CostEstimatorFn[RecordT] | None = None,
-        target_batch_tokens: int | None = None,
-        target_batch_cost: int = 32_000,
-        default_token_estimate: int | None = None,
-        default_cost: int = 1,
-        max_batch_size: int = 256,
-        min_batch_size: int = 1,
-        batch_timeout_s: float = 0.05,
-        max_queue_size: int = 5_000,
-        prefetch_batches: int = 2,
-        max_concurrent_batches: int = 1,
-        max_inflight_tokens: int | None = None,
-        max_inflight_cost: int | None = None,
-        on_error: OnError = "raise",
-        oversized: Oversized = "run_alone",
-        grouping: Grouping = "fifo",
-        priority_aging_s: float | None = 10.0,
         name: str | None = None,
+        **settings: Unpack[TokenSettingsKeywords],
     ) -> None:
         fn = inference_fn or process_fn
         if fn is None:
             raise TypeError("TokenBatcher requires either 'inference_fn' or 'process_fn'")
-        settings = BatcherSettings(
-            target_batch_cost=target_batch_tokens if target_batch_tokens is not None else target_batch_cost,
-            max_batch_size=max_batch_size,
-            min_batch_size=min_batch_size,
-            batch_timeout_s=batch_timeout_s,
-            max_queue_size=max_queue_size,
-            prefetch_batches=prefetch_batches,
-            default_cost=default_token_estimate if default_token_estimate is not None else default_cost,
-            max_concurrent_batches=max_concurrent_batches,
-            max_inflight_cost=max_inflight_tokens if max_inflight_tokens is not None else max_inflight_cost,
-            on_error=on_error,
-            oversized=oversized,
-            grouping=grouping,
-            priority_aging_s=priority_aging_s,
-        )
-        self._setup(fn, settings, token_estimator or cost_estimator, name)
+        values = normalize_keywords(settings, token_names_win=True)
+        self._setup(fn, BatcherSettings(**values), token_estimator or cost_estimator, name)
 
     async def submit(
         self,

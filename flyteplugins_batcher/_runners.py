@@ -1,4 +1,4 @@
-"""The device side: runners that take batches from the staging area and call the process function.
+"""The runners: they take batches from the staging area and call the process function.
 
 A runner is a worker thread for a plain `def` process function (model calls such as
 `llm.generate` or a CUDA forward pass release the GIL, so producers keep loading meanwhile), or a
@@ -20,13 +20,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from flyteplugins_batcher._envelope import Envelope
 from flyteplugins_batcher._errors import (
     ProcessFnCancelledError,
     ResultCountError,
     UnrecoverableError,
 )
 from flyteplugins_batcher._invoke import BlockingStepMonitor, is_async_callable
-from flyteplugins_batcher._pending import Envelope
 from flyteplugins_batcher._staging import Batch, StagingArea
 from flyteplugins_batcher._stats import BusyClock
 
@@ -37,8 +37,8 @@ Deliver = Callable[[list[Envelope], Any], None]
 
 
 @dataclass(frozen=True)
-class DeviceHooks:
-    """What the batcher does, on its event loop, as batches move through the device.
+class RunnerHooks:
+    """What the batcher does, on its event loop, as batches move through the runners.
 
     Attributes:
         on_dispatched: `(batch, skipped)`: a runner took `batch`; `skipped` records were left out
@@ -66,12 +66,12 @@ class _Fatal(Exception):
         self.error = error
 
 
-class Device:
-    """Runs batches through the process function.
+class RunnerPool:
+    """Runs batches through the process function, in up to `max_runners` runners.
 
     Args:
         process_fn: The user's process function.
-        owner: The batcher's name, for thread names and warnings.
+        batcher_name: For thread names and warnings.
         staging: Where runners take their batches.
         busy: Timed around every call of the process function.
         hooks: The batcher's callbacks (called on its event loop).
@@ -83,22 +83,22 @@ class Device:
         self,
         process_fn: Callable[[list[Any]], Any],
         *,
-        owner: str,
+        batcher_name: str,
         staging: StagingArea,
         busy: BusyClock,
-        hooks: DeviceHooks,
+        hooks: RunnerHooks,
         split: bool,
         max_runners: int,
     ) -> None:
         self.fn = process_fn
         self.is_async = is_async_callable(process_fn)
-        self._owner = owner
+        self._batcher_name = batcher_name
         self._staging = staging
         self._busy = busy
         self._hooks = hooks
         self._split = split
         self._max_runners = max_runners
-        self._blocking = BlockingStepMonitor(process_fn, owner)
+        self._blocking = BlockingStepMonitor(process_fn, batcher_name)
         self._executor: ThreadPoolExecutor | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -119,7 +119,7 @@ class Device:
         assert loop is not None
         if self.is_async:
             for _ in range(count):
-                task = self._context.run(loop.create_task, self._run_tasks(), name=f"{self._owner}-runner")
+                task = self._context.run(loop.create_task, self._run_tasks(), name=f"{self._batcher_name}-runner")
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
         else:
@@ -127,7 +127,7 @@ class Device:
 
     def _start_threads(self, count: int) -> None:
         if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=self._max_runners, thread_name_prefix=self._owner)
+            self._executor = ThreadPoolExecutor(max_workers=self._max_runners, thread_name_prefix=self._batcher_name)
         for _ in range(count):
             self._executor.submit(self._run_thread, self._context.copy())
 
@@ -220,7 +220,10 @@ class Device:
             except asyncio.CancelledError:
                 if _cancel_requested():
                     raise  # the batcher is aborting: the batch's records are cancelled on the loop
-                reply = (None, ProcessFnCancelledError(f"{self._owner}: the process function raised CancelledError"))
+                reply = (
+                    None,
+                    ProcessFnCancelledError(f"{self._batcher_name}: the process function raised CancelledError"),
+                )
             except Exception as error:
                 reply = (None, error)
             except BaseException as error:

@@ -1,0 +1,74 @@
+"""Backpressure: producers wait in `submit` while the waiting room is full, and are let in as it empties.
+
+Waiters are woken in arrival order, one per free slot. A producer cancelled after it was given a
+slot passes the slot on. When the batcher stops or fails, every waiter gets the error at once, so
+`stop` never hangs on a full queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+from collections import deque
+
+from flyteplugins_batcher._pending import PendingQueue
+
+
+class Backpressure:
+    """The producers waiting for room in the waiting room, on the batcher's event loop.
+
+    Args:
+        loop: The batcher's event loop.
+        pending: The waiting room whose size is bounded.
+        capacity: Records that may wait there (`BatcherSettings.queue_capacity`; 0: unbounded).
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, pending: PendingQueue, capacity: int) -> None:
+        self.capacity: float = capacity or math.inf
+        self.waiters: deque[asyncio.Future[None]] = deque()  # read on every submit, hence an attribute
+        self._loop = loop
+        self._pending = pending
+        self._closed: BaseException | None = None
+
+    async def wait_for_space(self) -> None:
+        """Wait until the waiting room has room.
+
+        Raises:
+            BaseException: The error given to `close` (the batcher stopped or failed meanwhile).
+        """
+        while self._pending.size >= self.capacity:
+            if self._closed is not None:
+                raise self._closed
+            waiter: asyncio.Future[None] = self._loop.create_future()
+            self.waiters.append(waiter)
+            try:
+                await waiter
+            except BaseException:
+                slot_given = waiter.done() and not waiter.cancelled() and waiter.exception() is None
+                waiter.cancel()
+                with contextlib.suppress(ValueError):
+                    self.waiters.remove(waiter)
+                if slot_given:
+                    self.wake()  # pass on the slot this cancelled producer will not use
+                raise
+        if self._closed is not None:
+            raise self._closed
+
+    def wake(self) -> None:
+        """Let in as many waiting producers as there are free slots."""
+        waiters = self.waiters
+        free = self.capacity - self._pending.size
+        while free > 0 and waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                free -= 1
+
+    def close(self, error: BaseException) -> None:
+        """Fail every waiting producer, and every later wait, with `error`."""
+        self._closed = error
+        while self.waiters:
+            waiter = self.waiters.popleft()
+            if not waiter.done():
+                waiter.set_exception(error)

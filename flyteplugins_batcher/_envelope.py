@@ -1,0 +1,124 @@
+"""A record inside the batcher: its envelope, and the one state it is in.
+
+A record only moves forward, along these transitions (`TRANSITIONS`):
+
+```
+QUEUED ──> STAGED ──> RUNNING ──> COMPLETED        it went through the process function
+  │          │           └──────> FAILED, CANCELLED  the batcher failed, or aborted, while it ran
+  ├──────────┴──> DROPPED ──> CANCELLED, EXPIRED   found cancelled by its caller, or past its deadline
+  └──────────┴──────────────> FAILED, CANCELLED    the batcher failed, or `stop` cancelled it
+```
+
+Who moves it: the waiting room (`_pending`) and the staging area (`_staging`), under the staging
+area's lock, move records out of the queue with `take_live` and `Envelope.drop`; the Settler
+(`_settle`), on the event loop, gives each record its end and resolves its future. A record whose
+future is done but that has not ended was therefore cancelled by its caller: `is_live` is the one
+place that reads it so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections.abc import Iterable
+from typing import Any
+
+from flyteplugins_batcher._errors import short_repr
+
+
+class RecordState(enum.Enum):
+    """Where a record is in the batcher."""
+
+    QUEUED = "queued"  # in the waiting room
+    STAGED = "staged"  # in a batch formed ahead, waiting for a runner
+    RUNNING = "running"  # in a batch a runner took
+    DROPPED = "dropped"  # left the queue without running (cancelled or past its deadline); the Settler ends it
+    COMPLETED = "completed"  # went through the process function: its future has the result or the error
+    FAILED = "failed"  # the batcher failed before the record completed
+    CANCELLED = "cancelled"  # by its caller, by `stop(cancel_pending=True)`, or by an abort
+    EXPIRED = "expired"  # its deadline passed before it was dispatched
+
+
+QUEUED = RecordState.QUEUED
+STAGED = RecordState.STAGED
+RUNNING = RecordState.RUNNING
+DROPPED = RecordState.DROPPED
+COMPLETED = RecordState.COMPLETED
+FAILED = RecordState.FAILED
+CANCELLED = RecordState.CANCELLED
+EXPIRED = RecordState.EXPIRED
+
+ENDS: frozenset[RecordState] = frozenset({COMPLETED, FAILED, CANCELLED, EXPIRED})
+"""States a record never leaves; only the Settler moves a record into one."""
+
+TRANSITIONS: dict[RecordState, frozenset[RecordState]] = {
+    QUEUED: frozenset({STAGED, RUNNING, DROPPED, FAILED, CANCELLED}),
+    STAGED: frozenset({RUNNING, DROPPED, FAILED, CANCELLED}),
+    RUNNING: frozenset({COMPLETED, FAILED, CANCELLED}),
+    DROPPED: frozenset({CANCELLED, EXPIRED}),
+    **dict.fromkeys(ENDS, frozenset()),
+}
+"""Every move a record can make (the diagram above)."""
+
+
+class Envelope:
+    """A submitted record with its future and accounting; lives only until its record has ended."""
+
+    __slots__ = ("cost", "deadline", "future", "priority", "record", "seq", "state", "submitted_at")
+
+    def __init__(
+        self,
+        record: Any,
+        cost: int,
+        future: asyncio.Future[Any],
+        submitted_at: float,
+        seq: int,
+        priority: int = 0,
+        deadline: float | None = None,
+    ) -> None:
+        self.record = record
+        self.cost = cost
+        self.future = future
+        self.submitted_at = submitted_at
+        self.seq = seq
+        self.priority = priority
+        self.deadline = deadline  # time.monotonic() after which it must not be dispatched
+        self.state = QUEUED
+
+    def describe(self) -> str:
+        """Names the record in error messages: its submission number and a short repr."""
+        return f"record #{self.seq} {short_repr(self.record)}"
+
+    def is_live(self, now: float) -> bool:
+        """Whether it may still be dispatched: its caller has not cancelled it, and its deadline has not passed.
+
+        Only the Settler resolves futures, and only as records end, so the future of a record that
+        is still queued or staged is done only when its caller cancelled it.
+        """
+        return not self.future.done() and (self.deadline is None or now < self.deadline)
+
+    def is_waiting(self) -> bool:
+        """Whether it is queued or staged: no runner took it yet, so its deadline still matters."""
+        return self.state is QUEUED or self.state is STAGED
+
+    def drop(self) -> None:
+        """It leaves the queue (or its staged batch) without running; the Settler ends it."""
+        self.state = DROPPED
+
+
+def take_live(envelopes: Iterable[Envelope], now: float, to: RecordState, dropped: list[Envelope]) -> list[Envelope]:
+    """Move the live records among `envelopes` (queued or staged) to `to` (`STAGED` or `RUNNING`) and return them.
+
+    The others (cancelled by their caller, or past their deadline) are dropped into `dropped`.
+    Called under the staging area's lock, once per record leaving the queue and once per record
+    leaving a staged batch.
+    """
+    live: list[Envelope] = []
+    for envelope in envelopes:
+        if envelope.is_live(now):
+            envelope.state = to
+            live.append(envelope)
+        else:
+            envelope.state = DROPPED
+            dropped.append(envelope)
+    return live

@@ -1,0 +1,179 @@
+"""A batcher's life: start, stop (drain, then cancel what is left), failure and release.
+
+Each `start` begins a run (`_dispatch.Dispatcher`) on the caller's event loop; `stop` drains it
+and ends it. A watchdog task notices when that loop shuts down under a running batcher (an
+`asyncio.run` that returns) and lets go of what is left. When the process function raises
+something no batch survives, the batcher fails: every later `submit` raises its failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+from collections.abc import Callable
+
+from flyteplugins_batcher._dispatch import Dispatcher
+from flyteplugins_batcher._errors import BatcherClosedError, BatcherFailedError, BatcherNotRunningError
+
+logger = logging.getLogger("flyteplugins_batcher")
+
+
+class BatcherState(enum.Enum):
+    """Where a batcher is in its life."""
+
+    NEW = "new"  # built, never started
+    RUNNING = "running"  # taking records
+    DRAINING = "draining"  # `stop()`: no new records; the queued ones still run
+    ABORTING = "aborting"  # `stop()` ran out of time: what is left is being cancelled
+    STOPPED = "stopped"  # may start again
+    FAILED = "failed"  # the process function raised something no batch survives; see `failure`
+
+
+ACTIVE = (BatcherState.RUNNING, BatcherState.DRAINING, BatcherState.ABORTING)
+"""States in which a run exists and may still hold records."""
+
+RunFactory = Callable[[asyncio.AbstractEventLoop], Dispatcher]
+"""Builds the run of a batcher that starts on this event loop."""
+
+
+class Lifecycle:
+    """The state of one batcher and the moves between its states.
+
+    Args:
+        batcher_name: For logs and error messages.
+        new_run: Builds a run on the event loop that `start` runs on.
+    """
+
+    def __init__(self, batcher_name: str, new_run: RunFactory) -> None:
+        self.state = BatcherState.NEW
+        self.failure: BatcherFailedError | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.run: Dispatcher | None = None  # the current run, from `start` on
+        self._batcher_name = batcher_name
+        self._new_run = new_run
+        self._stopped: asyncio.Future[None] | None = None
+        self._watchdog: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Begin a run on the running event loop.
+
+        Raises:
+            RuntimeError: The batcher is already running.
+        """
+        if self.state in ACTIVE:
+            raise RuntimeError(f"{self._batcher_name} is already running")
+        loop = asyncio.get_running_loop()
+        self.run = self._new_run(loop)
+        self.loop = loop
+        self.failure = None
+        self.state = BatcherState.RUNNING
+        self._stopped = loop.create_future()
+        self._watchdog = loop.create_task(self._watch_loop(self._stopped), name=f"{self._batcher_name}-watchdog")
+        logger.debug("%s started", self._batcher_name)
+
+    async def stop(self, timeout: float | None, cancel_pending: bool) -> bool:
+        """Stop taking records, finish (or cancel) the ones left, and end the run; whether there was one to end."""
+        if self.state in (BatcherState.NEW, BatcherState.STOPPED):
+            return False
+        run = self.run
+        assert run is not None
+        try:
+            if self.state is BatcherState.RUNNING:
+                self.state = BatcherState.DRAINING
+                run.backpressure.close(self._closed_error("is stopping"))
+            if self.state is BatcherState.DRAINING:
+                if cancel_pending:
+                    run.cancel_waiting()
+                if not await run.drain(timeout):
+                    logger.warning(
+                        "%s: stop timed out after %ss; cancelling the remaining records", self._batcher_name, timeout
+                    )
+                    self._abort()
+        except asyncio.CancelledError:
+            self._abort()
+            raise
+        finally:
+            self._finish()
+        return True
+
+    def release(self) -> None:
+        """Let go of a run whose event loop has stopped or closed: cancel what is left, free its threads.
+
+        Raises:
+            RuntimeError: The batcher's event loop is still running.
+        """
+        if self.state in (BatcherState.NEW, BatcherState.STOPPED):
+            return
+        loop = self.loop
+        if loop is not None and loop.is_running():
+            raise RuntimeError(f"{self._batcher_name}: its event loop still runs; call stop() on that loop instead")
+        if self.run is not None:
+            with contextlib.suppress(RuntimeError):  # a closed loop cannot run the futures' callbacks
+                self.run.abort()
+        if self._watchdog is not None:
+            self._watchdog.cancel()  # it finishes if that loop ever runs again
+        self._finish()
+
+    def fail(self, cause: BaseException) -> BatcherFailedError:
+        """The process function raised something no batch survives: the batcher has failed (once).
+
+        Returns the failure that every later `submit` raises; its `__cause__` is `cause`.
+        """
+        if self.state is BatcherState.FAILED and self.failure is not None:
+            return self.failure
+        failure = BatcherFailedError(f"{self._batcher_name} failed: {cause!r}")
+        failure.__cause__ = cause
+        self.failure = failure
+        self.state = BatcherState.FAILED
+        logger.error("%s failed; failing all pending records", self._batcher_name, exc_info=cause)
+        if self.run is not None:
+            self.run.backpressure.close(failure)
+        return failure
+
+    def not_accepting_error(self) -> BaseException:
+        """What `submit` raises outside the running state."""
+        if self.state is BatcherState.FAILED and self.failure is not None:
+            return self.failure
+        if self.state is BatcherState.NEW:
+            return BatcherNotRunningError(f"{self._batcher_name} is not running. Call start() or use 'async with'.")
+        return self._closed_error("is stopped")
+
+    # -- internals ---------------------------------------------------------------------------------
+
+    def _closed_error(self, why: str) -> BatcherClosedError:
+        return BatcherClosedError(f"{self._batcher_name} {why} and takes no new records")
+
+    def _abort(self) -> None:
+        """Cancel everything left: waiting records and batches in flight."""
+        if self.state not in ACTIVE:
+            return
+        self.state = BatcherState.ABORTING
+        assert self.run is not None
+        self.run.backpressure.close(self._closed_error("is stopping"))
+        self.run.abort()
+
+    def _finish(self) -> None:
+        if self.run is not None:
+            self.run.close()
+        stopped = self._stopped
+        if stopped is not None and not stopped.done():
+            with contextlib.suppress(RuntimeError):
+                stopped.set_result(None)
+        if self.state is not BatcherState.FAILED:
+            self.state = BatcherState.STOPPED
+
+    async def _watch_loop(self, stopped: asyncio.Future[None]) -> None:
+        """Waits for `stop`; if the event loop shuts down first (`asyncio.run` returning), lets go."""
+        try:
+            await stopped
+        except asyncio.CancelledError:
+            if self.state in ACTIVE:
+                left = self.run.records_left if self.run is not None else 0
+                self._abort()
+                self._finish()
+                logger.warning(
+                    "%s: the event loop shut down while it was running; cancelled %d records", self._batcher_name, left
+                )
+            raise
