@@ -21,33 +21,27 @@ public face: construction, submission and iteration.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import time
-from collections import deque
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Sequence
-from typing import Any, Generic, TypeVar
+from collections.abc import Collection
+from typing import Any, TypeVar
 
 from typing_extensions import Unpack
 
 from flyteplugins_batcher._cost import CostResolver
 from flyteplugins_batcher._dispatch import Dispatcher
 from flyteplugins_batcher._envelope import Envelope
-from flyteplugins_batcher._errors import (
-    BatcherClosedError,
-    BatcherFailedError,
-    BatcherNotRunningError,
-    CostBudgetExceededError,
-    short_repr,
-)
+from flyteplugins_batcher._errors import BatcherFailedError
 from flyteplugins_batcher._invoke import is_async_callable
-from flyteplugins_batcher._iterate import aiter_records, outcome
 from flyteplugins_batcher._keywords import SettingsKeywords, with_settings_signature
 from flyteplugins_batcher._lifecycle import ACTIVE, BatcherState, Lifecycle
 from flyteplugins_batcher._records import CostEstimatorFn, ProcessFn, RecordT, ResultT
 from flyteplugins_batcher._settings import BatcherSettings
 from flyteplugins_batcher._settle import Settler
 from flyteplugins_batcher._stats import BatchStats, StatsRecorder
+from flyteplugins_batcher._streams import RecordStreams
 
 logger = logging.getLogger("flyteplugins_batcher")
 
@@ -58,14 +52,13 @@ _get_running_loop = asyncio.get_running_loop
 _monotonic = time.monotonic
 
 
-class DynamicBatcher(Generic[RecordT, ResultT]):
+class DynamicBatcher(RecordStreams[RecordT, ResultT]):
     """Batches records from many concurrent producers through one process function.
 
-    A drop-in replacement for `flyte.extras.DynamicBatcher` (same constructor keywords,
-    defaults, methods and semantics) that never blocks the event loop, treats the cost budget as
-    a hard limit, cannot deadlock on timeouts or `min_batch_size`, isolates failing records,
-    keeps the next batch staged at the device, supports per-record priorities and deadlines, and
-    reports latency percentiles and the device's own utilization.
+    A drop-in replacement for `flyte.extras.DynamicBatcher` (same keywords, defaults, methods and
+    semantics) that never blocks the event loop, treats the cost budget as a hard limit, cannot
+    deadlock, isolates failing records, keeps the next batch staged at the device, supports
+    priorities and deadlines, and reports latency percentiles and the device's utilization.
 
     Type Parameters:
         RecordT: The record type producers submit.
@@ -79,12 +72,11 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
         cost_estimator: `f(record) -> int`. Cost precedence: explicit `estimated_cost` >
             `cost_estimator` > `record.estimate_cost()` > `default_cost`.
         name: Used in logs, warnings and thread names.
-        **settings: The fields of `BatcherSettings`, which gives their defaults and documents
-            them: `target_batch_cost` (a hard limit), `max_batch_size`, `min_batch_size`,
-            `batch_timeout_s`, `max_queue_size` (beyond it `submit` awaits), `prefetch_batches`,
-            `default_cost` (flyte.extras' keywords), and `max_concurrent_batches`,
-            `max_in_flight_cost`, `on_error` (`"split"` isolates failing records), `oversized`,
-            `grouping` (`"by_cost"` for padded models) and `priority_aging_s`.
+        **settings: The fields of `BatcherSettings`, which gives their defaults and meaning:
+            flyte.extras' `target_batch_cost`, `max_batch_size`, `min_batch_size`,
+            `batch_timeout_s`, `max_queue_size`, `prefetch_batches`, `default_cost`, and ours:
+            `max_concurrent_batches`, `max_in_flight_cost`, `on_error`, `oversized`, `grouping`,
+            `priority_aging_s`.
 
     Raises:
         TypeError: A keyword is not a setting (the message names the closest one).
@@ -152,18 +144,15 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
         self._reject_above = settings.target_batch_cost if settings.oversized == "reject" else math.inf
         self._stats = StatsRecorder()  # the batcher's whole life, across restarts
         self._settler = Settler(self.name, self._stats, split_hint=settings.on_error == "raise")
-        self._lifecycle = Lifecycle(self.name, self._new_run)
-
-    def _new_run(self, loop: asyncio.AbstractEventLoop) -> Dispatcher:
-        return Dispatcher(
-            loop,
-            self._process_fn,
-            self._settings,
+        new_run = functools.partial(
+            Dispatcher,
+            process_fn=process_fn,
+            settings=settings,
             batcher_name=self.name,
             stats=self._stats,
             settler=self._settler,
-            on_failure=self._lifecycle.fail,
         )
+        self._lifecycle = Lifecycle(self.name, new_run)
 
     # -- properties --------------------------------------------------------------------------------
 
@@ -307,7 +296,7 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
         else:
             cost = self._costs.resolve(record, estimated_cost)
         if cost > self._reject_above:
-            raise self._oversized_error(record, cost)
+            raise self._costs.over_budget(record, cost, self._settings.target_batch_cost)
         if priority.__class__ is not int:
             _check_priority(priority)
         if deadline_s is not None:
@@ -328,123 +317,30 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
             run.act(plan)
         return future
 
-    async def submit_batch(
-        self,
-        records: Sequence[RecordT],
-        *,
-        estimated_cost: Sequence[int] | None = None,
-        priority: int = 0,
-        deadline_s: float | None = None,
-    ) -> list[asyncio.Future[ResultT]]:
-        """Submit several records; returns their futures in order.
-
-        Args:
-            records: The records.
-            estimated_cost: Optional per-record costs, as long as `records`.
-            priority: For every record (see `submit`).
-            deadline_s: For every record, from now (see `submit`).
-
-        Raises:
-            ValueError: `estimated_cost` has a different length than `records`.
-        """
-        if estimated_cost is not None and len(estimated_cost) != len(records):
-            raise ValueError(f"estimated_cost has {len(estimated_cost)} entries for {len(records)} records")
-        costs: Sequence[int | None] = estimated_cost if estimated_cost is not None else [None] * len(records)
-        return [
-            await self.submit(record, estimated_cost=cost, priority=priority, deadline_s=deadline_s)
-            for record, cost in zip(records, costs, strict=True)
-        ]
-
     def flush(self) -> None:
         """Dispatch everything submitted so far without waiting for `batch_timeout_s` or `min_batch_size`."""
         self._flush_through(self._stats.submitted)
+
+    # -- what `map` and `run` build on ---------------------------------------------------------------
+
+    @property
+    def _startable(self) -> bool:
+        return self._lifecycle.state in (BatcherState.NEW, BatcherState.STOPPED)
+
+    @property
+    def _submitted(self) -> int:
+        return self._stats.submitted
 
     def _flush_through(self, seq: int) -> None:
         run = self._lifecycle.run
         if self._lifecycle.state is _RUNNING and run is not None:
             run.flush(seq)
 
-    async def map(
-        self,
-        records: Iterable[RecordT] | AsyncIterable[RecordT],
-        *,
-        return_exceptions: bool = False,
-        max_in_flight: int | None = None,
-    ) -> AsyncIterator[ResultT | BaseException]:
-        """Submit records as they come and yield their results in input order.
-
-        At most `max_in_flight` records of this call are submitted and unresolved at once
-        (default: enough to fill `max_concurrent_batches` + 1 batches), so huge or endless inputs
-        run in constant memory. When the input ends, its tail is flushed instead of waiting
-        for `batch_timeout_s`. If the consumer stops early, its unfinished records are cancelled.
-
-        Args:
-            records: A sync or async iterable of records.
-            return_exceptions: Yield a failed record's exception in its place instead of raising.
-            max_in_flight: Bound on this call's submitted-but-unresolved records.
-
-        Example:
-            ```python
-            async for answer in batcher.map(load_questions()):
-                write(answer)
-            ```
-        """
-        settings = self._settings
-        window_size = max_in_flight or settings.max_batch_size * (settings.max_concurrent_batches + 1)
-        if window_size < 1:
-            raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
-        window: deque[asyncio.Future[ResultT]] = deque()
-        last_seq = -1
-        try:
-            async for record in aiter_records(records):
-                window.append(await self._submit_or_refused(record))
-                last_seq = self._stats.submitted
-                while len(window) >= window_size:
-                    yield await outcome(window.popleft(), return_exceptions)
-            self._flush_through(last_seq)  # the input ended: its tail need not wait for batch_timeout_s
-            while window:
-                yield await outcome(window.popleft(), return_exceptions)
-        finally:
-            if window:
-                self._settler.abandon(window)
-                run = self._lifecycle.run
-                if run is not None:
-                    run.drop_dead()  # count them now, not when their batch would have gone
-
-    async def run(
-        self, records: Iterable[RecordT] | AsyncIterable[RecordT], *, return_exceptions: bool = False
-    ) -> list:
-        """Process all records and return their results in input order.
-
-        Starts and stops the batcher around the call if it is not running yet.
-
-        Args:
-            records: A sync or async iterable of records.
-            return_exceptions: Put a failed record's exception in its slot instead of raising.
-
-        Example:
-            ```python
-            answers = await DynamicBatcher(model.predict).run(inputs)
-            ```
-        """
-        if self._lifecycle.state in (BatcherState.NEW, BatcherState.STOPPED):
-            async with self:
-                return [result async for result in self.map(records, return_exceptions=return_exceptions)]
-        return [result async for result in self.map(records, return_exceptions=return_exceptions)]
-
-    async def _submit_or_refused(self, record: RecordT) -> asyncio.Future[ResultT]:
-        try:
-            return await self.submit(record)
-        except (BatcherClosedError, BatcherFailedError, BatcherNotRunningError):
-            raise
-        except Exception as exc:  # a bad record fails at its own position, not the whole stream
-            return Settler.refused(exc)
-
-    def _oversized_error(self, record: RecordT, cost: int) -> CostBudgetExceededError:
-        return CostBudgetExceededError(
-            f"{self.name}: {short_repr(record)} costs {cost}, more than target_batch_cost="
-            f"{self._settings.target_batch_cost}; it can never fit a batch (oversized='reject')"
-        )
+    def _abandon(self, futures: Collection[asyncio.Future[Any]]) -> None:
+        self._settler.abandon(futures)
+        run = self._lifecycle.run
+        if run is not None:
+            run.drop_dead()  # count them now, not when their batch would have gone
 
 
 def _check_priority(priority: Any) -> None:

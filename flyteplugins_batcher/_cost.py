@@ -1,4 +1,4 @@
-"""Costing a record: explicit cost > estimator function > the record's own method > default."""
+"""Costing a record: explicit cost > estimator function > the record's own method > default; and its budget."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from flyteplugins_batcher._errors import add_note, short_repr
+from flyteplugins_batcher._errors import CostBudgetExceededError, add_note, short_repr
 
 
 class CostResolver:
@@ -52,6 +52,13 @@ class CostResolver:
             add_note(exc, f"{self._batcher_name}: {source} failed for {short_repr(record)}")
             raise
         return self._checked(record, cost, source)
+
+    def over_budget(self, record: Any, cost: int, budget: int) -> CostBudgetExceededError:
+        """The error for a record that can never fit a batch (with `oversized="reject"`)."""
+        return CostBudgetExceededError(
+            f"{self._batcher_name}: {short_repr(record)} costs {cost}, more than target_batch_cost={budget}; "
+            "it can never fit a batch (oversized='reject')"
+        )
 
     def _method_for(self, record_type: type) -> Callable[[Any], Any] | None:
         # isinstance() against a runtime-checkable Protocol costs microseconds per call; look the

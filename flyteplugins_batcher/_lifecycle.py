@@ -13,6 +13,7 @@ import contextlib
 import enum
 import logging
 from collections.abc import Callable
+from typing import Protocol
 
 from flyteplugins_batcher._dispatch import Dispatcher
 from flyteplugins_batcher._errors import BatcherClosedError, BatcherFailedError, BatcherNotRunningError
@@ -34,8 +35,13 @@ class BatcherState(enum.Enum):
 ACTIVE = (BatcherState.RUNNING, BatcherState.DRAINING, BatcherState.ABORTING)
 """States in which a run exists and may still hold records."""
 
-RunFactory = Callable[[asyncio.AbstractEventLoop], Dispatcher]
-"""Builds the run of a batcher that starts on this event loop."""
+
+class RunFactory(Protocol):
+    """Builds the run of a batcher that starts on `loop`; the run reports a fatal error to `on_failure`."""
+
+    def __call__(
+        self, loop: asyncio.AbstractEventLoop, *, on_failure: Callable[[BaseException], BatcherFailedError]
+    ) -> Dispatcher: ...
 
 
 class Lifecycle:
@@ -65,7 +71,7 @@ class Lifecycle:
         if self.state in ACTIVE:
             raise RuntimeError(f"{self._batcher_name} is already running")
         loop = asyncio.get_running_loop()
-        self.run = self._new_run(loop)
+        self.run = self._new_run(loop, on_failure=self.fail)
         self.loop = loop
         self.failure = None
         self.state = BatcherState.RUNNING

@@ -150,10 +150,13 @@ async def test_cost_precedence_explicit_then_fn_then_protocol_then_default(impl)
 
 async def test_token_batcher_maps_token_keywords(impl):
     async with impl.TokenBatcher(process_fn=echo_upper, target_batch_tokens=123, default_token_estimate=9) as batcher:
-        budget = batcher.settings.target_batch_cost if impl is ours else batcher._target_batch_cost
-        assert budget == 123
+        # Submitted together, they would share one batch under the default budget of 32 000; each
+        # fills the budget of 123 tokens, so each goes alone.
+        futures = await batcher.submit_batch(["a", "b", "c", "d"], estimated_cost=[123] * 4)
+        assert await asyncio.gather(*futures) == ["A", "B", "C", "D"]
+        assert batcher.stats.total_batches == 4
         assert await (await batcher.submit("plain")) == "PLAIN"
-    assert batcher.stats.total_batch_cost == 9  # the default token estimate
+    assert batcher.stats.total_batch_cost == 4 * 123 + 9  # the last one costs the default token estimate
     with pytest.raises(TypeError):
         impl.TokenBatcher()
 

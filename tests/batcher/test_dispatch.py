@@ -156,7 +156,7 @@ async def test_max_concurrent_batches_overlaps_and_routes_results():
     assert peak == 3
 
 
-async def test_max_inflight_cost_bounds_the_cost_in_flight():
+async def test_max_in_flight_cost_bounds_the_cost_in_flight():
     in_flight_cost = 0
     peak_cost = 0
 
@@ -169,7 +169,7 @@ async def test_max_inflight_cost_bounds_the_cost_in_flight():
         return batch
 
     async with ours.TokenBatcher(
-        inference_fn=one_at_a_time, max_batch_size=1, max_concurrent_batches=100, max_inflight_tokens=100
+        inference_fn=one_at_a_time, max_batch_size=1, max_concurrent_batches=100, max_in_flight_tokens=100
     ) as batcher:
         futures = [await batcher.submit(cost, estimated_tokens=cost) for cost in [30] * 20]
         await asyncio.gather(*futures)

@@ -112,6 +112,24 @@ async def test_deadlines_apply_to_staged_batches_too():
     assert log.batches == [["blocker"]]
 
 
+async def test_a_queued_record_that_expires_gives_its_place_in_the_queue_at_once():
+    log = Log()
+    settings = {"max_batch_size": 1, "prefetch_batches": 1, "max_queue_size": 1}  # room for 2 unstaged records
+    async with ours.DynamicBatcher(log, **settings) as batcher:
+        blocker = await hold_first_batch(batcher, log)
+        staged = await batcher.submit("staged")
+        queued = await batcher.submit("queued")
+        doomed = await batcher.submit("doomed", deadline_s=0.05)
+        started = time.monotonic()
+        late = await asyncio.wait_for(batcher.submit("late"), timeout=1.0)  # waits until "doomed" expires
+        assert 0.03 < time.monotonic() - started < 0.5 and not log.gate.is_set()
+        with pytest.raises(ours.RecordExpiredError):
+            await doomed
+        log.gate.set()
+        assert await asyncio.gather(blocker, staged, queued, late) == ["blocker", "staged", "queued", "late"]
+    assert batcher.stats.total_expired == 1 and batcher.stats.total_completed == 4
+
+
 @pytest.mark.parametrize("bad", [{"priority": 1.5}, {"priority": "high"}, {"deadline_s": 0}, {"deadline_s": -1}])
 async def test_invalid_priority_or_deadline_is_a_clear_error(bad: dict):
     async with ours.DynamicBatcher(Log()) as batcher:

@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import subprocess
+import sys
+import textwrap
+import typing
+from pathlib import Path
 
 import pytest
 
@@ -13,13 +19,13 @@ def test_defaults_are_flyte_extras_defaults_plus_ours():
     settings = ours.BatcherSettings()
     assert (settings.target_batch_cost, settings.max_batch_size, settings.batch_timeout_s) == (32_000, 256, 0.05)
     assert (settings.max_queue_size, settings.prefetch_batches, settings.grouping) == (5_000, 2, "fifo")
-    assert settings.inflight_cost_limit == 32_000
+    assert settings.in_flight_cost_limit == 32_000
     assert settings.queue_capacity == 5_000 + 256  # the queue plus the batch being assembled
 
 
 def test_token_names_map_onto_cost_names():
-    settings = ours.BatcherSettings.from_keywords(target_batch_tokens=512, max_inflight_tokens=2048)
-    assert settings.target_batch_cost == 512 and settings.max_inflight_cost == 2048
+    settings = ours.BatcherSettings.from_keywords(target_batch_tokens=512, max_in_flight_tokens=2048)
+    assert settings.target_batch_cost == 512 and settings.max_in_flight_cost == 2048
     with pytest.raises(TypeError, match="given twice"):
         ours.BatcherSettings.from_keywords(target_batch_tokens=1, target_batch_cost=2)
 
@@ -58,3 +64,87 @@ async def test_a_batcher_built_from_settings_behaves_like_one_built_from_keyword
     assert batcher.settings is settings and batcher.name == "from-settings"
     assert await batcher.run(range(7)) == [value * 2 for value in range(7)]
     assert batcher.stats.batch_size.max <= 3
+
+
+def test_the_batchers_keywords_are_the_settings_fields_with_their_defaults():
+    fields = {field.name: field.default for field in dataclasses.fields(ours.BatcherSettings)}
+    for batcher_class in (ours.DynamicBatcher, ours.TokenBatcher):
+        parameters = inspect.signature(batcher_class).parameters
+        assert {name: parameters[name].default for name in fields} == fields
+        assert all(parameters[name].kind is inspect.Parameter.KEYWORD_ONLY for name in fields)
+    token_parameters = inspect.signature(ours.TokenBatcher).parameters
+    for token_name in ("target_batch_tokens", "default_token_estimate", "max_in_flight_tokens"):
+        assert token_parameters[token_name].default is None  # None: the cost-named keyword decides
+    assert "target_batch_tokens" not in inspect.signature(ours.DynamicBatcher).parameters
+
+
+def test_the_keyword_types_for_type_checkers_are_the_settings_field_types():
+    field_types = typing.get_type_hints(ours.BatcherSettings)
+    for batcher_class, extra in (
+        (ours.DynamicBatcher, set()),
+        (ours.TokenBatcher, {"target_batch_tokens", "default_token_estimate", "max_in_flight_tokens"}),
+    ):
+        unpacked = typing.get_type_hints(batcher_class.__init__)["settings"]
+        (keywords,) = typing.get_args(unpacked)  # Unpack[TheTypedDict]
+        keyword_types = typing.get_type_hints(keywords)
+        deprecated = {"max_inflight_cost", "max_inflight_tokens"} & set(keyword_types)
+        assert set(keyword_types) - deprecated == set(field_types) | extra
+        assert {name: keyword_types[name] for name in field_types} == field_types
+
+
+@pytest.mark.parametrize("batcher_class", [ours.DynamicBatcher, ours.TokenBatcher])
+def test_a_misspelt_batcher_keyword_fails_where_it_is_written(batcher_class: type):
+    with pytest.raises(TypeError, match="'max_batchsize' is not a batcher setting; did you mean 'max_batch_size'"):
+        batcher_class(lambda batch: batch, max_batchsize=8)
+    with pytest.raises(ValueError, match="max_batch_size must be >= 1"):
+        batcher_class(lambda batch: batch, max_batch_size=0)
+
+
+def test_token_batcher_lets_a_given_token_name_win_as_flyte_extras_does():
+    batcher = ours.TokenBatcher(lambda batch: batch, target_batch_tokens=100, target_batch_cost=500)
+    assert batcher.settings.target_batch_cost == 100
+    batcher = ours.TokenBatcher(lambda batch: batch, target_batch_tokens=None, target_batch_cost=500)
+    assert batcher.settings.target_batch_cost == 500
+    with pytest.raises(TypeError, match="given twice"):  # our own settings API asks for one name
+        ours.BatcherSettings.from_keywords(target_batch_tokens=100, target_batch_cost=500)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # how they warn: the test below
+def test_settings_spelt_the_0_1_0_way_still_work():
+    old_style = [
+        ours.BatcherSettings(max_inflight_cost=7),
+        ours.BatcherSettings().replace(max_inflight_cost=7),
+        ours.DynamicBatcher(lambda batch: batch, max_inflight_cost=7).settings,
+        ours.TokenBatcher(lambda batch: batch, max_inflight_tokens=7).settings,
+    ]
+    assert all(settings.max_in_flight_cost == 7 for settings in old_style)
+    assert old_style[0].max_inflight_cost == 7 and old_style[0].inflight_cost_limit == 7
+    with pytest.raises(TypeError, match="given twice"):
+        ours.BatcherSettings(max_inflight_cost=7, max_in_flight_cost=8)
+
+
+def test_each_deprecated_spelling_warns_once_per_process_at_the_callers_line():
+    script = textwrap.dedent(
+        """
+        import warnings
+        import flyteplugins_batcher as ours
+
+        warnings.simplefilter("always")
+        with warnings.catch_warnings(record=True) as caught:
+            for _ in range(2):
+                settings = ours.BatcherSettings(max_inflight_cost=7)
+                settings.max_inflight_cost, settings.inflight_cost_limit
+                ours.TokenBatcher(lambda batch: batch, max_inflight_tokens=7)
+                ours.BatchStats().inflight_batches
+        for warning in caught:
+            print(warning.category.__name__, warning.filename.endswith("<string>"), warning.message)
+        """
+    )
+    repository = Path(__file__).resolve().parents[2]
+    printed = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=repository
+    ).stdout
+    lines = printed.splitlines()
+    assert all(line.startswith("DeprecationWarning True ") for line in lines), printed
+    old_names = ["max_inflight_cost", "inflight_cost_limit", "max_inflight_tokens", "inflight_batches"]
+    assert sorted(line.split("'")[1] for line in lines) == sorted(old_names)

@@ -9,7 +9,6 @@ import time
 import pytest
 
 import flyteplugins_batcher as ours
-from flyteplugins_batcher._histogram import LogHistogram
 
 
 def busy_model(batch: list[int]) -> list[int]:
@@ -55,17 +54,20 @@ async def test_as_dict_is_json_ready_and_summary_is_one_line():
     assert "\n" not in line and "3/3 records" in line and "utilization" in line
 
 
-def test_histogram_percentiles_are_within_two_percent():
-    histogram = LogHistogram()
-    values = [i / 1000 for i in range(1, 10001)]  # 1 ms .. 10 s, uniform
-    for value in values:
-        histogram.add(value)
-    for fraction in (0.5, 0.95, 0.99):
-        exact = values[int(fraction * len(values)) - 1]
-        assert histogram.percentile(fraction) == pytest.approx(exact, rel=0.02)
-    summary = histogram.summary()
-    assert summary.min == 0.001 and summary.max == 10.0
-    assert summary.mean == pytest.approx(sum(values) / len(values))
+async def test_percentiles_are_within_two_percent():
+    async def echo(batch: list[int]) -> list[int]:
+        return batch
+
+    costs = list(range(1, 10_001))  # one record per batch: every batch cost is observed once, 1 .. 10 000
+    async with ours.DynamicBatcher(echo, max_batch_size=1, max_queue_size=0) as batcher:
+        await asyncio.gather(*[await batcher.submit(cost, estimated_cost=cost) for cost in costs])
+    summary = batcher.stats.batch_cost
+    assert summary.count == len(costs)
+    for fraction, percentile in ((0.5, summary.p50), (0.95, summary.p95), (0.99, summary.p99)):
+        exact = costs[int(fraction * len(costs)) - 1]
+        assert percentile == pytest.approx(exact, rel=0.02)
+    assert summary.min == 1 and summary.max == 10_000
+    assert summary.mean == pytest.approx(sum(costs) / len(costs))
 
 
 async def test_records_count_as_completed_when_they_resolve_not_when_their_batch_ends():
