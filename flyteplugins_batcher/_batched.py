@@ -6,7 +6,10 @@ import functools
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
 from typing import Any, Generic, overload
 
+from typing_extensions import Unpack
+
 from flyteplugins_batcher._batcher import DynamicBatcher
+from flyteplugins_batcher._keywords import SubmitOptions
 from flyteplugins_batcher._records import ProcessFn, RecordT, ResultT
 from flyteplugins_batcher._settings import BatcherOptions
 from flyteplugins_batcher._shared import SharedBatcher
@@ -39,18 +42,15 @@ class BatchedFunction(Generic[RecordT, ResultT]):
             name=name,
         )
 
-    async def __call__(
-        self,
-        record: RecordT,
-        *,
-        estimated_cost: int | None = None,
-        priority: int = 0,
-        deadline_s: float | None = None,
-    ) -> ResultT:
-        """Process one record in whatever batch it joins; returns its result (see `DynamicBatcher.submit`)."""
+    async def __call__(self, record: RecordT, **options: Unpack[SubmitOptions]) -> ResultT:
+        """Process one record in whatever batch it joins; returns its result.
+
+        Args:
+            record: The record.
+            **options: `estimated_cost`, `priority`, `deadline_s` (see `DynamicBatcher.submit`).
+        """
         batcher = await self._shared.get()
-        future = await batcher.submit(record, estimated_cost=estimated_cost, priority=priority, deadline_s=deadline_s)
-        return await future
+        return await (await batcher.submit(record, **options))
 
     async def map(
         self, records: Iterable[RecordT] | AsyncIterable[RecordT], *, return_exceptions: bool = False

@@ -138,7 +138,6 @@ class DynamicBatcher(RecordStreams[RecordT, ResultT]):
             raise ValueError(f"process_fn must be callable, got {type(process_fn).__name__}")
         self.name = name or type(self).__name__
         self._settings = settings
-        self._process_fn = process_fn
         self._is_async = is_async_callable(process_fn)
         self._costs = CostResolver(self.name, cost_estimator, settings.default_cost, self._cost_protocols)
         self._reject_above = settings.target_batch_cost if settings.oversized == "reject" else math.inf

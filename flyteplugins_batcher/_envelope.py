@@ -58,7 +58,7 @@ TRANSITIONS: dict[RecordState, frozenset[RecordState]] = {
     DROPPED: frozenset({CANCELLED, EXPIRED}),
     **dict.fromkeys(ENDS, frozenset()),
 }
-"""Every move a record can make (the diagram above)."""
+"""Every move a record can make (the diagram above); the moves off the hot paths check it."""
 
 
 class Envelope:
@@ -103,6 +103,7 @@ class Envelope:
 
     def drop(self) -> None:
         """It leaves the queue (or its staged batch) without running; the Settler ends it."""
+        assert DROPPED in TRANSITIONS[self.state], f"a {self.state.value} record cannot be dropped"
         self.state = DROPPED
 
 

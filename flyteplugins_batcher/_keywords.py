@@ -47,6 +47,14 @@ class TokenSettingsKeywords(SettingsKeywords, total=False):
     max_inflight_tokens: int | None  # deprecated spelling of max_in_flight_tokens
 
 
+class SubmitOptions(TypedDict, total=False):
+    """`submit`'s keywords besides the record, for callers that pass them on."""
+
+    estimated_cost: int | None
+    priority: int
+    deadline_s: float | None
+
+
 _TOKEN_NAME_OF = {setting: token_name for token_name, setting in TOKEN_KEYWORDS.items()}
 
 

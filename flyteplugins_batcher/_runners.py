@@ -93,12 +93,12 @@ class RunnerPool:
         self.fn = process_fn
         self.is_async = is_async_callable(process_fn)
         self._batcher_name = batcher_name
+        self._blocking = BlockingStepMonitor(process_fn, batcher_name)
         self._staging = staging
         self._busy = busy
         self._hooks = hooks
         self._split = split
         self._max_runners = max_runners
-        self._blocking = BlockingStepMonitor(process_fn, batcher_name)
         self._executor: ThreadPoolExecutor | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None

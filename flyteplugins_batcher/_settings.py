@@ -89,6 +89,7 @@ class BatcherSettings:
         ```
     """
 
+    # flyte.extras' settings, with its defaults.
     target_batch_cost: int = 32_000
     max_batch_size: int = 256
     min_batch_size: int = 1
@@ -96,6 +97,7 @@ class BatcherSettings:
     max_queue_size: int = 5_000
     prefetch_batches: int = 2
     default_cost: int = 1
+    # Ours.
     max_concurrent_batches: int = 1
     max_in_flight_cost: int | None = None
     on_error: OnError = "raise"

@@ -15,7 +15,16 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from flyteplugins_batcher._envelope import CANCELLED, COMPLETED, ENDS, EXPIRED, RUNNING, Envelope, RecordState
+from flyteplugins_batcher._envelope import (
+    CANCELLED,
+    COMPLETED,
+    ENDS,
+    EXPIRED,
+    RUNNING,
+    TRANSITIONS,
+    Envelope,
+    RecordState,
+)
 from flyteplugins_batcher._errors import RecordExpiredError, add_note, short_repr
 from flyteplugins_batcher._stats import StatsRecorder
 
@@ -69,6 +78,7 @@ class Settler:
                 envelope.state = if_cancelled
                 cancelled_by_caller.append(envelope)
                 continue
+            assert end in TRANSITIONS[envelope.state], f"a {envelope.state.value} record cannot end {end.value}"
             envelope.state = end
             resolved.append(envelope)
             if end is CANCELLED:

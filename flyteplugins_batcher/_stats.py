@@ -194,17 +194,17 @@ class StatsRecorder:
         """Records accepted and not yet settled."""
         return self._in_system
 
-    @property
-    def submitted(self) -> int:
-        """Records accepted so far; the last one accepted has this submission number."""
-        return self._submitted
-
     def record_submit(self, now: float) -> int:
         """A record was accepted; returns how many have been, which numbers it."""
         if not self._in_system:
             self._active_since = now
         self._in_system += 1
         self._submitted += 1
+        return self._submitted
+
+    @property
+    def submitted(self) -> int:
+        """Records accepted so far; the last one accepted has this submission number."""
         return self._submitted
 
     def record_dispatch(self, waited: list[float], cost: int, reason: DispatchReason, *, oversized: bool) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterable, AsyncIterator, Collection, Iterable, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Collection, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Generic
 
 from flyteplugins_batcher._errors import BatcherClosedError, BatcherFailedError, BatcherNotRunningError
@@ -26,14 +26,7 @@ class RecordStreams(Generic[RecordT, ResultT]):
         _startable: bool  # new or stopped: `run` starts and stops it around the call
         _submitted: int  # the submission number of the last record accepted
 
-        async def submit(
-            self,
-            record: RecordT,
-            *,
-            estimated_cost: int | None = None,
-            priority: int = 0,
-            deadline_s: float | None = None,
-        ) -> asyncio.Future[ResultT]: ...
+        submit: Callable[..., Awaitable[asyncio.Future[ResultT]]]  # `DynamicBatcher.submit`
 
         async def __aenter__(self) -> Any: ...
 

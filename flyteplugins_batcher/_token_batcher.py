@@ -65,14 +65,9 @@ class TokenBatcher(DynamicBatcher[RecordT, ResultT]):
         priority: int = 0,
         deadline_s: float | None = None,
     ) -> asyncio.Future[ResultT]:
-        """Queue one record for batched inference; returns a future for its result.
+        """Queue one record for batched inference; returns a future for its result (see `DynamicBatcher.submit`).
 
-        Args:
-            record: The record.
-            estimated_tokens: Its token count (takes precedence over `estimated_cost`).
-            estimated_cost: Its cost, the base-class name for the same thing.
-            priority: Higher goes first (see `DynamicBatcher.submit`).
-            deadline_s: Seconds from now after which it must not be dispatched.
+        `estimated_tokens` is its cost by its token name, and wins over `estimated_cost`.
         """
         return await super().submit(
             record,
@@ -90,14 +85,9 @@ class TokenBatcher(DynamicBatcher[RecordT, ResultT]):
         priority: int = 0,
         deadline_s: float | None = None,
     ) -> list[asyncio.Future[ResultT]]:
-        """Submit several records; returns their futures in order.
+        """Submit several records; their futures in order (see `DynamicBatcher.submit_batch`).
 
-        Args:
-            records: The records.
-            estimated_tokens: Optional per-record token counts, as long as `records`.
-            estimated_cost: The base-class name for the same thing.
-            priority: For every record.
-            deadline_s: For every record, from now.
+        `estimated_tokens`, per-record token counts as long as `records`, wins over `estimated_cost`.
         """
         return await super().submit_batch(
             records,
