@@ -47,7 +47,6 @@ logger = logging.getLogger("flyteplugins_batcher")
 
 BatcherT = TypeVar("BatcherT", bound="DynamicBatcher[Any, Any]")
 
-_RUNNING = BatcherState.RUNNING
 _get_running_loop = asyncio.get_running_loop
 _monotonic = time.monotonic
 
@@ -284,10 +283,10 @@ class DynamicBatcher(RecordStreams[RecordT, ResultT]):
             Exception: Whatever the cost estimator raised, with a note naming the record.
         """
         # This runs once per record: local names, module-level names, and a short common path.
-        lifecycle = self._lifecycle
-        if lifecycle.state is not _RUNNING:
-            raise lifecycle.not_accepting_error()
-        loop = lifecycle.loop
+        run = self._lifecycle.accepting
+        if run is None:
+            raise self._lifecycle.not_accepting_error()
+        loop = run.loop
         if loop is not _get_running_loop():
             raise RuntimeError(f"{self.name} runs on another event loop; submit from the loop that started it")
         if estimated_cost.__class__ is int and estimated_cost >= 0:  # type: ignore[operator]
@@ -300,8 +299,6 @@ class DynamicBatcher(RecordStreams[RecordT, ResultT]):
             _check_priority(priority)
         if deadline_s is not None:
             _check_deadline(deadline_s)
-        run = lifecycle.run
-        assert run is not None and loop is not None  # both set by start()
         backpressure = run.backpressure
         if run.pending.size >= backpressure.capacity:
             await backpressure.wait_for_space()
@@ -331,8 +328,8 @@ class DynamicBatcher(RecordStreams[RecordT, ResultT]):
         return self._stats.submitted
 
     def _flush_through(self, seq: int) -> None:
-        run = self._lifecycle.run
-        if self._lifecycle.state is _RUNNING and run is not None:
+        run = self._lifecycle.accepting
+        if run is not None:
             run.flush(seq)
 
     def _abandon(self, futures: Collection[asyncio.Future[Any]]) -> None:

@@ -13,7 +13,7 @@ import heapq
 import time
 from collections.abc import Callable
 
-from flyteplugins_batcher._envelope import Envelope
+from flyteplugins_batcher._envelope import WAITING, Envelope
 
 _SLACK = 64
 """Entries that can no longer expire tolerated beyond twice the records in the batcher before the heap is rebuilt."""
@@ -45,7 +45,7 @@ class DeadlineWatch:
     def trim(self, in_batcher: int) -> None:
         """Drop the entries that can no longer expire once they outnumber the `in_batcher` records."""
         if len(self._heap) > 2 * in_batcher + _SLACK:
-            self._heap = [entry for entry in self._heap if entry[2].is_waiting()]
+            self._heap = [entry for entry in self._heap if entry[2].state in WAITING]
             heapq.heapify(self._heap)
 
     def close(self) -> None:
@@ -67,7 +67,7 @@ class DeadlineWatch:
         now = time.monotonic()
         while heap and heap[0][0] <= now:
             envelope = heapq.heappop(heap)[2]
-            if envelope.is_waiting():
+            if envelope.state in WAITING:
                 self._on_expired(envelope)
         if heap:
             self._arm(heap[0][0])

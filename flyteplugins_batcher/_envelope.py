@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import Iterable
 from typing import Any
 
 from flyteplugins_batcher._errors import short_repr
@@ -47,6 +46,9 @@ COMPLETED = RecordState.COMPLETED
 FAILED = RecordState.FAILED
 CANCELLED = RecordState.CANCELLED
 EXPIRED = RecordState.EXPIRED
+
+WAITING = (QUEUED, STAGED)
+"""States in which no runner has taken the record yet, so its deadline still matters."""
 
 ENDS: frozenset[RecordState] = frozenset({COMPLETED, FAILED, CANCELLED, EXPIRED})
 """States a record never leaves; only the Settler moves a record into one."""
@@ -97,29 +99,31 @@ class Envelope:
         """
         return not self.future.done() and (self.deadline is None or now < self.deadline)
 
-    def is_waiting(self) -> bool:
-        """Whether it is queued or staged: no runner took it yet, so its deadline still matters."""
-        return self.state is QUEUED or self.state is STAGED
-
     def drop(self) -> None:
         """It leaves the queue (or its staged batch) without running; the Settler ends it."""
         assert DROPPED in TRANSITIONS[self.state], f"a {self.state.value} record cannot be dropped"
         self.state = DROPPED
 
 
-def take_live(envelopes: Iterable[Envelope], now: float, to: RecordState, dropped: list[Envelope]) -> list[Envelope]:
-    """Move the live records among `envelopes` (queued or staged) to `to` (`STAGED` or `RUNNING`) and return them.
+def take_live(envelopes: list[Envelope], now: float, to: RecordState, dropped: list[Envelope]) -> list[Envelope]:
+    """Move the live records among `envelopes` (all queued, or all staged) to `to` and return them.
 
     The others (cancelled by their caller, or past their deadline) are dropped into `dropped`.
-    Called under the staging area's lock, once per record leaving the queue and once per record
-    leaving a staged batch.
+    Called under the staging area's lock, for every record that leaves the queue or a staged batch.
     """
-    live: list[Envelope] = []
-    for envelope in envelopes:
-        if envelope.is_live(now):
-            envelope.state = to
-            live.append(envelope)
-        else:
-            envelope.state = DROPPED
-            dropped.append(envelope)
+    live = [envelope for envelope in envelopes if envelope.is_live(now)]
+    for envelope in live:
+        envelope.state = to
+    if len(live) < len(envelopes):
+        for envelope in envelopes:
+            if envelope.state is not to:
+                envelope.drop()
+                dropped.append(envelope)
     return live
+
+
+def move(envelopes: list[Envelope], to: RecordState) -> list[Envelope]:
+    """Move `envelopes` to `to` unchecked: they were checked just now, or will be as they leave a staged batch."""
+    for envelope in envelopes:
+        envelope.state = to
+    return envelopes

@@ -53,10 +53,11 @@ class Lifecycle:
     """
 
     def __init__(self, batcher_name: str, new_run: RunFactory) -> None:
-        self.state = BatcherState.NEW
+        self.state = BatcherState.NEW  # changed only by `_enter`
         self.failure: BatcherFailedError | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.run: Dispatcher | None = None  # the current run, from `start` on
+        self.accepting: Dispatcher | None = None  # the run while it takes records (`RUNNING`): `submit` reads it
         self._batcher_name = batcher_name
         self._new_run = new_run
         self._stopped: asyncio.Future[None] | None = None
@@ -74,7 +75,7 @@ class Lifecycle:
         self.run = self._new_run(loop, on_failure=self.fail)
         self.loop = loop
         self.failure = None
-        self.state = BatcherState.RUNNING
+        self._enter(BatcherState.RUNNING)
         self._stopped = loop.create_future()
         self._watchdog = loop.create_task(self._watch_loop(self._stopped), name=f"{self._batcher_name}-watchdog")
         logger.debug("%s started", self._batcher_name)
@@ -87,7 +88,7 @@ class Lifecycle:
         assert run is not None
         try:
             if self.state is BatcherState.RUNNING:
-                self.state = BatcherState.DRAINING
+                self._enter(BatcherState.DRAINING)
                 run.backpressure.close(self._closed_error("is stopping"))
             if self.state is BatcherState.DRAINING:
                 if cancel_pending:
@@ -132,7 +133,7 @@ class Lifecycle:
         failure = BatcherFailedError(f"{self._batcher_name} failed: {cause!r}")
         failure.__cause__ = cause
         self.failure = failure
-        self.state = BatcherState.FAILED
+        self._enter(BatcherState.FAILED)
         logger.error("%s failed; failing all pending records", self._batcher_name, exc_info=cause)
         if self.run is not None:
             self.run.backpressure.close(failure)
@@ -148,6 +149,10 @@ class Lifecycle:
 
     # -- internals ---------------------------------------------------------------------------------
 
+    def _enter(self, state: BatcherState) -> None:
+        self.state = state
+        self.accepting = self.run if state is BatcherState.RUNNING else None
+
     def _closed_error(self, why: str) -> BatcherClosedError:
         return BatcherClosedError(f"{self._batcher_name} {why} and takes no new records")
 
@@ -155,7 +160,7 @@ class Lifecycle:
         """Cancel everything left: waiting records and batches in flight."""
         if self.state not in ACTIVE:
             return
-        self.state = BatcherState.ABORTING
+        self._enter(BatcherState.ABORTING)
         assert self.run is not None
         self.run.backpressure.close(self._closed_error("is stopping"))
         self.run.abort()
@@ -168,7 +173,7 @@ class Lifecycle:
             with contextlib.suppress(RuntimeError):
                 stopped.set_result(None)
         if self.state is not BatcherState.FAILED:
-            self.state = BatcherState.STOPPED
+            self._enter(BatcherState.STOPPED)
 
     async def _watch_loop(self, stopped: asyncio.Future[None]) -> None:
         """Waits for `stop`; if the event loop shuts down first (`asyncio.run` returning), lets go."""

@@ -25,7 +25,7 @@ import contextlib
 from collections import deque
 from collections.abc import Iterator
 
-from flyteplugins_batcher._envelope import QUEUED, Envelope, RecordState, take_live
+from flyteplugins_batcher._envelope import QUEUED, STAGED, Envelope, RecordState, move, take_live
 from flyteplugins_batcher._settings import Grouping
 
 
@@ -90,7 +90,9 @@ class PendingQueue:
 
         The first record always goes, so one costlier than the budget runs alone; otherwise a
         record that would cross the budget stays for the next batch. Cancelled records, and
-        records whose deadline has passed, are dropped into `skipped` and never batched.
+        records whose deadline has passed, are dropped into `skipped` and never batched; a batch
+        to stage is checked when a runner takes it instead (until then, its records may still be
+        cancelled).
         """
         level = self._next_level(now, skipped)
         if level is None:
@@ -192,7 +194,9 @@ class PendingQueue:
         taken = [popleft() for _ in range(count)]
         self.size -= count
         self.cost -= cost
-        return take_live(taken, now, to, skipped)  # records cancelled or expired meanwhile never run
+        if to is STAGED:
+            return move(taken, STAGED)  # checked when a runner takes their batch: they may still be cancelled
+        return take_live(taken, now, to, skipped)
 
     def _take_similar_cost(
         self, level: int, budget: int, max_size: int, now: float, skipped: list[Envelope], to: RecordState
@@ -233,7 +237,7 @@ class PendingQueue:
         del entries[low:high]
         self.size -= len(removed)
         self.cost -= sum(entry[0] for entry in removed)
-        return take_live(batch, now, to, skipped)
+        return move(batch, to)
 
     def _drop(self, envelope: Envelope) -> None:
         """Take a record that must not run (cancelled, or past its deadline) out of the counts and the cost order.
