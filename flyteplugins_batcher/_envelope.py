@@ -3,17 +3,18 @@
 A record only moves forward, along these transitions (`TRANSITIONS`):
 
 ```
-QUEUED ──> STAGED ──> RUNNING ──> COMPLETED        it went through the process function
-  │          │           └──────> FAILED, CANCELLED  the batcher failed, or aborted, while it ran
-  ├──────────┴──> DROPPED ──> CANCELLED, EXPIRED   found cancelled by its caller, or past its deadline
-  └──────────┴──────────────> FAILED, CANCELLED    the batcher failed, or `stop` cancelled it
+QUEUED  -> STAGED (in a full batch formed ahead) | RUNNING (in a batch a runner formed) | DROPPED | FAILED | CANCELLED
+STAGED  -> RUNNING (a runner took its batch) | DROPPED | FAILED | CANCELLED
+RUNNING -> COMPLETED (a result, or an error from the process function) | FAILED | CANCELLED
+DROPPED -> CANCELLED (its caller cancelled it) | EXPIRED (its deadline passed)
 ```
 
-Who moves it: the waiting room (`_pending`) and the staging area (`_staging`), under the staging
-area's lock, move records out of the queue with `take_live` and `Envelope.drop`; the Settler
-(`_settle`), on the event loop, gives each record its end and resolves its future. A record whose
-future is done but that has not ended was therefore cancelled by its caller: `is_live` is the one
-place that reads it so.
+`FAILED` is the batcher failing; `CANCELLED` without `DROPPED` is `stop` cancelling what is left.
+Who moves a record: the waiting room (`_pending`) and the staging area (`_staging`), under the
+staging area's lock, move it out of the queue (`take_live`, `move`, `Envelope.drop`); the Settler
+(`_settle`), on the event loop, gives it its end and resolves its future. A record whose future is
+done but that has not ended was therefore cancelled by its caller: `is_live` is the one place that
+reads a future so.
 """
 
 from __future__ import annotations
@@ -109,7 +110,8 @@ def take_live(envelopes: list[Envelope], now: float, to: RecordState, dropped: l
     """Move the live records among `envelopes` (all queued, or all staged) to `to` and return them.
 
     The others (cancelled by their caller, or past their deadline) are dropped into `dropped`.
-    Called under the staging area's lock, for every record that leaves the queue or a staged batch.
+    Called under the staging area's lock for every record on its way to a runner: as a runner forms
+    its batch from the queue, or takes a staged batch.
     """
     live = [envelope for envelope in envelopes if envelope.is_live(now)]
     for envelope in live:

@@ -2,7 +2,7 @@
 
 Records leave only when a batch is formed and are never put back, so a bounded queue cannot
 deadlock on itself. The queue is not thread-safe on its own: the staging area (`_staging`) guards
-it with its lock, because the device's runner forms batches from it while the loop appends.
+it with its lock, because a runner forms batches from it while the loop appends.
 
 Order: the record to go next is the head of the highest priority level, where a waiting record
 gains one level per `priority_aging_s` seconds (so low priorities cannot starve). Within a level,

@@ -1,4 +1,4 @@
-"""The staging area: where batches are formed and wait for the device, shared by the event loop and the runners.
+"""The staging area: where batches are formed and wait for a runner, shared by the event loop and the runners.
 
 The event loop adds records, and stages up to `prefetch_batches` full batches ahead. A runner (the
 thread or task that calls the process function) takes its next batch here the moment its previous
@@ -216,7 +216,7 @@ class StagingArea:
                     return None, skipped
                 if not batch.staged:
                     break  # formed just now: its records were checked as they were taken
-                # A staged batch waited: some of its records may have been cancelled or expired since.
+                # A staged batch's records are checked now, as they go: they were not when it was staged.
                 envelopes = batch.envelopes
                 live = take_live(envelopes, now, RUNNING, skipped)
                 if len(live) < len(envelopes):
