@@ -15,7 +15,7 @@ The way of a record, one module per step:
 
 One run of the batcher (`_dispatch`) acts on the staging area's plans and the runners' reports on
 the event loop; the lifecycle (`_lifecycle`) starts, stops and fails runs. This module is the
-public face: construction, submission and iteration.
+public face: construction, state and `submit`; `_streams` adds `submit_batch`, `map` and `run`.
 """
 
 from __future__ import annotations
