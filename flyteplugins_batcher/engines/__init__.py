@@ -22,6 +22,13 @@ from typing import TYPE_CHECKING, Any
 from flyteplugins_batcher.engines._base import BatchEngine, Engine, StreamingEngine
 from flyteplugins_batcher.engines._completion import Completion, FinishReason
 from flyteplugins_batcher.engines._config import GenerationConfig
+from flyteplugins_batcher.engines._continuous_batching import (
+    ContinuousBatchScheduler,
+    OfflineRun,
+    SequenceJob,
+    StepResult,
+    run_all_at_once,
+)
 from flyteplugins_batcher.engines._errors import (
     EngineConfigError,
     EngineDeadError,
@@ -39,6 +46,8 @@ from flyteplugins_batcher.engines._factory import (
 )
 from flyteplugins_batcher.engines._model_reference import model_display_name
 from flyteplugins_batcher.engines._records import ChatMessages, PreparedPrompt, PromptRecord, Request
+from flyteplugins_batcher.engines._simulated import SimulatedEngine
+from flyteplugins_batcher.engines._simulated_gpu import OutputLengths, SimulatedGpu
 from flyteplugins_batcher.engines._smollm2 import BUNDLED_MODEL_NAME, bundled_smollm2_gguf, bundled_smollm2_path
 from flyteplugins_batcher.engines._stats import EngineStats
 from flyteplugins_batcher.engines._transformers import TransformersEngine
@@ -55,6 +64,7 @@ __all__ = [
     "BatchEngine",
     "ChatMessages",
     "Completion",
+    "ContinuousBatchScheduler",
     "Engine",
     "EngineConfigError",
     "EngineDeadError",
@@ -66,9 +76,15 @@ __all__ = [
     "InvalidModelReferenceError",
     "InvalidPromptError",
     "ModelNotFoundError",
+    "OfflineRun",
+    "OutputLengths",
     "PreparedPrompt",
     "PromptRecord",
     "Request",
+    "SequenceJob",
+    "SimulatedEngine",
+    "SimulatedGpu",
+    "StepResult",
     "StreamingEngine",
     "TransformersEngine",
     "VLLMEngine",
@@ -78,6 +94,7 @@ __all__ = [
     "create_engine",
     "model_display_name",
     "parse_engine_args",
+    "run_all_at_once",
     "vllm_usable",
 ]
 

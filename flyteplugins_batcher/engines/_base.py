@@ -295,6 +295,15 @@ class Engine(abc.ABC):
             self._stats.batches += 1
             self._stats.padded_tokens += padding_positions
 
+    def _count_step(self, running: int, capacity: int, step_s: float = 0.0) -> None:
+        """One engine step with `running` sequences of `capacity` (engines that schedule steps call this)."""
+        with self._stats_lock:
+            stats = self._stats
+            stats.steps += 1
+            stats.running_seqs += running
+            stats.max_num_seqs = capacity
+            stats.step_time_s += step_s
+
     @contextmanager
     def _timed_model_call(self) -> Iterator[None]:
         """Counts model time; overlapping calls (streamed requests) count once."""

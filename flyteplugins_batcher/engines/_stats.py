@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
+
+_NOT_COUNTERS = frozenset({"load_time_s", "max_num_seqs"})
 
 
 @dataclass
@@ -20,6 +22,12 @@ class EngineStats:
         padded_tokens: All token positions computed over, padding included.
         generate_time_s: Seconds with at least one model call running (overlapping calls count once).
         load_time_s: Seconds the last `load()` took (throughput figures exclude it).
+        steps: Engine steps (scheduler iterations) of an engine that schedules sequences itself
+            (vLLM, the simulated engine); 0 for the others.
+        running_seqs: Sequences running in each step, summed over the steps (`occupancy`'s numerator).
+        max_num_seqs: Sequences the engine can run at once (its capacity); 0 where it has none.
+        step_time_s: Summed duration of the steps, where the engine knows it: the simulated
+            engine's virtual clock; 0 for vLLM, whose busy time is `generate_time_s`.
     """
 
     batches: int = 0
@@ -31,6 +39,15 @@ class EngineStats:
     padded_tokens: int = 0
     generate_time_s: float = 0.0
     load_time_s: float = 0.0
+    steps: int = 0
+    running_seqs: int = 0
+    max_num_seqs: int = 0
+    step_time_s: float = 0.0
+
+    @property
+    def occupancy(self) -> float:
+        """Mean running sequences per step, as a share of `max_num_seqs` (0.0 before any step)."""
+        return self.running_seqs / (self.steps * self.max_num_seqs) if self.steps and self.max_num_seqs else 0.0
 
     @property
     def padding_efficiency(self) -> float:
@@ -48,4 +65,25 @@ class EngineStats:
             **asdict(self),
             "padding_efficiency": self.padding_efficiency,
             "completion_tokens_per_s": self.completion_tokens_per_s,
+            "occupancy": self.occupancy,
         }
+
+    def since(self, earlier: EngineStats) -> EngineStats:
+        """What the engine ran between two snapshots: every counter minus `earlier`'s.
+
+        `load_time_s` and `max_num_seqs` are not counters: they are this snapshot's. So the
+        occupancy over a window of a run is `later.since(earlier).occupancy`.
+
+        Example:
+            ```python
+            before = engine.stats
+            ...  # the part of the run to measure
+            print(engine.stats.since(before).occupancy)
+            ```
+        """
+        differences = {
+            item.name: getattr(self, item.name) - getattr(earlier, item.name)
+            for item in fields(self)
+            if item.name not in _NOT_COUNTERS
+        }
+        return replace(self, **differences)

@@ -38,6 +38,7 @@ from flyteplugins_batcher.engines._config import GenerationConfig
 from flyteplugins_batcher.engines._errors import EngineConfigError, EngineDeadError
 from flyteplugins_batcher.engines._model_reference import model_display_name
 from flyteplugins_batcher.engines._records import PreparedPrompt
+from flyteplugins_batcher.engines._stream_defaults import stream_batcher_settings
 from flyteplugins_batcher.engines._vllm_args import (
     accepted_arguments,
     check_engine_args,
@@ -58,11 +59,6 @@ _ASSUMED_MAX_NUM_SEQS = 256
 
 _ASSUMED_TOKENS_PER_SEQ = 1024
 """KV-cache tokens per sequence assumed for batcher settings when vLLM has not reported its cache size."""
-
-_STREAM_OVERCOMMIT = 2
-"""Stream mode lets estimated tokens in flight reach this multiple of the KV cache: estimates count
-every record's full `max_new_tokens` although most stop earlier, and vLLM needs a waiting queue to
-refill slots the moment sequences finish."""
 
 
 @dataclass(frozen=True)
@@ -178,12 +174,7 @@ class VLLMSupport(Engine):
         """
         limits = self._limits or Limits.assumed(self.engine_args)
         if self.mode == "stream":
-            return BatcherSettings(
-                max_batch_size=1,
-                batch_timeout_s=0.0,
-                max_concurrent_batches=max(1024, 4 * limits.max_num_seqs),
-                max_inflight_cost=_STREAM_OVERCOMMIT * limits.kv_cache_tokens,
-            )
+            return stream_batcher_settings(limits.max_num_seqs, limits.kv_cache_tokens)
         return BatcherSettings(max_batch_size=limits.max_num_seqs, target_batch_cost=limits.kv_cache_tokens)
 
 
@@ -216,9 +207,13 @@ class VLLMEngine(VLLMSupport, BatchEngine):
 
     def _load(self) -> None:
         vllm = import_vllm()
-        args = self._resolved_engine_args(vllm)
+        from flyteplugins_batcher.engines._vllm_steps import record_offline_steps
+
+        args = {"disable_log_stats": False, **self._resolved_engine_args(vllm)}  # stats give steps and occupancy
         with config_errors(self.model):
             self._llm = vllm.LLM(self.model, **args)
+        if not args["disable_log_stats"]:
+            record_offline_steps(self._llm, self._count_step)
         self._started(self._llm.get_tokenizer(), self._llm.llm_engine.vllm_config)
         watch_engine_process(self._llm, self._dead, self._closing, self.name)
 

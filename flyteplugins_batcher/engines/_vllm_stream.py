@@ -58,11 +58,14 @@ class VLLMStreamEngine(VLLMSupport, StreamingEngine):
 
     def _load(self) -> None:
         vllm = import_vllm()
+        from flyteplugins_batcher.engines._vllm_steps import StepRecorder
+
         args = {"disable_log_stats": True, **self._resolved_engine_args(vllm)}  # as vllm.LLM does
+        steps = StepRecorder.factory(self._count_step)  # turns vLLM's statistics on, without its log lines
         loop = EngineLoop(f"{self.name}-engine-loop")
         try:
             with config_errors(self.model):
-                self._async_llm = loop.call(_start_async_llm(self.model, args))
+                self._async_llm = loop.call(_start_async_llm(self.model, args, [steps]))
         except BaseException:
             loop.close()
             raise
@@ -120,12 +123,12 @@ class VLLMStreamEngine(VLLMSupport, StreamingEngine):
         return completion(final, len(prompt.token_ids))
 
 
-async def _start_async_llm(model: str, engine_args: dict[str, Any]) -> Any:
+async def _start_async_llm(model: str, engine_args: dict[str, Any], stat_loggers: list[Any]) -> Any:
     """Build `AsyncLLM` on the engine loop, so that its output handling is bound to that loop."""
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    return AsyncLLM.from_engine_args(AsyncEngineArgs(model=model, **engine_args))
+    return AsyncLLM.from_engine_args(AsyncEngineArgs(model=model, **engine_args), stat_loggers=stat_loggers)
 
 
 async def _shutdown(llm: Any) -> None:

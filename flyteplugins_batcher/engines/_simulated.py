@@ -1,0 +1,145 @@
+"""SimulatedEngine: an engine that behaves, in time, like vLLM on a GPU, and computes nothing.
+
+On a CPU, a model step costs about the same for 8 sequences as for 128, which hides the effect
+that decides throughput on a GPU: there, decoding is memory-bound and a step of 256 sequences
+costs little more than a step of 8, so a replica that keeps too few sequences in flight wastes
+most of its GPU. This engine makes that visible without a GPU: it serves records exactly like
+`VLLMStreamEngine` (each record its own request, scheduled by continuous batching), with a
+`ContinuousBatchScheduler` for vLLM's scheduler and a thread that sleeps each step's modelled
+duration for the GPU. Its completions are filler text of honest length; its statistics
+(steps, occupancy, busy time) are what the benchmarks measure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from flyteplugins_batcher._settings import BatcherSettings
+from flyteplugins_batcher.engines._base import Outcome, StreamingEngine
+from flyteplugins_batcher.engines._completion import Completion, FinishReason
+from flyteplugins_batcher.engines._config import GenerationConfig
+from flyteplugins_batcher.engines._continuous_batching import OfflineRun, SequenceJob, StepResult, run_all_at_once
+from flyteplugins_batcher.engines._errors import EngineNotLoadedError
+from flyteplugins_batcher.engines._records import PreparedPrompt, PromptRecord
+from flyteplugins_batcher.engines._simulated_device import SimulatedDevice
+from flyteplugins_batcher.engines._simulated_gpu import OutputLengths, SimulatedGpu
+from flyteplugins_batcher.engines._simulated_tokenizer import SimulatedTokenizer, text_of_tokens
+from flyteplugins_batcher.engines._stream_defaults import stream_batcher_settings
+
+
+class SimulatedEngine(StreamingEngine):
+    """An engine with vLLM's continuous batching and a GPU's step times, that sleeps instead of computing.
+
+    Records go through the same pipeline as every engine (render, tokenize with a built-in
+    4-characters-per-token tokenizer, check against the context, count), then each becomes one
+    request to a simulated device. Each request generates `output_lengths.draw(...)` tokens,
+    capped by its `max_new_tokens` (`finish_reason` `"length"` then, `"stop"` otherwise); stop
+    strings and sampling settings change nothing else.
+
+    `stats` report engine `steps`, `occupancy` (running sequences per step over `max_num_seqs`)
+    and `step_time_s`, the device's busy time on its virtual clock: wall time is virtual time
+    divided by `time_scale` (`lag_s` says whether the device ever fell behind its clock).
+
+    Args:
+        gpu: The device and scheduler parameters; by default Llama-3-8B on one H100.
+        output_lengths: How long completions are.
+        time_scale: How much faster than real time the device runs: 10 makes a 7 ms step take 0.7 ms.
+        generation: Default generation settings; a `Request` may bring its own.
+        system_prompt: Prepended as a system message.
+        chat_template: Render records through the built-in chat template (default: yes).
+        model_name: The name results carry; by default `"simulated"`.
+
+    Example:
+        ```python
+        engine = SimulatedEngine(time_scale=10, output_lengths=OutputLengths(mean=200, long_fraction=0.05))
+        engine.load()
+        async with engine.batcher() as batcher:
+            completions = await batcher.run(prompts)
+        print(engine.stats.steps, engine.stats.occupancy, engine.ideal_run(prompts).makespan_s)
+        engine.close()
+        ```
+    """
+
+    name = "simulated"
+
+    def __init__(
+        self,
+        *,
+        gpu: SimulatedGpu | None = None,
+        output_lengths: OutputLengths | None = None,
+        time_scale: float = 1.0,
+        generation: GenerationConfig | None = None,
+        system_prompt: str | None = None,
+        chat_template: bool | None = None,
+        model_name: str | None = None,
+    ) -> None:
+        super().__init__(
+            generation=generation, system_prompt=system_prompt, chat_template=chat_template, model_name=model_name
+        )
+        if not time_scale > 0:
+            raise ValueError(f"time_scale must be > 0, got {time_scale}")
+        self.gpu = gpu or SimulatedGpu()
+        self.output_lengths = output_lengths or OutputLengths()
+        self.time_scale = time_scale
+        self._device: SimulatedDevice | None = None
+
+    @property
+    def context_length(self) -> int:
+        return self.gpu.max_model_len
+
+    @property
+    def is_healthy(self) -> bool:
+        """Whether the engine is loaded and its device thread runs."""
+        device = self._device
+        return self.is_loaded and device is not None and device.is_alive
+
+    @property
+    def lag_s(self) -> float:
+        """The furthest (wall seconds) the device ever fell behind its clock: ~0 means timings are faithful."""
+        return self._device.lag_s if self._device is not None else 0.0
+
+    def _load(self) -> None:
+        self._tokenizer = SimulatedTokenizer()
+        self._device = SimulatedDevice(self.gpu, self.time_scale, self._record_step, name=f"{self.name}-gpu")
+
+    def _close(self) -> None:
+        device, self._device = self._device, None
+        if device is not None:
+            device.close()
+
+    def _record_step(self, result: StepResult) -> None:
+        self._count_step(result.running, self.gpu.max_num_seqs, result.step_s)
+
+    async def _run(self, prompts: list[PreparedPrompt]) -> list[Outcome]:
+        """Each prompt as its own request, all at once."""
+        device = self._device
+        if device is None:
+            raise EngineNotLoadedError(f"{self.name}: the engine is not loaded; call load() first")
+        futures = [device.submit(*self._job(prompt)) for prompt in prompts]
+        return list(await asyncio.gather(*futures))
+
+    def _job(self, prompt: PreparedPrompt) -> tuple[SequenceJob, Completion]:
+        """The request for a prompt, and the completion it answers with."""
+        tokens, finish_reason = self._output(prompt)
+        completion = Completion(text_of_tokens(tokens), len(prompt.token_ids), tokens, finish_reason)
+        return SequenceJob(len(prompt.token_ids), tokens), completion
+
+    def _output(self, prompt: PreparedPrompt) -> tuple[int, FinishReason]:
+        """How many tokens a prompt generates, and why it stops there."""
+        drawn = self.output_lengths.draw(prompt.token_ids, prompt.generation.seed)
+        limit = prompt.generation.max_new_tokens
+        return (drawn, "stop") if drawn <= limit else (limit, "length")
+
+    def ideal_run(self, records: Sequence[PromptRecord]) -> OfflineRun:
+        """The offline ideal for `records`: all given to this engine's model at once, as one `generate(all)`.
+
+        Clock-free and fast (20,000 records in about a second); counts nothing in `stats`.
+        Records that cannot run are left out, as `generate` would fail them.
+        """
+        prepared, _ = self._prepare(list(records))
+        return run_all_at_once((SequenceJob(len(p.token_ids), self._output(p)[0]) for p in prepared), self.gpu)
+
+    def batcher_defaults(self) -> BatcherSettings:
+        """Stream mode's settings, from the simulated device's capacity (as `VLLMStreamEngine`'s)."""
+        return stream_batcher_settings(self.gpu.max_num_seqs, self.gpu.kv_cache_tokens)
