@@ -99,6 +99,11 @@ class SimulatedEngine(StreamingEngine):
         """The furthest (wall seconds) the device ever fell behind its clock: ~0 means timings are faithful."""
         return self._device.lag_s if self._device is not None else 0.0
 
+    @property
+    def device_cpu_s(self) -> float:
+        """CPU seconds the device thread has used since `load()` (what simulating the GPU costs)."""
+        return self._device.cpu_s if self._device is not None else 0.0
+
     def _load(self) -> None:
         self._tokenizer = SimulatedTokenizer()
         self._device = SimulatedDevice(self.gpu, self.time_scale, self._record_step, name=f"{self.name}-gpu")
@@ -117,6 +122,8 @@ class SimulatedEngine(StreamingEngine):
         if device is None:
             raise EngineNotLoadedError(f"{self.name}: the engine is not loaded; call load() first")
         futures = [device.submit(*self._job(prompt)) for prompt in prompts]
+        if len(futures) == 1:  # stream mode's batches of one: skip gather's bookkeeping
+            return [await futures[0]]
         return list(await asyncio.gather(*futures))
 
     def _job(self, prompt: PreparedPrompt) -> tuple[SequenceJob, Completion]:

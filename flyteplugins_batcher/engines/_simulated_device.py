@@ -63,6 +63,8 @@ class SimulatedDevice:
             raise ValueError(f"time_scale must be > 0, got {time_scale}")
         self.time_scale = time_scale
         self.lag_s = 0.0
+        self.cpu_s = 0.0
+        """CPU seconds the device thread has used (updated every step)."""
         self._scheduler = ContinuousBatchScheduler(gpu)
         self._on_step = on_step
         self._arrivals: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -88,7 +90,7 @@ class SimulatedDevice:
                 raise self._failure
             if self._closed:
                 raise EngineNotLoadedError("simulated: the engine is closed")
-            self._arrivals.put((job, ticket))
+            self._arrivals.put(SequenceJob(job.prompt_tokens, job.output_tokens, ticket))
         return ticket.future
 
     def close(self) -> None:
@@ -113,7 +115,7 @@ class SimulatedDevice:
         while not self._arrivals.empty():
             item = self._arrivals.get_nowait()
             if item is not _STOP:
-                unfinished.append(item[1])
+                unfinished.append(item.tag)
         _deliver([(ticket, error) for ticket in unfinished])
 
     def _run_thread(self) -> None:
@@ -144,6 +146,7 @@ class SimulatedDevice:
                 self.lag_s = max(self.lag_s, -delay)
             self._on_step(result)
             _deliver([(job.tag, job.tag.outcome) for job in result.finished])
+            self.cpu_s = time.thread_time()
 
     def _take_arrived(self) -> bool:
         """Queue everything that arrived; False once told to stop."""
@@ -158,8 +161,7 @@ class SimulatedDevice:
     def _take(self, item: Any) -> bool:
         if item is _STOP:
             return False
-        job, ticket = item
-        self._scheduler.submit(SequenceJob(job.prompt_tokens, job.output_tokens, ticket))
+        self._scheduler.submit(item)
         return True
 
 

@@ -50,6 +50,11 @@ class SimulatedTokenizer:
         return self.encode(text, add_special_tokens=False) if tokenize else text
 
 
+_FILLER = "lorem ipsum dolor sit amet, " * 1200
+
+
 def text_of_tokens(count: int) -> str:
     """Filler text that `SimulatedTokenizer` counts as `count` tokens (a completion's text)."""
-    return ("lorem ipsum dolor sit amet, " * (count * CHARS_PER_TOKEN // 28 + 1))[: count * CHARS_PER_TOKEN]
+    characters = count * CHARS_PER_TOKEN
+    filler = _FILLER if characters <= len(_FILLER) else _FILLER * (characters // len(_FILLER) + 1)
+    return filler[:characters]

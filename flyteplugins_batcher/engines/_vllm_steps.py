@@ -48,6 +48,7 @@ class StepRecorder(StatLoggerBase):
         self.capacity = int(vllm_config.scheduler_config.max_num_seqs)
         self.engine_index = engine_index
         self._count_step = count_step
+        self._broken = False
 
     @classmethod
     def factory(cls, count_step: CountStep) -> Callable[[Any, int], StepRecorder]:
@@ -57,10 +58,15 @@ class StepRecorder(StatLoggerBase):
     def record(
         self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0
     ) -> None:
-        if scheduler_stats is None:  # not a step (vLLM sends none with stats off)
+        if scheduler_stats is None or self._broken:  # not a step (vLLM sends none with stats off)
             return
-        finished = len(iteration_stats.finished_requests) if iteration_stats is not None else 0
-        running = min(scheduler_stats.num_running_reqs + finished, self.capacity)
+        try:
+            finished = len(iteration_stats.finished_requests) if iteration_stats is not None else 0
+            running = min(scheduler_stats.num_running_reqs + finished, self.capacity)
+        except Exception as error:  # vLLM calls these statistics unstable; an error here would stop its output handling
+            self._broken = True
+            logger.warning("vllm: cannot read engine steps from its statistics (%r); occupancy stops counting", error)
+            return
         if running:  # a step that only cleaned up finished requests ran nothing
             self._count_step(running, self.capacity)
 
