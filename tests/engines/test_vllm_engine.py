@@ -43,11 +43,18 @@ QUESTIONS = [
 ]
 
 
+MAX_NUM_SEQS = 16
+
+
 @pytest.fixture(scope="module", params=["batch", "stream"])
 def engine(request: pytest.FixtureRequest) -> Iterator[Any]:
-    """A loaded vLLM engine for the mode; its Prometheus counters are on (vLLM's own token counts)."""
+    """A loaded vLLM engine for the mode, with vLLM's default statistics settings.
+
+    Both engines turn vLLM's statistics on by default (they read steps and occupancy from them),
+    so vLLM's own Prometheus counters (its token counts) are on too.
+    """
     loaded = create_engine(
-        "vllm", mode=request.param, generation=GenerationConfig(max_new_tokens=16), disable_log_stats=False, **SMALL
+        "vllm", mode=request.param, generation=GenerationConfig(max_new_tokens=16), max_num_seqs=MAX_NUM_SEQS, **SMALL
     )
     loaded.load()
     yield loaded
@@ -113,6 +120,25 @@ async def test_invalid_records_fail_alone(engine: Any) -> None:
     for index, fragment in [(1, "empty prompt"), (2, "prompt is too long"), (3, "got int: 7")]:
         assert isinstance(results[index], InvalidPromptError) and fragment in str(results[index])
     assert "id='long'" in str(results[2]) and "> context length 1024" in str(results[2])
+
+
+async def test_steps_and_occupancy_come_from_vllms_own_scheduler(engine: Any) -> None:
+    before = engine.stats
+    count = "Count from 1 to 100, separated by commas."  # greedy SmolLM2 counts on past 16 tokens
+
+    results = completions(await generate(engine, [count] * 8))
+
+    window = engine.stats.since(before)
+    generated = sum(result.completion_tokens for result in results)
+    assert [result.finish_reason for result in results] == ["length"] * 8 and generated == 8 * 16
+    assert window.max_num_seqs == MAX_NUM_SEQS
+    # Each sequence runs one step per token it generates (its prompt fits one step), so the sequences
+    # running, summed over the steps, are exactly the tokens generated.
+    assert window.running_seqs == generated
+    # 16 steps when the 8 requests reach vLLM's scheduler in the same step; vLLM's engine process takes
+    # requests between steps, so some may join a step or two later (each such step adds 1 step).
+    assert 16 <= window.steps <= 18
+    assert window.occupancy == generated / (window.steps * MAX_NUM_SEQS)  # 8/16 = 0.5 at 16 steps, 0.44 at 18
 
 
 def test_each_event_loop_can_use_the_engine(engine: Any) -> None:
