@@ -124,11 +124,20 @@ class VLLMStreamEngine(VLLMSupport, StreamingEngine):
 
 
 async def _start_async_llm(model: str, engine_args: dict[str, Any], stat_loggers: list[Any]) -> Any:
-    """Build `AsyncLLM` on the engine loop, so that its output handling is bound to that loop."""
+    """Build `AsyncLLM` on the engine loop, so that its output handling is bound to that loop.
+
+    With `vllm.LLM`'s usage context: vLLM sizes `max_num_seqs` and `max_num_batched_tokens` by it
+    (`EngineArgs.get_batch_defaults`), and `AsyncLLM`'s own default context gets the generic
+    128 sequences and 2,048 tokens per step on any GPU, where `vllm.LLM` gets 1,024 and 16,384 on an
+    H100. This engine serves an offline batch job, as `vllm.LLM` does.
+    """
     from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    return AsyncLLM.from_engine_args(AsyncEngineArgs(model=model, **engine_args), stat_loggers=stat_loggers)
+    return AsyncLLM.from_engine_args(
+        AsyncEngineArgs(model=model, **engine_args), usage_context=UsageContext.LLM_CLASS, stat_loggers=stat_loggers
+    )
 
 
 async def _shutdown(llm: Any) -> None:

@@ -223,6 +223,7 @@ def test_a_dead_engine_fails_everything_promptly_and_the_replica_loads_a_new_one
         assert failed and all(isinstance(outcome, (Completion, EngineDeadError)) for outcome in outcomes)
         assert "engine process died" in str(failed[0])
         assert not first_engine.is_healthy and batcher.is_failed
+        assert first_engine.stats.max_num_seqs == 256  # vllm.LLM's default on CPU, in both modes (not AsyncLLM's 128)
 
         replacement = await shared.get()  # the next task on the replica gets a fresh engine
         assert replacement is not batcher and shared.loads == 2
