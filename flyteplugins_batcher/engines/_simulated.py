@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import Any
 
 from flyteplugins_batcher._settings import BatcherSettings
 from flyteplugins_batcher.engines._base import Outcome, StreamingEngine
 from flyteplugins_batcher.engines._completion import Completion, FinishReason
-from flyteplugins_batcher.engines._config import GenerationConfig
 from flyteplugins_batcher.engines._continuous_batching import OfflineRun, SequenceJob, StepResult, run_all_at_once
 from flyteplugins_batcher.engines._errors import EngineNotLoadedError
 from flyteplugins_batcher.engines._records import PreparedPrompt, PromptRecord
@@ -45,10 +45,8 @@ class SimulatedEngine(StreamingEngine):
         gpu: The device and scheduler parameters; by default Llama-3-8B on one H100.
         output_lengths: How long completions are.
         time_scale: How much faster than real time the device runs: 10 makes a 7 ms step take 0.7 ms.
-        generation: Default generation settings; a `Request` may bring its own.
-        system_prompt: Prepended as a system message.
-        chat_template: Render records through the built-in chat template (default: yes).
-        model_name: The name results carry; by default `"simulated"`.
+        **options: `generation`, `system_prompt`, `chat_template`, `model_name`, as for every
+            `Engine`; records go through the built-in chat template unless `chat_template=False`.
 
     Example:
         ```python
@@ -69,14 +67,9 @@ class SimulatedEngine(StreamingEngine):
         gpu: SimulatedGpu | None = None,
         output_lengths: OutputLengths | None = None,
         time_scale: float = 1.0,
-        generation: GenerationConfig | None = None,
-        system_prompt: str | None = None,
-        chat_template: bool | None = None,
-        model_name: str | None = None,
+        **options: Any,
     ) -> None:
-        super().__init__(
-            generation=generation, system_prompt=system_prompt, chat_template=chat_template, model_name=model_name
-        )
+        super().__init__(**options)
         if not time_scale > 0:
             raise ValueError(f"time_scale must be > 0, got {time_scale}")
         self.gpu = gpu or SimulatedGpu()
