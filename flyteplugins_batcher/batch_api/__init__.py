@@ -5,43 +5,126 @@ JSON request per line in, one JSON result per request out, keyed by `custom_id`.
 alone, with an error line that says why. `workflows/batch_jsonl.py` runs whole files on Flyte; use
 these pieces in your own tasks.
 
+Reading: `read_request_lines` decodes a file opened in binary mode line by line. A UTF-8 BOM at the
+start of the file is accepted; a line with bytes that are not UTF-8 fails alone as `invalid_json`,
+naming the byte offset (it is never run on a mangled prompt); blank lines are skipped.
+
+Accepted lines, one JSON object each:
+
+- OpenAI batch, `{"custom_id", "method": "POST", "url", "body"}`, with `url`:
+  - `/v1/chat/completions`: `body.messages` (text content, or text content parts);
+  - `/v1/completions`: `body.prompt`, one string;
+  - `/v1/embeddings`: `body.input`, a string or a list of up to 2048 strings (none empty;
+    token-id arrays are refused), optional `encoding_format` (`"float"`, the default, or
+    `"base64"`: little-endian float32, as OpenAI encodes it). It parses to an `EmbeddingRequest`;
+    answer it with `embedding_response_line`. Accepted only by a job that says it serves
+    embeddings (`parse_request_line(..., endpoints=ENDPOINTS)`); by default an embeddings line
+    fails as `invalid_url`, naming the urls the job serves.
+- Plain: `{"custom_id"?, "prompt": "..."}` or `{"custom_id"?, "messages": [...]}`, with the same
+  optional settings beside them; a plain line without a `custom_id` gets `line-<n>`.
+
+Settings of a chat or completion request, for it alone, checked as the OpenAI API checks them and
+named as the line wrote them: `max_tokens` or `max_completion_tokens` (>= 1), `temperature` (0 to
+2), `top_p` (0 to 1; 0 keeps only the most likely token, which is greedy decoding, so it runs as
+temperature 0), `n` (1 to 128 samples, answered as `choices[0..n-1]`; greedy samples are
+identical), `seed` (an integer), `stop` (a string or up to 4), and `response_format`:
+`{"type": "text"}` (no constraint), `{"type": "json_object"}` (any JSON object), or
+`{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}` (JSON that follows
+`schema`; the output is always constrained, whatever `strict` says). Other body fields are
+ignored. A `model` that is not the served one fails the line, unless the job is told to ignore it
+(`model_mismatch="ignore"`).
+
+Error codes (`RequestLineError.code`, `ErrorCode`):
+
+- `invalid_json`: not JSON, not a JSON object, or not UTF-8.
+- `missing_custom_id`: an OpenAI batch line without a `custom_id`.
+- `invalid_custom_id`: a `custom_id` that is not a string (the API requires one: `7` is refused,
+  `"7"` is fine) or is empty.
+- `duplicate_custom_id`: a `custom_id` already used on an earlier line (the driver checks, with `SeenIds`).
+- `invalid_url`: a `url` the job does not serve (see `endpoints`).
+- `invalid_body`: no messages, prompt or input, or of the wrong shape.
+- `invalid_request`: a setting out of range or of the wrong type, or a JSON schema the engine
+  cannot compile (`error_code` maps the engine's `InvalidResponseFormatError` here).
+- `model_mismatch`: `body.model` is not the served model.
+- `context_length_exceeded`: prompt + `max_tokens` over the model's context.
+- `invalid_prompt`: a prompt the engine refuses (empty, or a conversation its chat template rejects).
+- `inference_failed`: the model call failed.
+
 Example:
     ```python
-    from flyteplugins_batcher.batch_api import RequestLineError, error_line, parse_request_line, response_line
-    from flyteplugins_batcher.engines import Request
+    from flyteplugins_batcher.batch_api import (
+        BatchRequest, RequestLineError, error_code, error_line, parse_request_line, read_request_lines, response_line,
+    )
 
-    try:
-        request = parse_request_line(line, number, served_model=engine.model_name)
-    except RequestLineError as error:
-        errors.write(json.dumps(error_line(error, request_number=number)) + "\\n")
-    else:
-        generation = request.generation(engine.generation)  # the line's own settings over the engine's
-        [completion] = engine.generate([Request(request.prompt, generation, id=request.custom_id)])
-        results.write(json.dumps(response_line(request, completion, model=engine.model_name, request_number=number)))
+    with open("requests.jsonl", "rb") as file:
+        for number, text in read_request_lines(file):
+            try:
+                if isinstance(text, RequestLineError):
+                    raise text
+                request = parse_request_line(text, number, served_model=engine.model_name)
+            except RequestLineError as error:
+                errors.write(json.dumps(error_line(error, request_number=number)) + "\\n")
+                continue
+            record = Request(request.prompt, request.generation(engine.generation), id=request.custom_id)
+            [outcome] = engine.generate([record])
+            if isinstance(outcome, Exception):
+                failure = RequestLineError(error_code(outcome), str(outcome), line=number, custom_id=request.custom_id)
+                errors.write(json.dumps(error_line(failure, request_number=number)) + "\\n")
+            else:
+                line = response_line(request, outcome, model=engine.model_name, request_number=number)
+                results.write(json.dumps(line) + "\n")
     ```
 """
 
 from __future__ import annotations
 
+from flyteplugins_batcher.batch_api._embeddings import (
+    EMBEDDINGS_ENDPOINT,
+    ENCODING_FORMATS,
+    MAX_EMBEDDING_INPUTS,
+    EmbeddingRequest,
+    EncodingFormat,
+    embedding_response_line,
+    encode_vector,
+)
+from flyteplugins_batcher.batch_api._errors import ErrorCode, RequestLineError, error_code
+from flyteplugins_batcher.batch_api._generation import MAX_STOP_SEQUENCES
 from flyteplugins_batcher.batch_api._ids import SeenIds
+from flyteplugins_batcher.batch_api._lines import RequestLine, read_request_lines
 from flyteplugins_batcher.batch_api._requests import (
     ENDPOINTS,
+    GENERATION_ENDPOINTS,
     BatchRequest,
     Endpoint,
     ModelMismatch,
-    RequestLineError,
+    ParsedRequest,
     parse_request_line,
 )
-from flyteplugins_batcher.batch_api._results import error_line, response_line
+from flyteplugins_batcher.batch_api._results import error_line, output_line, response_line
 
 __all__ = [
+    "EMBEDDINGS_ENDPOINT",
+    "ENCODING_FORMATS",
     "ENDPOINTS",
+    "GENERATION_ENDPOINTS",
+    "MAX_EMBEDDING_INPUTS",
+    "MAX_STOP_SEQUENCES",
     "BatchRequest",
+    "EmbeddingRequest",
+    "EncodingFormat",
     "Endpoint",
+    "ErrorCode",
     "ModelMismatch",
+    "ParsedRequest",
+    "RequestLine",
     "RequestLineError",
     "SeenIds",
+    "embedding_response_line",
+    "encode_vector",
+    "error_code",
     "error_line",
+    "output_line",
     "parse_request_line",
+    "read_request_lines",
     "response_line",
 ]

@@ -1,68 +1,52 @@
-"""Reading request lines: OpenAI Batch API lines (`/v1/chat/completions`, `/v1/completions`) and plain ones.
+"""Reading request lines: OpenAI Batch API lines (chat, completions, embeddings) and plain ones.
 
-Accepted, one JSON object per line:
-
-- OpenAI batch: `{"custom_id", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": [...]}}`
-  or `"url": "/v1/completions"` with `"body": {"prompt": "..."}`.
-- Plain: `{"custom_id"?, "prompt": "..."}` or `{"custom_id"?, "messages": [...]}`, with the same
-  optional settings beside them; a plain line without a `custom_id` gets `line-<n>`.
-
-Settings taken from a body (or a plain line), for that request alone: `max_tokens` (also
-`max_completion_tokens`), `temperature`, `top_p`, `stop`, `seed`. Anything else in a body is
-ignored, except `n` > 1, which this engine cannot honour and fails the line. A `model` that is not
-the served one fails the line, unless the job is told to ignore it (`model_mismatch="ignore"`).
+See the `batch_api` package notes for what is accepted; this module turns one line of text into a
+`BatchRequest` (text generation) or an `EmbeddingRequest`, or fails it with a `RequestLineError`.
 """
 
 from __future__ import annotations
 
 import json
-import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
+from flyteplugins_batcher.batch_api._embeddings import EMBEDDINGS_ENDPOINT, EmbeddingRequest, parse_embedding_body
+from flyteplugins_batcher.batch_api._errors import RequestLineError
+from flyteplugins_batcher.batch_api._generation import FieldChecks, generation_settings
 from flyteplugins_batcher.engines import GenerationConfig
 
-Endpoint = Literal["/v1/chat/completions", "/v1/completions"]
-ENDPOINTS: tuple[str, ...] = ("/v1/chat/completions", "/v1/completions")
+Endpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]
+GENERATION_ENDPOINTS: tuple[str, ...] = ("/v1/chat/completions", "/v1/completions")
+"""The text-generation urls: what a job with only an LLM serves (`parse_request_line`'s default)."""
+ENDPOINTS: tuple[str, ...] = (*GENERATION_ENDPOINTS, EMBEDDINGS_ENDPOINT)
+"""Every url this format knows: pass it as `endpoints` to a job that also serves embeddings."""
 ModelMismatch = Literal["error", "ignore"]
-
-_SETTING_KEYS = {"max_tokens": "max_new_tokens", "max_completion_tokens": "max_new_tokens"}
-_DIRECT_SETTINGS = ("temperature", "top_p", "stop", "seed")
-
-
-class RequestLineError(Exception):
-    """A request line that cannot run; it becomes one line of the errors file.
-
-    Attributes:
-        code: A short machine-readable reason (`invalid_json`, `missing_custom_id`,
-            `duplicate_custom_id`, `invalid_url`, `invalid_body`, `invalid_request`,
-            `model_mismatch`, `context_length_exceeded`, `inference_failed`).
-        message: What is wrong, for a person.
-        line: The 1-based line number in the input.
-        custom_id: The request's id, when it has one.
-    """
-
-    def __init__(self, code: str, message: str, *, line: int, custom_id: str | None = None) -> None:
-        super().__init__(f"line {line}: {message}")
-        self.code = code
-        self.message = message
-        self.line = line
-        self.custom_id = custom_id
 
 
 @dataclass(frozen=True)
 class BatchRequest:
-    """One parsed request line.
+    """One parsed text-generation line (chat or completion).
 
     Attributes:
         line: Its 1-based line number in the input.
         custom_id: Its id (given, or `line-<n>` for a plain line without one).
         endpoint: `/v1/chat/completions` (chat messages) or `/v1/completions` (a prompt).
         prompt: The prompt text, or the chat messages.
-        settings: Its own generation settings, by `GenerationConfig` field name.
+        settings: Its own generation settings, by `GenerationConfig` field name (`max_new_tokens`,
+            `temperature`, `top_p`, `stop`, `seed`, `n`, `response_format`), already checked with
+            the API's ranges.
         model: The model its body asked for, if any.
+
+    Example:
+        ```python
+        request = parse_request_line(text, number)
+        if isinstance(request, BatchRequest):
+            record = Request(request.prompt, request.generation(defaults), id=request.custom_id)
+        ```
     """
+
+    kind: ClassVar[str] = "generation"
 
     line: int
     custom_id: str
@@ -71,11 +55,16 @@ class BatchRequest:
     settings: dict[str, Any] = field(default_factory=dict)
     model: str | None = None
 
+    @property
+    def samples(self) -> int:
+        """Samples the request asked for (`n`; 1 when it did not say)."""
+        return int(self.settings.get("n", 1))
+
     def generation(self, defaults: GenerationConfig) -> GenerationConfig:
         """The run's defaults with this request's own settings applied.
 
         Raises:
-            RequestLineError: A setting is out of range (`invalid_request`).
+            RequestLineError: The combination is out of the engine's range (`invalid_request`).
         """
         if not self.settings:
             return defaults
@@ -85,27 +74,41 @@ class BatchRequest:
             raise RequestLineError("invalid_request", str(error), line=self.line, custom_id=self.custom_id) from None
 
 
+ParsedRequest = BatchRequest | EmbeddingRequest
+"""What a request line becomes: text generation (`BatchRequest`) or embeddings (`EmbeddingRequest`)."""
+
+
 def parse_request_line(
     text: str,
     line: int,
     *,
     served_model: str | None = None,
+    served_embedding_model: str | None = None,
     model_mismatch: ModelMismatch = "error",
-) -> BatchRequest:
-    """Parse and validate one input line (see the module notes for what is accepted).
+    endpoints: Collection[str] = GENERATION_ENDPOINTS,
+) -> ParsedRequest:
+    """Parse and validate one input line (see the `batch_api` notes for what is accepted).
 
     Args:
-        text: The line, without its newline.
+        text: The line, without its newline (`read_request_lines` yields it so).
         line: Its 1-based number, for messages.
-        served_model: The model that will answer; a body naming another one fails the line unless
-            `model_mismatch="ignore"`.
+        served_model: The model that answers chat and completion lines; a body naming another one
+            fails the line unless `model_mismatch="ignore"`.
+        served_embedding_model: The same, for embedding lines.
         model_mismatch: `"error"` or `"ignore"`.
+        endpoints: The urls the job serves; an OpenAI line for another one fails as `invalid_url`.
+            By default chat and completions (`GENERATION_ENDPOINTS`); a job that also embeds passes
+            `ENDPOINTS`.
+
+    Returns:
+        A `BatchRequest` for chat and completion lines, an `EmbeddingRequest` for embedding lines
+        (route on the type, or on `kind`: `"generation"` or `"embedding"`).
 
     Raises:
-        RequestLineError: Naming the line and what is wrong with it.
+        RequestLineError: Naming the line, the field as the line wrote it, and what is wrong.
     """
     try:
-        data = json.loads(text)
+        data = json.loads(text.removeprefix("\ufeff") if line == 1 else text)
     except json.JSONDecodeError as error:
         raise RequestLineError(
             "invalid_json", f"not valid JSON: {error.msg} at column {error.colno}", line=line
@@ -113,131 +116,95 @@ def parse_request_line(
     if not isinstance(data, dict):
         raise RequestLineError("invalid_json", f"a request must be a JSON object, got {type(data).__name__}", line=line)
     if "url" in data or "body" in data or "method" in data:
-        return _parse_openai(data, line, served_model, model_mismatch)
+        served = served_embedding_model if data.get("url") == EMBEDDINGS_ENDPOINT else served_model
+        return _parse_openai(data, line, served, model_mismatch, endpoints)
     return _parse_plain(data, line)
 
 
 def _parse_openai(
-    data: dict[str, Any], line: int, served_model: str | None, model_mismatch: ModelMismatch
-) -> BatchRequest:
+    data: dict[str, Any], line: int, served_model: str | None, model_mismatch: ModelMismatch, endpoints: Collection[str]
+) -> ParsedRequest:
     custom_id = _custom_id(data, line, required=True)
+    checks = FieldChecks("body.", line, custom_id)
     method = data.get("method", "POST")
     if method != "POST":
-        raise _error("invalid_request", f"method must be POST, got {method!r}", line, custom_id)
+        raise checks.fail("invalid_request", f"method must be POST, got {method!r}")
     url = data.get("url")
-    if url not in ENDPOINTS:
-        raise _error("invalid_url", f"url must be one of {', '.join(ENDPOINTS)}, got {url!r}", line, custom_id)
+    if url not in endpoints or url not in ENDPOINTS:
+        served = ", ".join(endpoint for endpoint in ENDPOINTS if endpoint in endpoints)
+        raise checks.fail("invalid_url", f"url must be one of {served}, got {url!r}")
     body = data.get("body")
     if not isinstance(body, dict):
-        raise _error("invalid_body", "body must be a JSON object", line, custom_id)
+        raise checks.fail("invalid_body", "body must be a JSON object")
     model = body.get("model")
     if model is not None and served_model is not None and model != served_model and model_mismatch == "error":
-        raise _error(
+        raise checks.fail(
             "model_mismatch",
             f"body.model {model!r} is not the served model {served_model!r} (set model_mismatch='ignore' to run it "
             "on the served model anyway)",
-            line,
-            custom_id,
         )
+    if url == EMBEDDINGS_ENDPOINT:
+        inputs, encoding_format = parse_embedding_body(body, checks)
+        return EmbeddingRequest(line, custom_id, inputs, encoding_format, model)
     if url == "/v1/chat/completions":
-        prompt: str | list[dict[str, str]] = _messages(body, line, custom_id, where="body.messages")
+        prompt: str | list[dict[str, str]] = _messages(body, checks)
     else:
-        prompt = _prompt(body, line, custom_id, where="body.prompt")
-    return BatchRequest(line, custom_id, url, prompt, _settings(body, line, custom_id), model)
+        prompt = _prompt(body, checks)
+    return BatchRequest(line, custom_id, url, prompt, generation_settings(body, checks), model)
 
 
 def _parse_plain(data: dict[str, Any], line: int) -> BatchRequest:
     custom_id = _custom_id(data, line, required=False)
+    checks = FieldChecks("", line, custom_id)
     if "messages" in data:
-        return BatchRequest(
-            line,
-            custom_id,
-            "/v1/chat/completions",
-            _messages(data, line, custom_id, where="messages"),
-            _settings(data, line, custom_id),
-        )
+        messages = _messages(data, checks)
+        return BatchRequest(line, custom_id, "/v1/chat/completions", messages, generation_settings(data, checks))
     if "prompt" in data:
-        return BatchRequest(
-            line,
-            custom_id,
-            "/v1/completions",
-            _prompt(data, line, custom_id, where="prompt"),
-            _settings(data, line, custom_id),
-        )
-    raise _error(
-        "invalid_body", "a request needs 'messages' or 'prompt' (or an OpenAI batch 'url' and 'body')", line, custom_id
-    )
+        prompt = _prompt(data, checks)
+        return BatchRequest(line, custom_id, "/v1/completions", prompt, generation_settings(data, checks))
+    raise checks.fail("invalid_body", "a request needs 'messages' or 'prompt' (or an OpenAI batch 'url' and 'body')")
 
 
 def _custom_id(data: Mapping[str, Any], line: int, *, required: bool) -> str:
     custom_id = data.get("custom_id")
     if custom_id is None:
         if required:
-            raise _error("missing_custom_id", "an OpenAI batch request needs a custom_id", line, None)
+            raise RequestLineError("missing_custom_id", "an OpenAI batch request needs a custom_id", line=line)
         return f"line-{line}"
-    if not isinstance(custom_id, str) or not custom_id.strip():
-        raise _error("missing_custom_id", f"custom_id must be a non-empty string, got {custom_id!r}", line, None)
+    if not isinstance(custom_id, str):
+        raise RequestLineError(
+            "invalid_custom_id",
+            f"custom_id must be a string, got {type(custom_id).__name__} {custom_id!r} (write it in quotes)",
+            line=line,
+        )
+    if not custom_id.strip():
+        raise RequestLineError("invalid_custom_id", f"custom_id must not be empty, got {custom_id!r}", line=line)
     return custom_id
 
 
-def _messages(data: Mapping[str, Any], line: int, custom_id: str, *, where: str) -> list[dict[str, str]]:
+def _messages(data: Mapping[str, Any], checks: FieldChecks) -> list[dict[str, str]]:
+    where = f"{checks.prefix}messages"
     messages = data.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise _error("invalid_body", f"{where} must be a non-empty list of chat messages", line, custom_id)
+        raise checks.fail("invalid_body", f"{where} must be a non-empty list of chat messages")
     normalized = []
     for message in messages:
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise _error("invalid_body", f"{where}: each message needs a 'role' and 'content'", line, custom_id)
+            raise checks.fail("invalid_body", f"{where}: each message needs a 'role' and 'content'")
         content = message.get("content")
         if isinstance(content, list):  # OpenAI's content parts: text parts only
             texts = [part.get("text") for part in content if isinstance(part, dict) and part.get("type") == "text"]
             if len(texts) != len(content) or not all(isinstance(text, str) for text in texts):
-                raise _error("invalid_body", f"{where}: only text content parts are supported", line, custom_id)
+                raise checks.fail("invalid_body", f"{where}: only text content parts are supported")
             content = "".join(texts)
         if not isinstance(content, str):
-            raise _error("invalid_body", f"{where}: message content must be text", line, custom_id)
+            raise checks.fail("invalid_body", f"{where}: message content must be text")
         normalized.append({"role": message["role"], "content": content})
     return normalized
 
 
-def _prompt(data: Mapping[str, Any], line: int, custom_id: str, *, where: str) -> str:
+def _prompt(data: Mapping[str, Any], checks: FieldChecks) -> str:
     prompt = data.get("prompt")
     if not isinstance(prompt, str):
-        raise _error("invalid_body", f"{where} must be one string (one prompt per line)", line, custom_id)
+        raise checks.fail("invalid_body", f"{checks.prefix}prompt must be one string (one prompt per line)")
     return prompt
-
-
-def _settings(data: Mapping[str, Any], line: int, custom_id: str) -> dict[str, Any]:
-    settings: dict[str, Any] = {}
-    for key, name in _SETTING_KEYS.items():
-        if data.get(key) is not None:
-            settings[name] = _number(data[key], key, line, custom_id, integer=True)
-    for key in _DIRECT_SETTINGS:
-        value = data.get(key)
-        if value is None:
-            continue
-        if key == "stop":
-            stops = [value] if isinstance(value, str) else value
-            if not isinstance(stops, list) or not all(isinstance(stop, str) and stop for stop in stops):
-                raise _error(
-                    "invalid_request", f"stop must be a string or a list of strings, got {value!r}", line, custom_id
-                )
-            settings["stop"] = tuple(stops)
-        else:
-            settings[key] = _number(value, key, line, custom_id, integer=key == "seed")
-    n = data.get("n", 1)
-    if n != 1:
-        raise _error("invalid_request", f"n={n!r}: one completion per request is supported", line, custom_id)
-    return settings
-
-
-def _number(value: Any, key: str, line: int, custom_id: str, *, integer: bool) -> int | float:
-    valid = isinstance(value, int) if integer else isinstance(value, (int, float)) and math.isfinite(value)
-    if isinstance(value, bool) or not valid:
-        kind = "an integer" if integer else "a number"
-        raise _error("invalid_request", f"{key} must be {kind}, got {value!r}", line, custom_id)
-    return value
-
-
-def _error(code: str, message: str, line: int, custom_id: str | None) -> RequestLineError:
-    return RequestLineError(code, message, line=line, custom_id=custom_id)

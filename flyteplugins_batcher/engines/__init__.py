@@ -5,13 +5,15 @@ dependencies when it is built or loaded, and the vLLM engines are resolved only 
 
 Example:
     ```python
-    from flyteplugins_batcher.engines import GenerationConfig, Request, create_engine
+    from flyteplugins_batcher.engines import GenerationConfig, Request, ResponseFormat, create_engine
 
     engine = create_engine(generation=GenerationConfig(max_new_tokens=64))  # SmolLM2 on CPU, vLLM on GPU
     engine.load()
     async with engine.batcher() as batcher:
         short = Request("Name a prime.", GenerationConfig(max_new_tokens=8))
-        completions = await batcher.run(["What is 2 + 2?", short])
+        as_json = Request("Invent a user.", GenerationConfig(response_format=ResponseFormat.json_object()))
+        three = Request("Name a color.", GenerationConfig(temperature=0.8, n=3))  # three samples
+        completions = await batcher.run(["What is 2 + 2?", short, as_json, three])
     ```
 """
 
@@ -20,8 +22,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from flyteplugins_batcher.engines._base import BatchEngine, Engine, StreamingEngine
-from flyteplugins_batcher.engines._completion import Completion, FinishReason
-from flyteplugins_batcher.engines._config import GenerationConfig
+from flyteplugins_batcher.engines._completion import Completion, FinishReason, Sample
+from flyteplugins_batcher.engines._config import MAX_SAMPLES, GenerationConfig
 from flyteplugins_batcher.engines._continuous_batching import (
     ContinuousBatchScheduler,
     OfflineRun,
@@ -30,11 +32,13 @@ from flyteplugins_batcher.engines._continuous_batching import (
     run_all_at_once,
 )
 from flyteplugins_batcher.engines._errors import (
+    ContextLengthExceededError,
     EngineConfigError,
     EngineDeadError,
     EngineNotLoadedError,
     InvalidModelReferenceError,
     InvalidPromptError,
+    InvalidResponseFormatError,
     ModelNotFoundError,
 )
 from flyteplugins_batcher.engines._factory import (
@@ -46,6 +50,7 @@ from flyteplugins_batcher.engines._factory import (
 )
 from flyteplugins_batcher.engines._model_reference import model_display_name
 from flyteplugins_batcher.engines._records import ChatMessages, PreparedPrompt, PromptRecord, Request
+from flyteplugins_batcher.engines._response_format import ResponseFormat
 from flyteplugins_batcher.engines._simulated import SimulatedEngine
 from flyteplugins_batcher.engines._simulated_gpu import OutputLengths, SimulatedGpu
 from flyteplugins_batcher.engines._smollm2 import BUNDLED_MODEL_NAME, bundled_smollm2_gguf, bundled_smollm2_path
@@ -61,9 +66,11 @@ __all__ = [
     "BUNDLED_MODEL_NAME",
     "DEFAULT_VLLM_MODE",
     "ENGINE_NAMES",
+    "MAX_SAMPLES",
     "BatchEngine",
     "ChatMessages",
     "Completion",
+    "ContextLengthExceededError",
     "ContinuousBatchScheduler",
     "Engine",
     "EngineConfigError",
@@ -75,12 +82,15 @@ __all__ = [
     "GenerationConfig",
     "InvalidModelReferenceError",
     "InvalidPromptError",
+    "InvalidResponseFormatError",
     "ModelNotFoundError",
     "OfflineRun",
     "OutputLengths",
     "PreparedPrompt",
     "PromptRecord",
     "Request",
+    "ResponseFormat",
+    "Sample",
     "SequenceJob",
     "SimulatedEngine",
     "SimulatedGpu",

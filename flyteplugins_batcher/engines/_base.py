@@ -23,7 +23,7 @@ from flyteplugins_batcher._settings import BatcherOptions, BatcherSettings
 from flyteplugins_batcher._stats import BusyClock
 from flyteplugins_batcher.engines._completion import Completion
 from flyteplugins_batcher.engines._config import GenerationConfig
-from flyteplugins_batcher.engines._errors import EngineNotLoadedError, InvalidPromptError
+from flyteplugins_batcher.engines._errors import ContextLengthExceededError, EngineNotLoadedError, InvalidPromptError
 from flyteplugins_batcher.engines._records import (
     PreparedPrompt,
     PromptRecord,
@@ -33,6 +33,7 @@ from flyteplugins_batcher.engines._records import (
     normalize_record,
 )
 from flyteplugins_batcher.engines._stats import EngineStats
+from flyteplugins_batcher.engines._structured import check_response_format
 
 if TYPE_CHECKING:
     from flyteplugins_batcher._token_batcher import TokenBatcher
@@ -219,18 +220,22 @@ class Engine(abc.ABC):
         return self.generation
 
     def estimate_tokens(self, record: PromptRecord) -> int:
-        """Token cost of a record for a `TokenBatcher` budget: prompt tokens + its `max_new_tokens`.
+        """Token cost of a record for a `TokenBatcher` budget: prompt tokens + `max_new_tokens` per sample.
 
-        Prompt tokens come from the model's tokenizer; only when there is none to ask (not loaded
-        yet) does it fall back to about 4 characters per token. Never raises: a record that cannot
-        be rendered costs 1 token and fails later, alone, with a clear error from `generate`.
+        A record asking for `n` samples costs `n` times its `max_new_tokens` when it samples, once
+        when it is greedy (its samples are identical: engines decode one and repeat it). Prompt
+        tokens come from the model's tokenizer; only when there is none to ask (not loaded yet)
+        does it fall back to about 4 characters per token. Never raises: a record that cannot be
+        rendered costs 1 token and fails later, alone, with a clear error from `generate`.
         """
+        generation = self.generation_for(record)
+        generated = generation.decoded_samples * generation.max_new_tokens
         try:
-            return self.prompt_tokens(record) + self.generation_for(record).max_new_tokens
+            return self.prompt_tokens(record) + generated
         except InvalidPromptError:
             return 1
         except Exception:
-            return approximate_tokens(record) + self.generation_for(record).max_new_tokens
+            return approximate_tokens(record) + generated
 
     # -- the pipeline --------------------------------------------------------------------------
 
@@ -248,8 +253,9 @@ class Engine(abc.ABC):
             try:
                 generation = self.generation_for(record)
                 token_ids = self.tokenize(self.render(record))
+                self._check_generation(generation)
             except InvalidPromptError as error:
-                results[index] = self._invalid(index, record, str(error))
+                results[index] = self._invalid(index, record, str(error), kind=type(error))
                 continue
             except Exception as error:  # a chat template can reject a conversation (e.g. roles out of order)
                 results[index] = self._invalid(index, record, f"cannot render the prompt: {error}")
@@ -262,13 +268,21 @@ class Engine(abc.ABC):
                     record,
                     f"prompt is too long: {len(token_ids)} prompt tokens + max_new_tokens {generation.max_new_tokens} "
                     f"= {needed} > context length {context}",
+                    kind=ContextLengthExceededError,
                 )
                 continue
             prepared.append(PreparedPrompt(index, token_ids, generation))
         return prepared, results
 
-    def _invalid(self, index: int, record: object, reason: str) -> InvalidPromptError:
-        return InvalidPromptError(f"{self.name}: {describe(index, record)}: {reason}")
+    def _check_generation(self, generation: GenerationConfig) -> None:
+        """Raise `InvalidPromptError` for settings this engine cannot honour (a schema that does not compile)."""
+        if generation.response_format is not None:
+            check_response_format(generation.response_format)
+
+    def _invalid(
+        self, index: int, record: object, reason: str, *, kind: type[InvalidPromptError] = InvalidPromptError
+    ) -> InvalidPromptError:
+        return kind(f"{self.name}: {describe(index, record)}: {reason}")
 
     def _merge(
         self, prepared: list[PreparedPrompt], outcomes: Sequence[Outcome], results: list[Outcome | None]

@@ -13,6 +13,17 @@ class InvalidPromptError(ValueError):
     """
 
 
+class ContextLengthExceededError(InvalidPromptError):
+    """A record whose prompt tokens plus `max_new_tokens` do not fit in the model's context."""
+
+
+class InvalidResponseFormatError(InvalidPromptError):
+    """A record whose `response_format` cannot be enforced: its JSON schema does not compile to a grammar.
+
+    The message names the schema and what the grammar compiler said about it.
+    """
+
+
 class EngineConfigError(Exception):
     """A configuration that cannot work, whatever the retry: a missing model, an unknown engine
     argument, a KV cache that does not fit. Raised before any long start-up where possible;

@@ -35,8 +35,8 @@ class Request:
     id: str | None = None
 
     def estimate_tokens(self) -> int:
-        """About 4 characters per token plus its `max_new_tokens`, when no engine tokenizer can count."""
-        extra = self.generation.max_new_tokens if self.generation is not None else 0
+        """About 4 characters per token plus `max_new_tokens` per decoded sample, when no engine tokenizer can count."""
+        extra = self.generation.decoded_samples * self.generation.max_new_tokens if self.generation is not None else 0
         return approximate_tokens(self.prompt) + extra
 
 

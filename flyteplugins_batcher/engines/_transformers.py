@@ -23,18 +23,21 @@ from __future__ import annotations
 
 import gc
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from flyteplugins_batcher._settings import BatcherSettings
 from flyteplugins_batcher.engines import _install
 from flyteplugins_batcher.engines._base import BatchEngine, Outcome
-from flyteplugins_batcher.engines._completion import Completion
+from flyteplugins_batcher.engines._completion import Completion, Sample
 from flyteplugins_batcher.engines._config import GenerationConfig
+from flyteplugins_batcher.engines._errors import InvalidResponseFormatError
 from flyteplugins_batcher.engines._model_reference import check_model_reference, hub_offline, model_display_name
 from flyteplugins_batcher.engines._model_thread import ModelThread
+from flyteplugins_batcher.engines._passes import Pass, plan_passes
 from flyteplugins_batcher.engines._records import PreparedPrompt
+from flyteplugins_batcher.engines._structured import Grammars
 
 if TYPE_CHECKING:
     import torch
@@ -56,8 +59,11 @@ class TransformersEngine(BatchEngine):
 
     `generate` is a plain blocking `def`: give it to a batcher, which runs it in a worker thread
     (the model itself always runs on the engine's own model thread). Records with different
-    generation settings (`Request`) never share a `model.generate` call; within one setting, the
+    sampling settings (`Request`) never share a `model.generate` call; within one setting, the
     valid records are grouped by prompt length into passes of at most `micro_batch_size` rows.
+    A record's `response_format` and `n` do not split passes: each row has its own grammar
+    matcher (an `xgrammar` logits processor) or none, and a record asking for `n` samples takes
+    `n` rows (one when greedy: its samples are identical, so one is decoded and repeated).
 
     Args:
         model: Hub id or local directory of a causal LM, or a path to a `.gguf` file. `None` serves
@@ -122,6 +128,7 @@ class TransformersEngine(BatchEngine):
         self.trust_remote_code = trust_remote_code
         self.model_kwargs = dict(model_kwargs or {})
         self._model: Any = None
+        self._grammars: Any = None  # Grammars, set by load
         self._device: torch.device | None = None
         self._eos_token_ids: frozenset[int] = frozenset()
         self._pad_token_id = 0
@@ -161,6 +168,7 @@ class TransformersEngine(BatchEngine):
         self._pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids)
         self._eos_token_ids = frozenset(eos_ids)
         self._context_length = _context_length(model, tokenizer)
+        self._grammars = Grammars(tokenizer, _logits_width(model), stop_token_ids=sorted(eos_ids))
         self._model, self._tokenizer, self._device = model, tokenizer, device
 
     def _close(self) -> None:
@@ -171,7 +179,7 @@ class TransformersEngine(BatchEngine):
         import torch
 
         on_cuda = self._device is not None and self._device.type == "cuda"
-        self._model = self._tokenizer = self._device = None
+        self._model = self._tokenizer = self._device = self._grammars = None
         gc.collect()
         if on_cuda:
             torch.cuda.empty_cache()
@@ -201,50 +209,63 @@ class TransformersEngine(BatchEngine):
             target_batch_cost=batch_size * (_TYPICAL_PROMPT_TOKENS + self.generation.max_new_tokens),
         )
 
-    def _generate_all(self, prompts: list[PreparedPrompt]) -> list[tuple[int, Completion]]:
-        """(index, completion) for every prompt; runs on the model thread."""
-        done: list[tuple[int, Completion]] = []
-        for group in self._groups(prompts):
-            done.extend(
-                (prompt.index, completion)
-                for prompt, completion in zip(group, self._generate_group(group), strict=True)
-            )
+    def _generate_all(self, prompts: list[PreparedPrompt]) -> list[tuple[int, Outcome]]:
+        """(index, outcome) for every prompt; runs on the model thread."""
+        done: list[tuple[int, Outcome]] = []
+        runnable = []
+        for prompt in prompts:
+            failure = self._compile_failure(prompt)
+            if failure is None:
+                runnable.append(prompt)
+            else:
+                done.append((prompt.index, failure))
+        for planned in plan_passes(runnable, self.micro_batch_size):
+            completions = self._generate_pass(planned)
+            done.extend(zip((prompt.index for prompt in planned.prompts), completions, strict=True))
         return done
 
-    def _groups(self, prompts: list[PreparedPrompt]) -> Iterator[list[PreparedPrompt]]:
-        """Passes that share generation settings, each over prompts of similar length."""
-        by_settings: dict[GenerationConfig, list[PreparedPrompt]] = {}
-        for prompt in prompts:
-            by_settings.setdefault(prompt.generation, []).append(prompt)
-        for same_settings in by_settings.values():
-            by_length = sorted(same_settings, key=lambda prompt: len(prompt.token_ids))
-            size = self.micro_batch_size or len(by_length)
-            for start in range(0, len(by_length), size):
-                yield by_length[start : start + size]
+    def _compile_failure(self, prompt: PreparedPrompt) -> Exception | None:
+        """The error for a prompt whose response format does not compile for this tokenizer, else None."""
+        response_format = prompt.generation.response_format
+        if response_format is None:
+            return None
+        try:
+            self._grammars.compiled(response_format)
+        except InvalidResponseFormatError as error:
+            return InvalidResponseFormatError(f"{self.name}: record {prompt.index}: {error}")
+        return None
 
-    def _generate_group(self, group: Sequence[PreparedPrompt]) -> list[Completion]:
+    def _generate_pass(self, planned: Pass) -> list[Completion]:
         import torch
 
-        generation = group[0].generation
-        input_ids, attention_mask = self._left_padded(group)
+        settings, rows = planned.settings, planned.rows
+        input_ids, attention_mask = self._left_padded(rows)
         prompt_width = input_ids.shape[1]
+        processor = self._grammar_processor(rows, settings)
         with torch.inference_mode():
-            if generation.seed is not None and not generation.greedy:
-                torch.manual_seed(generation.seed)
+            if settings.seed is not None and not settings.greedy:
+                torch.manual_seed(settings.seed)
             output = self._model.generate(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
-                generation_config=self._hf_generation_config(generation),
-                stopping_criteria=self._stopping_criteria(generation, prompt_width),
+                generation_config=self._hf_generation_config(settings, top_p_in_processor=processor is not None),
+                stopping_criteria=self._stopping_criteria(settings, prompt_width),
+                logits_processor=[processor] if processor is not None else None,
             )
-        generated = output[:, prompt_width:].tolist()
-        completions = [
-            self._completion(generation, len(prompt.token_ids), row)
-            for prompt, row in zip(group, generated, strict=True)
-        ]
+        completions = planned.completions([self._sample(settings, row) for row in output[:, prompt_width:].tolist()])
         real = sum(completion.prompt_tokens + completion.completion_tokens for completion in completions)
-        self._count_pass(len(group) * output.shape[1] - real)
+        self._count_pass(max(0, len(rows) * output.shape[1] - real))
         return completions
+
+    def _grammar_processor(self, rows: Sequence[PreparedPrompt], settings: GenerationConfig) -> Any:
+        """A logits processor holding each constrained row's matcher, or None when no row is constrained."""
+        formats = [prompt.generation.response_format for prompt in rows]
+        if all(response_format is None for response_format in formats):
+            return None
+        from flyteplugins_batcher.engines._grammar_processor import GrammarLogitsProcessor
+
+        matchers = [None if fmt is None else self._grammars.matcher(fmt) for fmt in formats]
+        return GrammarLogitsProcessor(matchers, self._grammars.vocab_size, top_p=settings.top_p)
 
     def _left_padded(self, group: Sequence[PreparedPrompt]) -> tuple[torch.Tensor, torch.Tensor]:
         import torch
@@ -258,10 +279,12 @@ class TransformersEngine(BatchEngine):
             attention_mask[row, width - length :] = 1
         return input_ids.to(self._device), attention_mask.to(self._device)
 
-    def _hf_generation_config(self, config: GenerationConfig) -> Any:
+    def _hf_generation_config(self, config: GenerationConfig, *, top_p_in_processor: bool = False) -> Any:
         from transformers import GenerationConfig as HFGenerationConfig
 
-        sampling = {} if config.greedy else {"temperature": config.temperature, "top_p": config.top_p, "top_k": 0}
+        # A grammar processor applies top-p itself, after its mask (see `_grammar_processor`).
+        top_p = 1.0 if top_p_in_processor else config.top_p
+        sampling = {} if config.greedy else {"temperature": config.temperature, "top_p": top_p, "top_k": 0}
         # Built from scratch rather than from the model's defaults, so that the engine's settings
         # mean the same thing for every model (no hidden top_k or repetition penalty).
         return HFGenerationConfig(
@@ -281,7 +304,7 @@ class TransformersEngine(BatchEngine):
 
         return StoppingCriteriaList([StopTextCriteria(self._tokenizer, generation.stop, prompt_width)])
 
-    def _completion(self, generation: GenerationConfig, prompt_tokens: int, row: list[int]) -> Completion:
+    def _sample(self, generation: GenerationConfig, row: list[int]) -> Sample:
         from flyteplugins_batcher.engines._stopping import trim_at_stop
 
         # Rows that finished early are filled with the pad token, which is often the EOS token too.
@@ -297,10 +320,10 @@ class TransformersEngine(BatchEngine):
         text, hit_stop_string = trim_at_stop(text, generation.stop)
         ended_by_eos = content_length < len(row) and row[content_length] in self._eos_token_ids
         if hit_stop_string:
-            return Completion(text, prompt_tokens, content_length, "stop")
+            return Sample(text, content_length, "stop")
         if ended_by_eos:
-            return Completion(text, prompt_tokens, content_length + 1, "stop")
-        return Completion(text, prompt_tokens, content_length, "length")
+            return Sample(text, content_length + 1, "stop")
+        return Sample(text, content_length, "length")
 
 
 def require_transformers() -> None:
@@ -366,6 +389,13 @@ def _as_id_set(value: int | Sequence[int] | None) -> set[int]:
     if value is None:
         return set()
     return {value} if isinstance(value, int) else set(value)
+
+
+def _logits_width(model: Any) -> int:
+    """The width of the model's logits (its output vocabulary, which may exceed the tokenizer's)."""
+    head = model.get_output_embeddings()
+    width = getattr(head, "out_features", None)
+    return int(width) if isinstance(width, int) else int(model.config.vocab_size)
 
 
 def _context_length(model: Any, tokenizer: Any) -> int:

@@ -33,11 +33,12 @@ from typing import Any, Literal
 from flyteplugins_batcher._settings import BatcherSettings
 from flyteplugins_batcher.engines import _install
 from flyteplugins_batcher.engines._base import BatchEngine, Engine, Outcome
-from flyteplugins_batcher.engines._completion import Completion, FinishReason
+from flyteplugins_batcher.engines._completion import Completion, FinishReason, Sample
 from flyteplugins_batcher.engines._config import GenerationConfig
-from flyteplugins_batcher.engines._errors import EngineConfigError, EngineDeadError
+from flyteplugins_batcher.engines._errors import EngineConfigError, EngineDeadError, InvalidResponseFormatError
 from flyteplugins_batcher.engines._model_reference import model_display_name
 from flyteplugins_batcher.engines._records import PreparedPrompt
+from flyteplugins_batcher.engines._response_format import ResponseFormat
 from flyteplugins_batcher.engines._stream_defaults import stream_batcher_settings
 from flyteplugins_batcher.engines._vllm_args import (
     accepted_arguments,
@@ -118,6 +119,8 @@ class VLLMSupport(Engine):
         self.model = model
         self.engine_args = dict(engine_args)
         self._limits: Limits | None = None
+        self._vllm_config: Any = None
+        self._verified: dict[GenerationConfig, str | None] = {}  # settings vLLM was asked to verify: its complaint
         self._dead = threading.Event()
         self._closing = threading.Event()  # set while closing: the engine process ending then is no death
 
@@ -150,12 +153,33 @@ class VLLMSupport(Engine):
 
     def _started(self, tokenizer: Any, vllm_config: Any) -> None:
         self._tokenizer = tokenizer
+        self._vllm_config = vllm_config
+        self._verified.clear()
         self._limits = Limits.read(vllm_config)
         self._dead.clear()
         self._closing.clear()
         # A process that ends with the engine loaded (a Flyte task returning, a script finishing)
         # shuts it down first, so its engine process is not reported as having died.
         atexit.register(_close_at_exit, weakref.ref(self))
+
+    def _check_generation(self, generation: GenerationConfig) -> None:
+        """Also ask vLLM whether it accepts a response format (its backend may refuse what xgrammar parses).
+
+        vLLM validates a request when it is added, and `LLM.generate` fails a whole batch for one
+        refused request; verifying each distinct setting here first makes the refusal that record's alone.
+        """
+        super()._check_generation(generation)
+        if generation.response_format is None:
+            return
+        if generation not in self._verified:
+            self._verified[generation] = verify_with_vllm(
+                sampling_params(generation, final_only=self.mode == "stream"), self._vllm_config, self._tokenizer
+            )
+        problem = self._verified[generation]
+        if problem is not None:
+            raise InvalidResponseFormatError(
+                f"response_format {generation.response_format.describe()} is refused by vLLM: {problem}"
+            )
 
     def _check_alive(self) -> None:
         if self._dead.is_set():
@@ -222,7 +246,7 @@ class VLLMEngine(VLLMSupport, BatchEngine):
         llm, self._llm = self._llm, None
         if llm is not None:
             shutdown_offline(llm)
-        self._limits = None
+        self._limits = self._vllm_config = None
         release_cuda_memory()
 
     def _run(self, prompts: list[PreparedPrompt]) -> list[Outcome]:
@@ -238,7 +262,10 @@ class VLLMEngine(VLLMSupport, BatchEngine):
         except VLLMEngineDeadError as error:
             self._dead.set()
             raise EngineDeadError(f"{self.name}: the vLLM engine process died during a batch") from error
-        return [completion(output, len(prompt.token_ids)) for prompt, output in zip(prompts, outputs, strict=True)]
+        return [
+            completion(output, len(prompt.token_ids), prompt.generation.n)
+            for prompt, output in zip(prompts, outputs, strict=True)
+        ]
 
 
 # -- shared helpers --------------------------------------------------------------------------------
@@ -275,13 +302,15 @@ def sampling_params(config: GenerationConfig, final_only: bool = False) -> Any:
     from vllm import SamplingParams
 
     options: dict[str, Any] = {
-        "n": 1,
+        "n": config.decoded_samples,  # vLLM refuses n > 1 when greedy: one sample is decoded and repeated
         "temperature": config.temperature,
         "top_p": config.top_p,
         "seed": config.seed,
         "max_tokens": config.max_new_tokens,
         "stop": list(config.stop),
     }
+    if config.response_format is not None:
+        options["structured_outputs"] = structured_outputs(config.response_format)
     if final_only:
         from vllm.sampling_params import RequestOutputKind
 
@@ -290,18 +319,45 @@ def sampling_params(config: GenerationConfig, final_only: bool = False) -> Any:
     return SamplingParams(**options)
 
 
-def completion(output: Any, prompt_tokens: int) -> Completion | Exception:
-    """A `Completion` from vLLM's final `RequestOutput`, or the error for an aborted request."""
-    choice = output.outputs[0]
-    finish_reason = _FINISH_REASONS.get(choice.finish_reason or "")
-    if finish_reason is None:
-        return RuntimeError(f"vllm: request {output.request_id} ended with finish_reason={choice.finish_reason!r}")
-    return Completion(
-        text=choice.text,
-        prompt_tokens=prompt_tokens,
-        completion_tokens=len(choice.token_ids),
-        finish_reason=finish_reason,
-    )
+def structured_outputs(response_format: ResponseFormat) -> Any:
+    """vLLM's `StructuredOutputsParams` for a response format."""
+    from vllm.sampling_params import StructuredOutputsParams
+
+    if response_format.schema is None:
+        return StructuredOutputsParams(json_object=True)
+    return StructuredOutputsParams(json=response_format.schema)
+
+
+def verify_with_vllm(params: Any, vllm_config: Any, tokenizer: Any) -> str | None:
+    """What vLLM says is wrong with `params` (as it checks a request when it is added), or None."""
+    try:
+        params.verify(
+            vllm_config.model_config,
+            vllm_config.speculative_config,
+            vllm_config.structured_outputs_config,
+            tokenizer,
+        )
+    except Exception as error:  # vLLM's validation errors are ValueError or its own VLLMValidationError
+        return str(error) or type(error).__name__
+    return None
+
+
+def completion(output: Any, prompt_tokens: int, n: int = 1) -> Completion | Exception:
+    """A `Completion` of `n` samples from vLLM's final `RequestOutput`, or the error for an aborted request.
+
+    A greedy request decodes one sample (see `sampling_params`), which is repeated `n` times.
+    """
+    samples = []
+    for choice in sorted(output.outputs, key=lambda choice: choice.index):
+        finish_reason = _FINISH_REASONS.get(choice.finish_reason or "")
+        if finish_reason is None:
+            return RuntimeError(f"vllm: request {output.request_id} ended with finish_reason={choice.finish_reason!r}")
+        samples.append(Sample(choice.text, len(choice.token_ids), finish_reason))
+    if len(samples) == 1:
+        samples *= n
+    if len(samples) != n:
+        return RuntimeError(f"vllm: request {output.request_id} returned {len(samples)} samples, not {n}")
+    return Completion.from_samples(prompt_tokens, samples)
 
 
 def engine_core_client(engine: Any) -> Any:

@@ -77,7 +77,7 @@ class VLLMStreamEngine(VLLMSupport, StreamingEngine):
         self._closing.set()
         loop, llm = self._engine_loop, self._async_llm
         self._engine_loop = self._async_llm = None
-        self._limits = None
+        self._limits = self._vllm_config = None
         if loop is not None:
             if llm is not None:
                 try:
@@ -120,7 +120,7 @@ class VLLMStreamEngine(VLLMSupport, StreamingEngine):
             raise EngineDeadError(f"{self.name}: the vLLM engine process died") from error
         if final is None or not final.finished:
             return RuntimeError(f"{self.name}: request {request_id} ended without a final output")
-        return completion(final, len(prompt.token_ids))
+        return completion(final, len(prompt.token_ids), prompt.generation.n)
 
 
 async def _start_async_llm(model: str, engine_args: dict[str, Any], stat_loggers: list[Any]) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -55,7 +56,7 @@ def test_completions_lines_and_plain_lines_are_accepted_with_run_defaults():
             "missing_custom_id",
             "needs a custom_id",
         ),
-        (openai_line(url="/v1/embeddings"), "invalid_url", "'/v1/embeddings'"),
+        (openai_line(url="/v1/files"), "invalid_url", "'/v1/files'"),
         (openai_line(url="/v1/chat/completions", max_tokens=5), "invalid_body", "body.messages"),
         (
             openai_line(url="/v1/completions", messages=[{"role": "user", "content": "x"}]),
@@ -64,7 +65,11 @@ def test_completions_lines_and_plain_lines_are_accepted_with_run_defaults():
         ),
         (json.dumps({"custom_id": "x", "question": "hi"}), "invalid_body", "needs 'messages' or 'prompt'"),
         (openai_line(messages=[{"role": "user", "content": "x"}], max_tokens="ten"), "invalid_request", "max_tokens"),
-        (openai_line(messages=[{"role": "user", "content": "x"}], n=3), "invalid_request", "n=3"),
+        (
+            openai_line(messages=[{"role": "user", "content": "x"}], n=0),
+            "invalid_request",
+            "body.n must be from 1 to 128",
+        ),
         (openai_line(messages=[{"role": "user", "content": "x"}], model="gpt-4o"), "model_mismatch", "'gpt-4o'"),
     ],
 )
@@ -80,10 +85,10 @@ def test_a_model_mismatch_can_be_ignored_by_rule():
     assert parse_request_line(line, 1, served_model="SmolLM2", model_mismatch="ignore").model == "gpt-4o"
 
 
-def test_out_of_range_settings_fail_the_line_when_applied():
-    parsed = parse_request_line(openai_line(messages=[{"role": "user", "content": "x"}], temperature=-1), 3)
-    with pytest.raises(RequestLineError, match="temperature must be >= 0") as raised:
-        parsed.generation(DEFAULTS)
+def test_settings_the_engine_cannot_combine_fail_the_line_when_applied():
+    parsed = parse_request_line(openai_line(messages=[{"role": "user", "content": "x"}], max_tokens=300), 3)
+    with pytest.raises(RequestLineError, match="max_new_tokens must be an integer >= 1") as raised:
+        replace(parsed, settings={**parsed.settings, "max_new_tokens": 0}).generation(DEFAULTS)
     assert raised.value.code == "invalid_request" and raised.value.custom_id == "r1"
 
 

@@ -26,9 +26,12 @@ from flyteplugins_batcher.engines import (
     EngineDeadError,
     GenerationConfig,
     InvalidPromptError,
+    InvalidResponseFormatError,
     Request,
+    ResponseFormat,
     create_engine,
 )
+from tests.engines.structured_cases import Validity, held_out_cases, held_out_requests, invalid_reason
 
 pytestmark = pytest.mark.slow
 
@@ -139,6 +142,57 @@ async def test_steps_and_occupancy_come_from_vllms_own_scheduler(engine: Any) ->
     # requests between steps, so some may join a step or two later (each such step adds 1 step).
     assert 16 <= window.steps <= 18
     assert window.occupancy == generated / (window.steps * MAX_NUM_SEQS)  # 8/16 = 0.5 at 16 steps, 0.44 at 18
+
+
+async def test_a_schema_a_json_object_and_a_plain_record_share_one_batch(engine: Any) -> None:
+    case = held_out_cases()[0]
+    schema_format = ResponseFormat.json_schema(case["schema"], name=case["name"])
+    broken = ResponseFormat.json_schema({"type": "object", "properties": {"a": {"type": "strin"}}}, name="broken")
+    chat = [{"role": "user", "content": case["prompt"]}]
+    records = [
+        Request(chat, GenerationConfig(max_new_tokens=128, response_format=schema_format), id="schema"),
+        Request(chat, GenerationConfig(max_new_tokens=128, response_format=ResponseFormat.json_object()), id="object"),
+        Request(chat, GenerationConfig(max_new_tokens=128, response_format=broken), id="broken"),
+        Request(chat, GenerationConfig(max_new_tokens=16), id="plain"),
+    ]
+
+    schema_answer, object_answer, error, plain = await generate(engine, records)
+
+    assert isinstance(schema_answer, Completion) and schema_answer.finish_reason == "stop"
+    assert invalid_reason(schema_answer.text, schema_format) is None, schema_answer.text
+    assert isinstance(object_answer, Completion)
+    if object_answer.finish_reason == "stop":
+        assert invalid_reason(object_answer.text, ResponseFormat.json_object()) is None, object_answer.text
+    assert isinstance(error, InvalidResponseFormatError)
+    assert "id='broken'" in str(error) and 'cannot be enforced: Unsupported type "strin"' in str(error)
+    [plain_alone] = completions(await generate(engine, [records[3]]))
+    assert isinstance(plain, Completion) and plain.text == plain_alone.text
+
+
+async def test_n_samples_are_all_returned_and_counted(engine: Any) -> None:
+    generated_before = vllm_counter("vllm:generation_tokens")
+    sampled = Request(QUESTIONS[1], GenerationConfig(max_new_tokens=12, temperature=1.0, n=3, seed=7))
+    greedy = Request(QUESTIONS[1], GenerationConfig(max_new_tokens=12, n=3))
+    single = Request(QUESTIONS[1], GenerationConfig(max_new_tokens=12))
+
+    several, identical, one = completions(await generate(engine, [sampled, greedy, single]))
+
+    assert len(several.samples) == 3 and len({sample.text for sample in several.samples}) > 1
+    assert several.completion_tokens == sum(sample.completion_tokens for sample in several.samples)
+    assert several.prompt_tokens == one.prompt_tokens
+    assert [sample.text for sample in identical.samples] == [one.text] * 3  # greedy: decoded once, repeated
+    assert identical.completion_tokens == 3 * one.completion_tokens
+    decoded = several.completion_tokens + 2 * one.completion_tokens
+    assert vllm_counter("vllm:generation_tokens") - generated_before == decoded
+
+
+async def test_every_answered_held_out_schema_validates(engine: Any) -> None:
+    validity = Validity()
+    for requests in (held_out_requests(), held_out_requests(temperature=0.7, n=2, seed=0)):
+        validity.add(requests, await generate(engine, requests))
+    print(validity.summary(f"vllm {engine.mode}"))
+    assert not validity.failures, validity.failures
+    assert validity.answered >= len(held_out_cases())
 
 
 def test_each_event_loop_can_use_the_engine(engine: Any) -> None:

@@ -1,0 +1,138 @@
+"""Structured output with `xgrammar`: checking a response format, and compiling it for a tokenizer.
+
+`check_response_format` is the check every engine runs before a record reaches the model: the
+schema must convert to a grammar (tokenizer-independent, so it needs no model). `Grammars` compiles
+each distinct format once for one tokenizer; `GrammarLogitsProcessor` (in `_grammar_processor`,
+which imports torch) applies one matcher per batch row, or none, so records with and without a
+format share one `generate` call.
+
+Why compact JSON (no free whitespace between tokens of the JSON): small models given free
+whitespace tend to spend their token budget on newlines and indentation, or never leave them;
+compact output is shorter and parses the same.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from flyteplugins_batcher.engines import _install
+from flyteplugins_batcher.engines._errors import InvalidResponseFormatError
+from flyteplugins_batcher.engines._response_format import ResponseFormat
+
+_SCHEMA_CHECK_CACHE_SIZE = 1024
+"""Distinct schemas whose check result is kept: a batch file usually repeats a handful of schemas."""
+
+_SOURCE_PREFIX = re.compile(r"^\[[\d:]+\]\s+\S+:\d+:\s*")
+"""xgrammar's C++ errors start with `[hh:mm:ss] path/to/file.cc:line: `."""
+
+STRUCTURED_OUTPUT_INSTALL = "pip install xgrammar (vLLM installs it; so does 'flyteplugins-batcher[transformers]')"
+
+
+def check_response_format(response_format: ResponseFormat) -> None:
+    """Fail when `response_format`'s schema cannot be turned into a grammar.
+
+    Raises:
+        InvalidResponseFormatError: Naming the schema and what the grammar compiler said.
+    """
+    problem = _schema_problem(response_format.grammar_schema)
+    if problem is not None:
+        raise InvalidResponseFormatError(f"response_format {response_format.describe()} cannot be enforced: {problem}")
+
+
+@functools.lru_cache(maxsize=_SCHEMA_CHECK_CACHE_SIZE)
+def _schema_problem(schema: str) -> str | None:
+    if _install.missing("xgrammar"):
+        return f"structured output needs xgrammar, which is not installed ({STRUCTURED_OUTPUT_INSTALL})"
+    import xgrammar as xgr
+
+    try:
+        xgr.Grammar.from_json_schema(schema, any_whitespace=False)
+    except Exception as error:  # xgrammar reports schema problems as RuntimeError or ValueError
+        return compiler_message(error)
+    return None
+
+
+def compiler_message(error: BaseException) -> str:
+    """xgrammar's complaint without the time stamp and C++ source location it starts with.
+
+    Example:
+        ```python
+        # RuntimeError("[09:17:12] /project/cpp/json_schema_converter.cc:4944: Unsupported type \"strin\"")
+        assert compiler_message(error) == 'Unsupported type "strin"'
+        ```
+    """
+    text = " ".join(str(error).split())
+    return _SOURCE_PREFIX.sub("", text) or type(error).__name__
+
+
+class Grammars:
+    """Compiled grammars for one tokenizer: each distinct response format is compiled once.
+
+    The tokenizer's vocabulary is indexed on first use (a fraction of a second), so engines that
+    never see a response format never pay for it. Thread-safe.
+
+    Args:
+        tokenizer: The model's Hugging Face tokenizer.
+        vocab_size: Width of the model's logits (may exceed the tokenizer's vocabulary).
+        stop_token_ids: Tokens that end a sequence; a finished grammar allows only these.
+
+    Example:
+        ```python
+        grammars = Grammars(tokenizer, model.config.vocab_size, stop_token_ids=[tokenizer.eos_token_id])
+        processor = GrammarLogitsProcessor([grammars.matcher(ResponseFormat.json_object()), None], grammars.vocab_size)
+        ```
+    """
+
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int]) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.stop_token_ids = sorted(stop_token_ids)
+        self._lock = threading.Lock()
+        self._compiler: Any = None
+        self._compiled: dict[str, Any] = {}
+
+    @property
+    def compiled_count(self) -> int:
+        """Distinct schemas compiled so far."""
+        return len(self._compiled)
+
+    def compiled(self, response_format: ResponseFormat) -> Any:
+        """The compiled grammar for a format (compiled on first use, then cached).
+
+        Raises:
+            InvalidResponseFormatError: The schema does not compile.
+        """
+        schema = response_format.grammar_schema
+        with self._lock:
+            cached = self._compiled.get(schema)
+            if cached is not None:
+                return cached
+            compiler = self._compiler or self._new_compiler()
+            try:
+                grammar = compiler.compile_json_schema(schema, any_whitespace=False)
+            except Exception as error:
+                raise InvalidResponseFormatError(
+                    f"response_format {response_format.describe()} cannot be enforced: {compiler_message(error)}"
+                ) from error
+            self._compiled[schema] = grammar
+            return grammar
+
+    def matcher(self, response_format: ResponseFormat) -> Any:
+        """A fresh matcher (one per generated sequence) for a format."""
+        import xgrammar as xgr
+
+        return xgr.GrammarMatcher(self.compiled(response_format))
+
+    def _new_compiler(self) -> Any:
+        _install.require("structured-output", ("xgrammar",), STRUCTURED_OUTPUT_INSTALL)
+        import xgrammar as xgr
+
+        info = xgr.TokenizerInfo.from_huggingface(
+            self.tokenizer, vocab_size=self.vocab_size, stop_token_ids=self.stop_token_ids
+        )
+        self._compiler = xgr.GrammarCompiler(info, cache_enabled=False)  # we cache by schema ourselves
+        return self._compiler

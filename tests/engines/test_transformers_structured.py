@@ -1,0 +1,101 @@
+"""Structured output and several samples with the real Transformers engine (bundled SmolLM2 on CPU)."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+import pytest
+
+from flyteplugins_batcher.engines import (
+    Completion,
+    GenerationConfig,
+    InvalidResponseFormatError,
+    Request,
+    ResponseFormat,
+)
+from tests.engines.structured_cases import Validity, held_out_cases, held_out_requests, invalid_reason
+
+if TYPE_CHECKING:
+    from flyteplugins_batcher.engines import TransformersEngine
+
+pytestmark = pytest.mark.slow
+
+CHAT = [{"role": "user", "content": "Invent a person: their name and age."}]
+
+
+def test_a_schema_a_json_object_and_a_plain_record_share_one_generate_call(smollm2_engine: TransformersEngine):
+    case = held_out_cases()[0]
+    schema_format = ResponseFormat.json_schema(case["schema"], name=case["name"])
+    records = [
+        Request(CHAT, GenerationConfig(max_new_tokens=96, response_format=schema_format), id="schema"),
+        Request(CHAT, GenerationConfig(max_new_tokens=96, response_format=ResponseFormat.json_object()), id="object"),
+        Request(CHAT, GenerationConfig(max_new_tokens=96), id="plain"),
+    ]
+    [plain_alone] = smollm2_engine.generate([records[2]])
+    passes_before = smollm2_engine.stats.batches
+    schema_answer, object_answer, plain = smollm2_engine.generate(records)
+    assert smollm2_engine.stats.batches == passes_before + 1  # one left-padded generate call for all three
+    assert isinstance(schema_answer, Completion) and schema_answer.finish_reason == "stop"
+    assert invalid_reason(schema_answer.text, schema_format) is None, schema_answer.text
+    assert isinstance(object_answer, Completion) and object_answer.finish_reason == "stop"
+    assert isinstance(json.loads(object_answer.text), dict)
+    assert isinstance(plain, Completion) and isinstance(plain_alone, Completion)
+    assert plain.text == plain_alone.text  # the unconstrained row is left alone by the grammar processor
+
+
+def test_an_invalid_schema_fails_alone_and_the_others_still_answer(smollm2_engine: TransformersEngine):
+    broken = ResponseFormat.json_schema({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}, name="x")
+    records = [
+        Request(CHAT, GenerationConfig(max_new_tokens=48, response_format=ResponseFormat.json_object())),
+        Request(CHAT, GenerationConfig(max_new_tokens=48, response_format=broken), id="broken"),
+        Request(CHAT, GenerationConfig(max_new_tokens=8)),
+    ]
+    first, error, last = smollm2_engine.generate(records)
+    assert isinstance(first, Completion) and isinstance(last, Completion)
+    assert isinstance(error, InvalidResponseFormatError)
+    assert "id='broken'" in str(error) and "json_schema 'x' cannot be enforced: Cannot find field $defs" in str(error)
+
+
+def test_a_json_answer_cut_by_max_tokens_says_length(smollm2_engine: TransformersEngine):
+    generation = GenerationConfig(max_new_tokens=5, response_format=ResponseFormat.json_object())
+    [cut] = smollm2_engine.generate([Request(CHAT, generation)])
+    assert isinstance(cut, Completion) and cut.finish_reason == "length" and cut.completion_tokens == 5
+
+
+def test_n_samples_are_all_returned_and_counted(smollm2_engine: TransformersEngine):
+    sampled = Request("Name a color.", GenerationConfig(max_new_tokens=12, temperature=1.0, n=3, seed=7))
+    greedy = Request("Name a color.", GenerationConfig(max_new_tokens=12, n=3))
+    single = Request("Name a color.", GenerationConfig(max_new_tokens=12))
+    completions = smollm2_engine.generate([sampled, greedy, single])
+    assert all(isinstance(completion, Completion) for completion in completions)
+    several, identical, one = completions
+    assert isinstance(several, Completion) and isinstance(identical, Completion) and isinstance(one, Completion)
+    assert len(several.samples) == 3 and len({sample.text for sample in several.samples}) > 1
+    assert several.completion_tokens == sum(sample.completion_tokens for sample in several.samples)
+    assert several.prompt_tokens == one.prompt_tokens
+    assert [sample.text for sample in identical.samples] == [one.text] * 3
+    assert identical.completion_tokens == 3 * one.completion_tokens
+    [again] = smollm2_engine.generate([sampled])
+    assert isinstance(again, Completion) and again.samples == several.samples  # the seed repeats the samples
+
+
+def test_n_samples_with_a_schema_each_follow_it(smollm2_engine: TransformersEngine, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(smollm2_engine, "micro_batch_size", 2)  # 3 samples need their own pass: never split
+    case = held_out_cases()[1]
+    schema_format = ResponseFormat.json_schema(case["schema"], name=case["name"])
+    generation = GenerationConfig(max_new_tokens=96, temperature=0.8, n=3, seed=1, response_format=schema_format)
+    [completion] = smollm2_engine.generate([Request([{"role": "user", "content": case["prompt"]}], generation)])
+    assert isinstance(completion, Completion) and len(completion.samples) == 3
+    for sample in completion.samples:
+        if sample.finish_reason == "stop":
+            assert invalid_reason(sample.text, schema_format) is None, sample.text
+
+
+def test_every_answered_held_out_schema_validates(smollm2_engine: TransformersEngine):
+    validity = Validity()
+    for requests in (held_out_requests(), held_out_requests(temperature=0.7, n=2, seed=0)):
+        validity.add(requests, smollm2_engine.generate(requests))
+    print(validity.summary("transformers"))
+    assert not validity.failures, validity.failures
+    assert validity.answered >= len(held_out_cases())  # most answers finish within the budget
