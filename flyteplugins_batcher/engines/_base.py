@@ -33,7 +33,7 @@ from flyteplugins_batcher.engines._records import (
     normalize_record,
 )
 from flyteplugins_batcher.engines._stats import EngineStats
-from flyteplugins_batcher.engines._structured import check_response_format
+from flyteplugins_batcher.engines._structured import check_generation
 
 if TYPE_CHECKING:
     from flyteplugins_batcher._token_batcher import TokenBatcher
@@ -220,22 +220,18 @@ class Engine(abc.ABC):
         return self.generation
 
     def estimate_tokens(self, record: PromptRecord) -> int:
-        """Token cost of a record for a `TokenBatcher` budget: prompt tokens + `max_new_tokens` per sample.
+        """Token cost of a record for a `TokenBatcher` budget: prompt tokens + `max_new_tokens` per decoded sample.
 
-        A record asking for `n` samples costs `n` times its `max_new_tokens` when it samples, once
-        when it is greedy (its samples are identical: engines decode one and repeat it). Prompt
-        tokens come from the model's tokenizer; only when there is none to ask (not loaded yet)
-        does it fall back to about 4 characters per token. Never raises: a record that cannot be
-        rendered costs 1 token and fails later, alone, with a clear error from `generate`.
+        Prompt tokens come from the model's tokenizer; only when there is none to ask (not loaded
+        yet) does it fall back to about 4 characters per token. Never raises: a record that cannot
+        be rendered costs 1 token and fails later, alone, with a clear error from `generate`.
         """
-        generation = self.generation_for(record)
-        generated = generation.decoded_samples * generation.max_new_tokens
         try:
-            return self.prompt_tokens(record) + generated
+            return self.prompt_tokens(record) + self.generation_for(record).generated_tokens
         except InvalidPromptError:
             return 1
         except Exception:
-            return approximate_tokens(record) + generated
+            return approximate_tokens(record) + self.generation_for(record).generated_tokens
 
     # -- the pipeline --------------------------------------------------------------------------
 
@@ -255,33 +251,24 @@ class Engine(abc.ABC):
                 token_ids = self.tokenize(self.render(record))
                 self._check_generation(generation)
             except InvalidPromptError as error:
-                results[index] = self._invalid(index, record, str(error), kind=type(error))
+                results[index] = self._invalid(index, record, str(error), type(error))
                 continue
             except Exception as error:  # a chat template can reject a conversation (e.g. roles out of order)
                 results[index] = self._invalid(index, record, f"cannot render the prompt: {error}")
                 results[index].__cause__ = error  # type: ignore[union-attr]
                 continue
-            needed = len(token_ids) + generation.max_new_tokens
-            if needed > context:
-                results[index] = self._invalid(
-                    index,
-                    record,
-                    f"prompt is too long: {len(token_ids)} prompt tokens + max_new_tokens {generation.max_new_tokens} "
-                    f"= {needed} > context length {context}",
-                    kind=ContextLengthExceededError,
-                )
+            if len(token_ids) + generation.max_new_tokens > context:
+                reason = _too_long(len(token_ids), generation.max_new_tokens, context)
+                results[index] = self._invalid(index, record, reason, ContextLengthExceededError)
                 continue
             prepared.append(PreparedPrompt(index, token_ids, generation))
         return prepared, results
 
     def _check_generation(self, generation: GenerationConfig) -> None:
         """Raise `InvalidPromptError` for settings this engine cannot honour (a schema that does not compile)."""
-        if generation.response_format is not None:
-            check_response_format(generation.response_format)
+        check_generation(generation)
 
-    def _invalid(
-        self, index: int, record: object, reason: str, *, kind: type[InvalidPromptError] = InvalidPromptError
-    ) -> InvalidPromptError:
+    def _invalid(self, index: int, record: object, reason: str, kind: type = InvalidPromptError) -> InvalidPromptError:
         return kind(f"{self.name}: {describe(index, record)}: {reason}")
 
     def _merge(
@@ -363,6 +350,14 @@ class Engine(abc.ABC):
             cost_estimator=options.cost_estimator or self.estimate_tokens,
             name=options.name,
         )
+
+
+def _too_long(prompt_tokens: int, max_new_tokens: int, context: int) -> str:
+    needed = prompt_tokens + max_new_tokens
+    return (
+        f"prompt is too long: {prompt_tokens} prompt tokens + max_new_tokens {max_new_tokens} = {needed} > "
+        f"context length {context}"
+    )
 
 
 class BatchEngine(Engine):

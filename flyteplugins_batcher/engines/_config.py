@@ -70,6 +70,11 @@ class GenerationConfig:
         """Sequences an engine decodes per record: `n` when sampling, 1 when greedy (its samples are equal)."""
         return 1 if self.greedy else self.n
 
+    @property
+    def generated_tokens(self) -> int:
+        """Most tokens a record generates: `max_new_tokens` per decoded sample (the batcher's budget counts them)."""
+        return self.decoded_samples * self.max_new_tokens
+
 
 def _is_integer(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)

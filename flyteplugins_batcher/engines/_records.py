@@ -36,7 +36,7 @@ class Request:
 
     def estimate_tokens(self) -> int:
         """About 4 characters per token plus `max_new_tokens` per decoded sample, when no engine tokenizer can count."""
-        extra = self.generation.decoded_samples * self.generation.max_new_tokens if self.generation is not None else 0
+        extra = self.generation.generated_tokens if self.generation is not None else 0
         return approximate_tokens(self.prompt) + extra
 
 

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from flyteplugins_batcher.engines import _install
+from flyteplugins_batcher.engines._config import GenerationConfig
 from flyteplugins_batcher.engines._errors import InvalidResponseFormatError
 from flyteplugins_batcher.engines._response_format import ResponseFormat
 
@@ -30,6 +31,16 @@ _SOURCE_PREFIX = re.compile(r"^\[[\d:]+\]\s+\S+:\d+:\s*")
 """xgrammar's C++ errors start with `[hh:mm:ss] path/to/file.cc:line: `."""
 
 STRUCTURED_OUTPUT_INSTALL = "pip install xgrammar (vLLM installs it; so does 'flyteplugins-batcher[transformers]')"
+
+
+def check_generation(generation: GenerationConfig) -> None:
+    """Fail when a record's settings ask for a response format whose schema cannot become a grammar.
+
+    Raises:
+        InvalidResponseFormatError: See `check_response_format`.
+    """
+    if generation.response_format is not None:
+        check_response_format(generation.response_format)
 
 
 def check_response_format(response_format: ResponseFormat) -> None:

@@ -92,6 +92,7 @@ def test_n_samples_with_a_schema_each_follow_it(smollm2_engine: TransformersEngi
             assert invalid_reason(sample.text, schema_format) is None, sample.text
 
 
+@pytest.mark.timeout(900)  # 30 answers of up to 256 tokens on 2 shared CPU cores
 def test_every_answered_held_out_schema_validates(smollm2_engine: TransformersEngine):
     validity = Validity()
     for requests in (held_out_requests(), held_out_requests(temperature=0.7, n=2, seed=0)):

@@ -169,6 +169,19 @@ async def test_a_schema_a_json_object_and_a_plain_record_share_one_batch(engine:
     assert isinstance(plain, Completion) and plain.text == plain_alone.text
 
 
+async def test_a_schema_vllm_itself_refuses_fails_alone_not_the_batch(engine: Any) -> None:
+    deep: dict[str, Any] = {"type": "string"}
+    for _ in range(70):  # xgrammar compiles it; vLLM refuses schemas nested over 64 levels
+        deep = {"type": "array", "items": deep, "maxItems": 1}
+    refused = Request("x", GenerationConfig(max_new_tokens=8, response_format=ResponseFormat.json_schema(deep)))
+
+    first, error, last = await generate(engine, [QUESTIONS[0], refused, QUESTIONS[1]])
+
+    assert isinstance(first, Completion) and isinstance(last, Completion)
+    assert isinstance(error, InvalidResponseFormatError)
+    assert "is refused by vLLM: The JSON schema is nested too deeply" in str(error)
+
+
 async def test_n_samples_are_all_returned_and_counted(engine: Any) -> None:
     generated_before = vllm_counter("vllm:generation_tokens")
     sampled = Request(QUESTIONS[1], GenerationConfig(max_new_tokens=12, temperature=1.0, n=3, seed=7))
@@ -186,6 +199,7 @@ async def test_n_samples_are_all_returned_and_counted(engine: Any) -> None:
     assert vllm_counter("vllm:generation_tokens") - generated_before == decoded
 
 
+@pytest.mark.timeout(900)  # 30 answers of up to 256 tokens on 2 shared CPU cores
 async def test_every_answered_held_out_schema_validates(engine: Any) -> None:
     validity = Validity()
     for requests in (held_out_requests(), held_out_requests(temperature=0.7, n=2, seed=0)):
