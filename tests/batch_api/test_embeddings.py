@@ -21,45 +21,31 @@ from flyteplugins_batcher.batch_api import (
     parse_request_line,
 )
 
+
+def required_object(**properties: object) -> dict[str, object]:
+    """A JSON schema for an object that must have all of `properties`."""
+    return {"type": "object", "required": list(properties), "properties": properties}
+
+
+INTEGER, STRING = {"type": "integer"}, {"type": "string"}
 # OpenAI's documented shapes (API reference: "Create embeddings" response, and the Batch API's output line).
-OPENAI_EMBEDDING_RESPONSE = {
-    "type": "object",
-    "required": ["object", "data", "model", "usage"],
-    "properties": {
-        "object": {"const": "list"},
-        "data": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "required": ["object", "index", "embedding"],
-                "properties": {
-                    "object": {"const": "embedding"},
-                    "index": {"type": "integer"},
-                    "embedding": {"oneOf": [{"type": "array", "items": {"type": "number"}}, {"type": "string"}]},
-                },
-            },
-        },
-        "model": {"type": "string"},
-        "usage": {
-            "type": "object",
-            "required": ["prompt_tokens", "total_tokens"],
-            "properties": {"prompt_tokens": {"type": "integer"}, "total_tokens": {"type": "integer"}},
-        },
-    },
-}
-OPENAI_BATCH_OUTPUT_LINE = {
-    "type": "object",
-    "required": ["id", "custom_id", "response", "error"],
-    "properties": {
-        "custom_id": {"type": "string"},
-        "response": {
-            "type": "object",
-            "required": ["status_code", "request_id", "body"],
-            "properties": {"status_code": {"const": 200}, "body": OPENAI_EMBEDDING_RESPONSE},
-        },
-        "error": {"type": "null"},
-    },
-}
+OPENAI_EMBEDDING = required_object(
+    object={"const": "embedding"},
+    index=INTEGER,
+    embedding={"oneOf": [{"type": "array", "items": {"type": "number"}}, STRING]},
+)
+OPENAI_EMBEDDING_RESPONSE = required_object(
+    object={"const": "list"},
+    data={"type": "array", "items": OPENAI_EMBEDDING},
+    model=STRING,
+    usage=required_object(prompt_tokens=INTEGER, total_tokens=INTEGER),
+)
+OPENAI_BATCH_OUTPUT_LINE = required_object(
+    id=STRING,
+    custom_id=STRING,
+    response=required_object(status_code={"const": 200}, request_id=STRING, body=OPENAI_EMBEDDING_RESPONSE),
+    error={"type": "null"},
+)
 
 
 def embeddings_line(custom_id: object = "e1", **body: Any) -> str:
