@@ -44,6 +44,7 @@ from flyteplugins_batcher._records import (
 )
 from flyteplugins_batcher._settings import BatcherOptions, BatcherSettings, Grouping, OnError, Oversized
 from flyteplugins_batcher._shared import SharedBatcher
+from flyteplugins_batcher._sizing import InFlight, size_in_flight
 from flyteplugins_batcher._stats import BatchStats, DispatchReason
 from flyteplugins_batcher._token_batcher import TokenBatcher
 
@@ -67,6 +68,7 @@ __all__ = [
     "Distribution",
     "DynamicBatcher",
     "Grouping",
+    "InFlight",
     "InferenceFn",
     "OnError",
     "Oversized",
@@ -83,4 +85,5 @@ __all__ = [
     "UnrecoverableError",
     "batched",
     "inference_environment",
+    "size_in_flight",
 ]

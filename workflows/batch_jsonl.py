@@ -6,8 +6,9 @@
 Each input line is a request (`flyteplugins_batcher.batch_api` says what is accepted); a bad line
 fails alone, with a line in the errors file naming its code and the reason, and every other line
 still runs. The driver streams the file (`workflows/jsonl_job.py`): it parses a line at a time,
-keeps at most `max_chunks_in_flight` chunks outstanding, and writes results as chunks finish, so
-its memory does not grow with the file. Finished chunks are cached by content and settings:
+keeps at most `max_chunks_in_flight` chunks outstanding (by default every replica's slots:
+replicas x concurrency, sized to the engine by `size_in_flight`), and writes results as chunks
+finish, so its memory does not grow with the file. Finished chunks are cached by content and settings:
 re-running a job after a crash recomputes only what had not finished. The run exits non-zero when
 more requests failed than `max_failed_fraction` allows, after writing everything that did finish.
 """
@@ -23,7 +24,7 @@ from flyteplugins_batcher.engines import model_display_name
 from workflows.driver import RunOptions, fan_out, finish_run
 from workflows.environments import driver_environment
 from workflows.jsonl_job import Job
-from workflows.llm_replica import gpu_env, infer_chunk
+from workflows.llm_replica import LLM_POOL, LLM_SIZING, gpu_env, infer_chunk
 from workflows.options import task_with_options
 from workflows.schema import EngineSettings, RunSummary
 
@@ -34,7 +35,7 @@ driver_env = driver_environment("batch_jsonl_driver", gpu_env)
 async def main(
     input: File,
     model_mismatch: str = "error",
-    run: RunOptions = RunOptions(chunk_size=32, max_chunks_in_flight=16),
+    run: RunOptions = RunOptions(chunk_size=LLM_SIZING.chunk_size),
     settings: EngineSettings = EngineSettings(),
 ) -> RunSummary:
     """Run every request of a JSONL file; write OpenAI-batch result lines and error lines.
@@ -62,7 +63,7 @@ async def main(
             job.chunks(run.chunk_size),
             lambda chunk: infer_chunk(chunk, settings, cache_salt),
             job.on_chunk,
-            max_in_flight=run.max_chunks_in_flight,
+            max_in_flight=run.chunks_in_flight(LLM_POOL),
         )
     finally:
         job.close()
@@ -75,5 +76,6 @@ async def main(
         results=job.results.path,
         errors=job.errors.path,
         run=run,
+        pool=LLM_POOL,
         progress=job.progress,
     )

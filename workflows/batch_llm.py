@@ -5,7 +5,8 @@
     flyte run workflows/batch_llm.py main --num_questions 1319 --model Qwen/Qwen2.5-1.5B-Instruct
 
 The driver (`main`) loads the questions, cuts them into chunks and sends them to `infer_chunk`
-(`workflows/llm_replica.py`), at most `max_chunks_in_flight` at a time. Each replica holds one
+(`workflows/llm_replica.py`), at most `max_chunks_in_flight` at a time (by default replicas x
+concurrency: every replica's slots, sized to the engine by `size_in_flight`). Each replica holds one
 engine and one shared batcher; its concurrent calls batch together. Answers are scored as chunks
 finish and written to a JSONL file; the run prints one summary line and returns the counts,
 accuracy and throughput (model loading excluded) with the answers file.
@@ -23,7 +24,7 @@ from pathlib import Path
 from workflows.driver import Counts, JsonLines, RunOptions, fan_out, finish_run
 from workflows.environments import driver_environment
 from workflows.gsm8k import SYSTEM_PROMPT, Problem, extract_answer, is_correct, load_problems
-from workflows.llm_replica import gpu_env, infer_chunk
+from workflows.llm_replica import LLM_POOL, LLM_SIZING, gpu_env, infer_chunk
 from workflows.options import task_with_options
 from workflows.report import Progress
 from workflows.schema import ChatMessage, ChunkOutcome, EngineSettings, RequestChunk, RequestItem, RunSummary
@@ -37,7 +38,7 @@ driver_env = driver_environment("batch_llm_driver", gpu_env)
 async def main(
     num_questions: int = 32,
     source: str = "auto",
-    run: RunOptions = RunOptions(chunk_size=8, max_chunks_in_flight=64),
+    run: RunOptions = RunOptions(chunk_size=LLM_SIZING.chunk_size),
     settings: EngineSettings = EngineSettings(system_prompt=SYSTEM_PROMPT),
 ) -> RunSummary:
     """Answer gsm8k questions with batched LLM inference and score them.
@@ -73,7 +74,7 @@ async def main(
             _chunks(loaded.problems, run.chunk_size),
             lambda chunk: infer_chunk(chunk, settings, cache_salt),
             on_chunk,
-            max_in_flight=run.max_chunks_in_flight,
+            max_in_flight=run.chunks_in_flight(LLM_POOL),
         )
     finally:
         answers.close()
@@ -85,6 +86,7 @@ async def main(
         results=answers.path,
         errors=failures.path,
         run=run,
+        pool=LLM_POOL,
         progress=progress,
         noun="questions",
         accuracy=tally.correct / tally.scored if tally.scored else 0.0,

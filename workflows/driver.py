@@ -8,6 +8,10 @@ cannot fix (a missing model, say) stops the whole run at once with its message.
 
 Nothing here imports a workload (an engine, a model, a replica): `fan_out` takes any `infer`
 callable, a Flyte task or a plain async function.
+
+How full the replicas' engines were comes back with every chunk (`ReplicaSnapshot`): the run's
+summary and report give the engines' occupancy, and when it stayed below `LOW_OCCUPANCY` while
+chunks waited in the driver, the run prints one warning naming the setting to raise.
 """
 
 from __future__ import annotations
@@ -26,10 +30,15 @@ from typing import IO, Any
 import flyte.errors
 from flyte.io import File
 
+from flyteplugins_batcher import size_in_flight
+from workflows.environments import ReplicaPool
 from workflows.report import Progress, final_html
 from workflows.schema import ChunkOutcome, ReplicaSnapshot, RequestChunk, RunSummary
 
 logger = logging.getLogger("workflows.driver")
+
+LOW_OCCUPANCY = 0.8
+"""Below this share of its sequence slots, an engine that had work waiting in the driver was starved."""
 
 ChunkHandler = Callable[[RequestChunk, ChunkOutcome | None, str], Awaitable[None]]
 """Called once per chunk, as it finishes: its outcome, or `None` and why it failed."""
@@ -44,7 +53,9 @@ class RunOptions:
 
     Attributes:
         chunk_size: Requests per replica call (a chunk is what Flyte caches and retries).
-        max_chunks_in_flight: Chunks outstanding at once (bounds the driver's memory and the replicas' queue).
+        max_chunks_in_flight: Chunks outstanding at once over all replicas (bounds the driver's memory); 0:
+            replicas x concurrency of the replicas' environment, which fills every replica's slots, so that
+            adding replicas adds work in flight.
         max_failed_fraction: Share of requests that may fail before the run exits non-zero (everything that
             finished is written first).
         resume: Reuse chunks finished by an earlier run with the same requests and settings (--no-resume
@@ -52,8 +63,8 @@ class RunOptions:
         output_dir: Also copy the results and errors files here (a local folder or a remote URI).
     """
 
-    chunk_size: int = 32
-    max_chunks_in_flight: int = 16
+    chunk_size: int = 8
+    max_chunks_in_flight: int = 0
     max_failed_fraction: float = 0.0
     resume: bool = True
     output_dir: str = ""
@@ -61,10 +72,16 @@ class RunOptions:
     def __post_init__(self) -> None:
         if self.chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {self.chunk_size}")
-        if self.max_chunks_in_flight < 1:
-            raise ValueError(f"max_chunks_in_flight must be >= 1, got {self.max_chunks_in_flight}")
+        if self.max_chunks_in_flight < 0:
+            raise ValueError(
+                f"max_chunks_in_flight must be >= 0 (0: replicas x concurrency), got {self.max_chunks_in_flight}"
+            )
         if not 0 <= self.max_failed_fraction <= 1:
             raise ValueError(f"max_failed_fraction must be in [0, 1], got {self.max_failed_fraction}")
+
+    def chunks_in_flight(self, pool: ReplicaPool) -> int:
+        """The driver's cap for a run on `pool`: `max_chunks_in_flight`, or every replica's slots when it is 0."""
+        return self.max_chunks_in_flight or pool.chunks_in_flight
 
     def cache_salt(self) -> str:
         """The chunks' cache salt for this run: empty when resuming (finished chunks are reused), else fresh."""
@@ -84,6 +101,10 @@ class FanOutStats:
     load_time_s: float = 0.0  # the slowest replica's model load (a fresh one's; reused chunks load nothing)
     wall_s: float = 0.0
     replicas: list[ReplicaSnapshot] = field(default_factory=list)  # each replica's latest state, by name
+    first: dict[str, ReplicaSnapshot] = field(default_factory=dict)  # each replica's first state in this run
+    while_waiting: dict[str, ReplicaSnapshot] = field(default_factory=dict)  # latest while chunks were still to send
+    reading: bool = True  # the driver still had chunks to send
+    held_back: bool = False  # the driver held chunks back at its cap at least once
 
     @property
     def inference_s(self) -> float:
@@ -103,10 +124,36 @@ class FanOutStats:
         if outcome.finished_at < started:  # reused from an earlier run: no replica worked on it
             return
         snapshot = outcome.replica
-        others = [replica for replica in self.replicas if replica.replica != snapshot.replica]
-        if all(replica.records <= snapshot.records for replica in self.replicas if replica.replica == snapshot.replica):
-            self.replicas = sorted([*others, snapshot], key=lambda replica: replica.replica)
+        latest = {replica.replica: replica for replica in self.replicas}
+        latest[snapshot.replica] = _newer(latest.get(snapshot.replica), snapshot)
+        self.replicas = sorted(latest.values(), key=lambda replica: replica.replica)
+        self.first[snapshot.replica] = _older(self.first.get(snapshot.replica), snapshot)
+        if self.reading:
+            self.while_waiting[snapshot.replica] = _newer(self.while_waiting.get(snapshot.replica), snapshot)
         self.load_time_s = max(self.load_time_s, snapshot.load_time_s)
+
+    def occupancy(self, *, while_waiting: bool = False) -> float:
+        """Running sequences per engine step over `max_num_seqs`, across the replicas, in this run.
+
+        Counted from each replica's first chunk of the run to its latest one (`while_waiting`: its
+        latest while the driver still had chunks to send); a run too short for that counts each
+        replica's engine since it started. 0.0 for engines without steps (Transformers).
+        """
+        latest = self.while_waiting if while_waiting else {replica.replica: replica for replica in self.replicas}
+        windows = [last.engine_counts().since(self.first[name].engine_counts()) for name, last in latest.items()]
+        if not any(window.steps for window in windows):
+            windows = [last.engine_counts() for last in latest.values()]
+        capacity = sum(window.steps * window.max_num_seqs for window in windows)
+        return sum(window.running_seqs for window in windows) / capacity if capacity else 0.0
+
+
+def _newer(known: ReplicaSnapshot | None, seen: ReplicaSnapshot) -> ReplicaSnapshot:
+    """The later of two states of one replica (chunks finish out of order; its counters only grow)."""
+    return seen if known is None or known.records <= seen.records else known
+
+
+def _older(known: ReplicaSnapshot | None, seen: ReplicaSnapshot) -> ReplicaSnapshot:
+    return seen if known is None or seen.records < known.records else known
 
 
 class Counts:
@@ -161,6 +208,7 @@ async def fan_out(
 
     try:
         async for chunk in chunks:
+            stats.held_back |= slots.locked()
             await slots.acquire()
             if fatal:
                 slots.release()
@@ -168,6 +216,7 @@ async def fan_out(
             task = asyncio.create_task(run(chunk))
             running.add(task)
             task.add_done_callback(running.discard)
+        stats.reading = False
         while running and not fatal:
             await asyncio.wait(set(running), return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -244,11 +293,14 @@ async def finish_run(
     errors: Path,
     run: RunOptions,
     progress: Progress,
+    pool: ReplicaPool | None = None,
     noun: str = "requests",
     accuracy: float = 0.0,
     scored: int = 0,
 ) -> RunSummary:
     """Publish the results and errors files, show the final report, print the summary line and return it.
+
+    With the replicas' `pool`, also print one warning when their engines were starved (`occupancy_warning`).
 
     Raises:
         RuntimeError: More requests failed than `run.max_failed_fraction` allows (after all of the above).
@@ -267,9 +319,14 @@ async def finish_run(
         output_tokens_per_s=fanned.per_second(counts.fresh_tokens),
         results=await publish(results, run.output_dir),
         errors=await publish(errors, run.output_dir),
+        occupancy=fanned.occupancy(),
     )
-    await progress.finish(final_html(summary, fanned.replicas))
+    warning = occupancy_warning(fanned, run, pool) if pool is not None else ""
+    await progress.finish(final_html(summary, fanned.replicas, warning))
     print(summary_line(summary, noun), flush=True)
+    if warning:
+        logger.warning(warning)
+        print(f"WARNING: {warning}", flush=True)
     check_failures(summary.failed, summary.requests, run.max_failed_fraction, f"see {summary.errors.path}")
     return summary
 
@@ -278,9 +335,39 @@ def summary_line(summary: RunSummary, noun: str) -> str:
     """The one line a run prints: outcome, throughput (model loading excluded) and where the results are."""
     accuracy = f"accuracy {summary.accuracy:.1%} on {summary.scored} scored | " if summary.scored else ""
     reused = f", {summary.reused_chunks} chunks reused from an earlier run" if summary.reused_chunks else ""
+    occupancy = f", engines {summary.occupancy:.0%} full" if summary.occupancy else ""
     return (
         f"{accuracy}answered {summary.answered}/{summary.requests} {noun}, {summary.failed} failed{reused} | "
-        f"{summary.requests_per_s:.2f} {noun}/s, {summary.output_tokens_per_s:.0f} output tokens/s (inference "
-        f"{summary.inference_s:.1f} s, model load {summary.load_time_s:.1f} s) | results: {summary.results.path} | "
-        f"errors: {summary.errors.path}"
+        f"{summary.requests_per_s:.2f} {noun}/s, {summary.output_tokens_per_s:.0f} output tokens/s{occupancy} "
+        f"(inference {summary.inference_s:.1f} s, model load {summary.load_time_s:.1f} s) | "
+        f"results: {summary.results.path} | errors: {summary.errors.path}"
+    )
+
+
+def occupancy_warning(fanned: FanOutStats, run: RunOptions, pool: ReplicaPool) -> str:
+    """One line naming the setting to raise when the engines ran under `LOW_OCCUPANCY` while chunks waited here.
+
+    The driver's cap binds first when it is below every replica's slots; otherwise the replicas
+    take too few calls (or too small ones) to fill their engines. Empty when there is nothing to say.
+    """
+    occupancy = fanned.occupancy(while_waiting=True)
+    capacity = max((replica.max_num_seqs for replica in fanned.replicas), default=0)
+    if not fanned.held_back or not capacity or occupancy >= LOW_OCCUPANCY:
+        return ""
+    cap = run.chunks_in_flight(pool)
+    starved = (
+        f"the engines were {occupancy:.0%} full (running sequences over max_num_seqs={capacity}) while chunks "
+        f"waited in the driver"
+    )
+    if cap < pool.chunks_in_flight:
+        return (
+            f"{starved}: raise --max_chunks_in_flight (now {cap}; 0 fills every replica's slots: "
+            f"{pool.replicas} replicas x {pool.concurrency} = {pool.chunks_in_flight})"
+        )
+    setting = f"{pool.prefix}_CONCURRENCY" if pool.prefix else "the replicas' concurrency"
+    sized = size_in_flight(capacity, pool.replicas, chunk_size=run.chunk_size).concurrency
+    advice = f"size_in_flight gives {sized}" if sized > pool.concurrency else f"try {2 * pool.concurrency}"
+    return (
+        f"{starved}: raise {setting} (now {pool.concurrency} calls of {run.chunk_size} requests per replica; "
+        f"{advice} for max_num_seqs={capacity})"
     )

@@ -25,6 +25,7 @@ class ReplicaPool:
         replicas: Replicas kept running.
         concurrency: Task calls running at once on one replica (they feed its one batcher).
         gpu: The accelerator per replica (`"L4:1"`), or `None` for CPU replicas.
+        prefix: The environment variables' prefix these settings are read from (for messages).
 
     Example:
         ```python
@@ -36,6 +37,7 @@ class ReplicaPool:
     replicas: int
     concurrency: int
     gpu: str | None
+    prefix: str = ""
 
     @classmethod
     def from_environment(cls, prefix: str, *, replicas: int, concurrency: int, gpu: str = "L4:1") -> ReplicaPool:
@@ -45,7 +47,13 @@ class ReplicaPool:
             replicas=int(os.environ.get(f"{prefix}_REPLICAS", replicas)),
             concurrency=int(os.environ.get(f"{prefix}_CONCURRENCY", concurrency)),
             gpu=None if gpu.lower() == "none" else gpu,
+            prefix=prefix,
         )
+
+    @property
+    def chunks_in_flight(self) -> int:
+        """Calls that fill every replica's slots: `replicas x concurrency`."""
+        return self.replicas * self.concurrency
 
     def environment(self, name: str, *, image: flyte.Image | str) -> flyte.TaskEnvironment:
         """The reusable environment of these replicas."""

@@ -19,6 +19,9 @@ this process's replica (`process_replica()`): the same code path runs outside Fl
 Replicas, per-replica concurrency and the GPU type are environment-level settings (`LLM_POOL`),
 fixed when the module is imported: set `BATCH_LLM_REPLICAS`, `BATCH_LLM_CONCURRENCY` and
 `BATCH_LLM_GPU` (for example `A100:1`, or `none` for CPU replicas) before `flyte run` / `flyte deploy`.
+The default concurrency (and the workflows' default chunk size, `LLM_SIZING`) comes from
+`size_in_flight` for the engine's `max_num_seqs`: `BATCH_LLM_MAX_NUM_SEQS`, else vLLM's default for
+the GPU type (1024 on H100-class GPUs, 256 elsewhere).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from typing import Any
 
 import flyte.errors
 
-from flyteplugins_batcher import DeviceMonitor, SharedBatcher, TokenBatcher
+from flyteplugins_batcher import DeviceMonitor, InFlight, SharedBatcher, TokenBatcher, size_in_flight
 from flyteplugins_batcher.engines import (
     Completion,
     Engine,
@@ -48,24 +51,51 @@ from workflows.schema import ChunkOutcome, EngineSettings, ItemResult, ReplicaSn
 
 logger = logging.getLogger("workflows.llm_replica")
 
-LLM_POOL = ReplicaPool.from_environment("BATCH_LLM", replicas=2, concurrency=10)
+DEFAULT_GPU = "L4:1"
+_LARGE_GPUS = ("H100", "H200", "H20", "GH200", "B200", "B300", "GB200", "MI300")
+"""GPUs of 70 GiB or more (other than the A100), to which vLLM (0.9+) gives 1024 sequences by default."""
+
+
+def vllm_default_max_num_seqs(gpu: str | None) -> int:
+    """vLLM's default `max_num_seqs` on a GPU requested as `"H100:1"`: 1024 on H100-class GPUs, else 256."""
+    kind = (gpu or "").split(":")[0].upper()
+    return 1024 if kind.startswith(_LARGE_GPUS) else 256
+
+
+def sizing_from_environment() -> InFlight:
+    """In-flight work sized for `BATCH_LLM_MAX_NUM_SEQS`, else for vLLM's default on `BATCH_LLM_GPU`."""
+    capacity = os.environ.get("BATCH_LLM_MAX_NUM_SEQS") or vllm_default_max_num_seqs(
+        os.environ.get("BATCH_LLM_GPU", DEFAULT_GPU)
+    )
+    return size_in_flight(int(capacity))
+
+
+LLM_SIZING = sizing_from_environment()
+LLM_POOL = ReplicaPool.from_environment("BATCH_LLM", replicas=2, concurrency=LLM_SIZING.concurrency, gpu=DEFAULT_GPU)
 CHUNK_RETRIES = 2
 
 gpu_env = LLM_POOL.environment("batch_llm_gpu", image=gpu_image)
 
 _VLLM_ONLY = ("vllm_mode", "max_model_len", "kv_cache_gb", "gpu_memory_utilization", "tensor_parallel_size")
+_NOT_SIMULATED = (*_VLLM_ONLY, "dtype", "enforce_eager")
 
 BatcherFactory = Callable[[Engine, EngineSettings], TokenBatcher]
 """Builds a replica's batcher around its loaded engine: `make_batcher(engine, settings)`."""
 
 
 def engine_kwargs(settings: EngineSettings) -> dict[str, Any]:
-    """`create_engine` keywords for the settings: the vLLM ones only for vLLM.
+    """`create_engine` keywords for the settings: the vLLM ones only for vLLM, `engine_args` as options for "simulated".
 
     Raises:
-        EngineConfigError: A vLLM-only setting given for the Transformers engine, or bad JSON in
-            `engine_args`.
+        EngineConfigError: A vLLM-only setting given for another engine, or bad JSON in `engine_args`.
     """
+    if settings.engine == "simulated":
+        given = [name for name in _NOT_SIMULATED if getattr(settings, name)]
+        if given:
+            raise EngineConfigError(
+                f"{', '.join(given)} do not apply to engine='simulated' (give its options as engine_args)"
+            )
+        return parse_engine_args(settings.engine_args)
     if settings.engine == "transformers":
         given = [name for name in _VLLM_ONLY if getattr(settings, name)] + (
             ["engine_args"] if settings.engine_args else []
@@ -94,13 +124,18 @@ def load_engine(settings: EngineSettings) -> Engine:
     kwargs = engine_kwargs(settings)
     if engine_name == "auto" and any(name != "dtype" for name in kwargs):
         engine_name = "vllm"  # vLLM settings were given: the user means vLLM
-    engine = create_engine(
-        engine_name,  # type: ignore[arg-type]
-        settings.model or None,
-        generation=settings.generation(),
-        system_prompt=settings.system_prompt or None,
-        **kwargs,
-    )
+    try:
+        engine = create_engine(
+            engine_name,  # type: ignore[arg-type]
+            settings.model or None,
+            generation=settings.generation(),
+            system_prompt=settings.system_prompt or None,
+            **kwargs,
+        )
+    except EngineConfigError:
+        raise
+    except (TypeError, ValueError) as error:  # an unknown engine, option or option value: no retry can fix it
+        raise EngineConfigError(f"cannot build the {engine_name!r} engine with these settings: {error}") from error
     engine.load()
     logger.info("loaded %s (%s) in %.1f s", engine.model_name, engine.name, engine.stats.load_time_s)
     return engine
@@ -196,6 +231,11 @@ class LLMReplica:
             batches_by_reason=dict(stats.batches_by_reason),
             padding_efficiency=engine_stats.padding_efficiency,
             completion_tokens_per_s=engine_stats.completion_tokens_per_s,
+            engine_steps=engine_stats.steps,
+            running_seqs=engine_stats.running_seqs,
+            max_num_seqs=engine_stats.max_num_seqs,
+            occupancy=engine_stats.occupancy,
+            engine_busy_s=engine_stats.generate_time_s,
         )
 
     async def aclose(self) -> None:

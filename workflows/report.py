@@ -75,8 +75,8 @@ async def _replace(page: str) -> None:
         logger.warning("could not update the report: %s", exc)
 
 
-def final_html(result: RunSummary, replicas: Sequence[ReplicaSnapshot]) -> str:
-    """The final view: headline numbers, where the results are, and each replica's batching and device."""
+def final_html(result: RunSummary, replicas: Sequence[ReplicaSnapshot], warning: str = "") -> str:
+    """The final view: headline numbers, where the results are, each replica's batching and device, and a warning."""
     cards = [
         ("answered", f"{result.answered}/{result.requests}"),
         ("failed", str(result.failed)),
@@ -85,6 +85,8 @@ def final_html(result: RunSummary, replicas: Sequence[ReplicaSnapshot]) -> str:
         ("model load", f"{result.load_time_s:.1f}s"),
         ("inference", f"{result.inference_s:.1f}s"),
     ]
+    if result.occupancy:
+        cards.append(("engine occupancy", f"{result.occupancy:.0%}"))
     if result.scored:
         cards.insert(
             0, ("accuracy", f"{result.accuracy:.1%} ({round(result.accuracy * result.scored)}/{result.scored})")
@@ -96,6 +98,7 @@ def final_html(result: RunSummary, replicas: Sequence[ReplicaSnapshot]) -> str:
             '<div class="bl"><h2>Batch inference: results</h2>',
             f"<p>Data: {html.escape(result.source)}</p>",
             cards_html(cards),
+            f'<p class="bad">{html.escape(warning)}</p>' if warning else "",
             reused,
             f"<p>Results: <code>{html.escape(str(result.results.path))}</code><br>"
             f"Errors: <code>{html.escape(str(result.errors.path))}</code></p>",
@@ -142,7 +145,7 @@ def _replica_table(replicas: Sequence[ReplicaSnapshot]) -> str:
     header = (
         "<tr><th>replica</th><th>model</th><th>load</th><th>records</th><th>batches</th><th>avg batch</th>"
         "<th>avg tokens</th><th>busy (batcher)</th><th>GPU (NVML)</th><th>latency p50 / p99</th>"
-        "<th>padding eff.</th><th>batches by reason</th></tr>"
+        "<th>padding eff.</th><th>engine occupancy</th><th>batches by reason</th></tr>"
     )
     rows = "".join(
         f"<tr><td>{html.escape(r.replica)}</td><td>{html.escape(r.model)}</td><td>{r.load_time_s:.1f}s</td>"
@@ -150,10 +153,17 @@ def _replica_table(replicas: Sequence[ReplicaSnapshot]) -> str:
         f"<td>{r.avg_batch_size:.1f}</td><td>{r.avg_batch_tokens:.0f}</td><td>{r.utilization:.1%}</td>"
         f"<td>{html.escape(_device(r))}</td>"
         f"<td>{r.latency_p50_s:.2f}s / {r.latency_p99_s:.2f}s</td><td>{r.padding_efficiency:.0%}</td>"
+        f"<td>{_occupancy(r)}</td>"
         f"<td>{html.escape(', '.join(f'{k} {v}' for k, v in r.batches_by_reason.items() if v))}</td></tr>"
         for r in replicas
     )
     return f"<table>{header}{rows}</table>"
+
+
+def _occupancy(replica: ReplicaSnapshot) -> str:
+    if not replica.max_num_seqs:
+        return "n/a"
+    return f"{replica.occupancy:.0%} of {replica.max_num_seqs} seqs over {replica.engine_steps} steps"
 
 
 def _device(replica: ReplicaSnapshot) -> str:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 
 from flyte.io import File
 
-from flyteplugins_batcher.engines import GenerationConfig, Request
+from flyteplugins_batcher.engines import EngineStats, GenerationConfig, Request
 
 
 @dataclass(frozen=True)
@@ -22,7 +22,10 @@ class EngineSettings:
     default". The vLLM fields apply to `engine="vllm"` (or "auto" on a GPU).
 
     Attributes:
-        engine: "auto" (vLLM on a GPU, else Transformers), "vllm" or "transformers".
+        engine: "auto" (vLLM on a GPU, else Transformers), "vllm", "transformers", or "simulated"
+            (no model: vLLM's scheduling with an H100's step times, to dry-run capacity planning;
+            its options as engine_args, e.g. {"time_scale": 4, "gpu": {"max_num_seqs": 1024},
+            "output_lengths": {"mean": 200, "long_fraction": 0.05}}).
         model: Hub id or local path; empty for the bundled SmolLM2-135M-Instruct.
         vllm_mode: "stream" (the default: each prompt is its own request to vLLM's continuous
             batching) or "batch" (whole batches through `LLM.generate`).
@@ -33,7 +36,7 @@ class EngineSettings:
         dtype: Model dtype ("float32", "bfloat16", ...; empty: the engine's choice for the device).
         tensor_parallel_size: GPUs per replica for vLLM (0: one).
         enforce_eager: "true" to skip vLLM's graph compilation (empty: the default for the device).
-        engine_args: Any other vLLM engine argument, as a JSON object.
+        engine_args: Any other vLLM engine argument (or the simulated engine's options), as a JSON object.
         system_prompt: Added to prompts that do not bring their own system message.
         max_new_tokens: Generation budget per answer (a request's own max_tokens wins).
         temperature: 0 for greedy decoding (a request's own temperature wins).
@@ -143,7 +146,12 @@ class ItemResult:
 
 @dataclass
 class ReplicaSnapshot:
-    """One replica's engine and shared batcher, as seen at the end of a chunk (since the replica started)."""
+    """One replica's engine and shared batcher, as seen at the end of a chunk (since the replica started).
+
+    The engine counters (`engine_steps`, `running_seqs`, `max_num_seqs`, `engine_busy_s`) are
+    cumulative, so how full the engine was between two snapshots of a replica is
+    `later.engine_counts().since(earlier.engine_counts()).occupancy`.
+    """
 
     replica: str = ""
     model: str = ""
@@ -162,6 +170,20 @@ class ReplicaSnapshot:
     batches_by_reason: dict[str, int] = field(default_factory=dict)
     padding_efficiency: float = 1.0
     completion_tokens_per_s: float = 0.0
+    engine_steps: int = 0  # steps of an engine that schedules sequences itself (vLLM, simulated); 0 for others
+    running_seqs: int = 0  # sequences running in each step, summed over the steps
+    max_num_seqs: int = 0  # the engine's capacity (0 where it has none)
+    occupancy: float = 0.0  # mean running sequences per step over max_num_seqs, since the replica started
+    engine_busy_s: float = 0.0  # seconds with at least one request in the engine
+
+    def engine_counts(self) -> EngineStats:
+        """The engine counters as `EngineStats`, for `since()` and `occupancy`."""
+        return EngineStats(
+            steps=self.engine_steps,
+            running_seqs=self.running_seqs,
+            max_num_seqs=self.max_num_seqs,
+            generate_time_s=self.engine_busy_s,
+        )
 
 
 @dataclass
@@ -179,6 +201,8 @@ class RunSummary:
     """What a batch LLM run prints: counts, accuracy where there is gold, throughput, and where the rest is.
 
     Throughput counts inference only: `load_time_s` (the slowest replica's model load) is excluded.
+    `occupancy` says how full the engines were: running sequences per engine step over
+    `max_num_seqs`, across the replicas (0 for an engine without steps, such as Transformers).
     """
 
     source: str
@@ -194,3 +218,4 @@ class RunSummary:
     output_tokens_per_s: float
     results: File
     errors: File
+    occupancy: float = 0.0

@@ -13,7 +13,7 @@ duration for the GPU. Its completions are filler text of honest length; its stat
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from flyteplugins_batcher._settings import BatcherSettings
@@ -42,8 +42,9 @@ class SimulatedEngine(StreamingEngine):
     divided by `time_scale` (`lag_s` says whether the device ever fell behind its clock).
 
     Args:
-        gpu: The device and scheduler parameters; by default Llama-3-8B on one H100.
-        output_lengths: How long completions are.
+        gpu: The device and scheduler parameters; by default Llama-3-8B on one H100. A mapping
+            of `SimulatedGpu` fields (as JSON engine arguments give them) works too.
+        output_lengths: How long completions are (or a mapping of `OutputLengths` fields).
         time_scale: How much faster than real time the device runs: 10 makes a 7 ms step take 0.7 ms.
         **options: `generation`, `system_prompt`, `chat_template`, `model_name`, as for every
             `Engine`; records go through the built-in chat template unless `chat_template=False`.
@@ -64,16 +65,18 @@ class SimulatedEngine(StreamingEngine):
     def __init__(
         self,
         *,
-        gpu: SimulatedGpu | None = None,
-        output_lengths: OutputLengths | None = None,
+        gpu: SimulatedGpu | Mapping[str, Any] | None = None,
+        output_lengths: OutputLengths | Mapping[str, Any] | None = None,
         time_scale: float = 1.0,
         **options: Any,
     ) -> None:
         super().__init__(**options)
         if not time_scale > 0:
             raise ValueError(f"time_scale must be > 0, got {time_scale}")
-        self.gpu = gpu or SimulatedGpu()
-        self.output_lengths = output_lengths or OutputLengths()
+        self.gpu = gpu if isinstance(gpu, SimulatedGpu) else SimulatedGpu(**(gpu or {}))
+        self.output_lengths = (
+            output_lengths if isinstance(output_lengths, OutputLengths) else OutputLengths(**(output_lengths or {}))
+        )
         self.time_scale = time_scale
         self._device: SimulatedDevice | None = None
 
@@ -142,4 +145,4 @@ class SimulatedEngine(StreamingEngine):
 
     def batcher_defaults(self) -> BatcherSettings:
         """Stream mode's settings, from the simulated device's capacity (as `VLLMStreamEngine`'s)."""
-        return stream_batcher_settings(self.gpu.max_num_seqs, self.gpu.kv_cache_tokens)
+        return stream_batcher_settings(self.gpu.max_num_seqs, self.gpu.kv_cache_tokens, self.gpu.max_model_len)

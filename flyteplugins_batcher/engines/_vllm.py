@@ -192,13 +192,14 @@ class VLLMSupport(Engine):
         """Batcher settings from the limits vLLM settled on (assumed ones before `load()`).
 
         Stream mode: batches of one record dispatched at once, up to `max(1024, 4 * max_num_seqs)`
-        requests in flight, estimated tokens in flight bounded at twice the KV cache. Batch mode:
+        requests in flight, estimated tokens in flight bounded at twice the KV cache but never below
+        `2 * max_num_seqs` records of `max_model_len` (`stream_batcher_settings`). Batch mode:
         up to `max_num_seqs` records and a KV cache's worth of estimated tokens per batch, so that a
         batch never waits inside vLLM for cache space.
         """
         limits = self._limits or Limits.assumed(self.engine_args)
         if self.mode == "stream":
-            return stream_batcher_settings(limits.max_num_seqs, limits.kv_cache_tokens)
+            return stream_batcher_settings(limits.max_num_seqs, limits.kv_cache_tokens, limits.max_model_len)
         return BatcherSettings(max_batch_size=limits.max_num_seqs, target_batch_cost=limits.kv_cache_tokens)
 
 

@@ -75,7 +75,19 @@ def test_its_batcher_defaults_are_stream_modes() -> None:
     settings = SimulatedEngine(gpu=SimulatedGpu(max_num_seqs=512)).batcher_defaults()
 
     assert (settings.max_batch_size, settings.batch_timeout_s, settings.max_concurrent_batches) == (1, 0.0, 2048)
-    assert settings.max_inflight_cost == 2 * SimulatedGpu().kv_cache_tokens
+    # Twice the cache, or twice a full engine of requests as costly as the context allows: whichever is more.
+    assert settings.max_in_flight_cost == 2 * max(SimulatedGpu().kv_cache_tokens, 512 * SimulatedGpu().max_model_len)
+
+
+def test_large_max_tokens_never_hold_the_engine_below_its_capacity() -> None:
+    # vLLM 0.32's defaults on an H100: 1,024 slots, a 442k-token cache; requests asking for 2,048 tokens.
+    gpu = SimulatedGpu(max_num_seqs=1024, max_num_batched_tokens=16384)
+    settings = SimulatedEngine(gpu=gpu).batcher_defaults()
+    estimate = 200 + 2048  # prompt + max_new_tokens, as the batcher estimates a request
+
+    assert 2 * gpu.kv_cache_tokens // estimate < gpu.max_num_seqs  # a bound on the cache alone would starve it
+    assert settings.in_flight_cost_limit // estimate >= 2 * gpu.max_num_seqs
+    assert settings.in_flight_cost_limit // gpu.max_model_len >= 2 * gpu.max_num_seqs  # even at the longest
 
 
 async def test_in_real_time_through_the_batcher_it_matches_the_offline_model(
