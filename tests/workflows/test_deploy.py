@@ -28,7 +28,8 @@ def spec_of(env: flyte.TaskEnvironment, task_name: str):
 def test_gpu_task_spec_carries_the_reuse_policy_accelerator_retries_and_cache():
     template = spec_of(llm_replica.gpu_env, "infer_chunk").task_template
     policy = template.reuse_policy
-    assert (policy.min_replicas, policy.max_replicas, policy.concurrency) == (2, 2, 10)
+    # size_in_flight for vLLM's default max_num_seqs on an L4 (256): 4 x 256 requests per replica in calls of 8.
+    assert (policy.min_replicas, policy.max_replicas, policy.concurrency) == (2, 2, 128)
     assert template.extended_resources.gpu_accelerator.device == "nvidia-l4"
     assert template.metadata.retries.retries == llm_replica.CHUNK_RETRIES
     assert template.metadata.discoverable  # finished chunks are cached: a re-run resumes
@@ -120,6 +121,12 @@ def test_replicas_concurrency_gpu_and_images_can_be_set_from_the_environment():
         "ghcr.io/me/embed:v3",
         "ghcr.io/me/driver:v3",
     ]
+
+
+def test_the_replicas_concurrency_is_sized_for_the_engines_capacity():
+    assert probe(BATCH_LLM_GPU="H100:1")["concurrency"] == 512  # vLLM gives H100s 1024 sequences
+    assert probe(BATCH_LLM_MAX_NUM_SEQS="64")["concurrency"] == 32
+    assert probe(BATCH_LLM_MAX_NUM_SEQS="64", BATCH_LLM_CONCURRENCY="7")["concurrency"] == 7  # an override wins
 
 
 def test_importing_the_images_reads_no_command_line():

@@ -1,0 +1,125 @@
+"""How full the engines were: through the replica's snapshot, across a run's chunks, and the one warning."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+from flyte.io import File
+
+from workflows.driver import FanOutStats, RunOptions, fan_out, occupancy_warning, summary_line
+from workflows.environments import ReplicaPool
+from workflows.llm_replica import LLMReplica, run_chunk
+from workflows.schema import (
+    ChatMessage,
+    ChunkOutcome,
+    EngineSettings,
+    ReplicaSnapshot,
+    RequestChunk,
+    RequestItem,
+    RunSummary,
+)
+
+SIMULATED = EngineSettings(
+    engine="simulated",
+    engine_args=json.dumps({"time_scale": 200, "gpu": {"max_num_seqs": 16}, "output_lengths": {"mean": 20}}),
+    max_new_tokens=64,
+)
+POOL = ReplicaPool(replicas=1, concurrency=8, gpu=None, prefix="BATCH_LLM")
+
+
+def chunk(index: int, size: int) -> RequestChunk:
+    items = [RequestItem(f"{index}-{n}", messages=[ChatMessage("user", f"Question {index}.{n}?")]) for n in range(size)]
+    return RequestChunk(index, items)
+
+
+async def chunks(count: int, size: int) -> AsyncIterator[RequestChunk]:
+    for index in range(count):
+        yield chunk(index, size)
+
+
+async def test_the_replica_snapshot_carries_the_engines_steps_and_occupancy(fresh_replica: LLMReplica) -> None:
+    outcome = await run_chunk(chunk(0, 40), SIMULATED)
+
+    engine = fresh_replica.shared.loaded_model
+    stats, snapshot = engine.stats, outcome.replica
+    completion_tokens = sum(result.completion_tokens for result in outcome.results)
+    assert (snapshot.engine_steps, snapshot.running_seqs, snapshot.max_num_seqs) == (
+        stats.steps,
+        stats.running_seqs,
+        16,
+    )
+    # Each sequence holds its slot one step per token it generates: the occupancy's numerator is the tokens.
+    assert snapshot.running_seqs == completion_tokens > 0
+    assert snapshot.occupancy == completion_tokens / (stats.steps * 16) == stats.occupancy
+    assert 0 < snapshot.engine_busy_s == stats.generate_time_s
+    assert snapshot.engine_counts().since(snapshot.engine_counts()).occupancy == 0.0
+
+
+def state(name: str, records: int, steps: int, running: int, capacity: int = 256) -> ReplicaSnapshot:
+    return ReplicaSnapshot(
+        replica=name, records=records, engine_steps=steps, running_seqs=running, max_num_seqs=capacity, occupancy=0.0
+    )
+
+
+def test_a_runs_occupancy_counts_each_replica_from_its_first_chunk_and_while_chunks_waited() -> None:
+    fanned = FanOutStats()
+    for replica in ("a", "b"):
+        fanned.record(ChunkOutcome(0, [], state(replica, 8, 100, 25_600), finished_at=2e9), started=1e9)
+    fanned.record(ChunkOutcome(1, [], state("a", 16, 300, 25_600 + 200 * 128), finished_at=2e9), started=1e9)
+    fanned.reading = False  # from here on no chunk waited in the driver
+    fanned.record(ChunkOutcome(2, [], state("b", 16, 200, 25_600 + 100 * 64), finished_at=2e9), started=1e9)
+
+    # a: 200 steps at 128 of 256 while chunks waited; b ran nothing new meanwhile, then 100 steps at 64.
+    assert fanned.occupancy(while_waiting=True) == 0.5
+    assert fanned.occupancy() == (200 * 128 + 100 * 64) / (300 * 256)
+    assert [replica.records for replica in fanned.replicas] == [16, 16]
+
+
+async def test_a_driver_cap_below_the_replicas_slots_starves_the_engine_and_says_so() -> None:
+    fanned = await fan_out(chunks(12, 2), lambda chunk: run_chunk(chunk, SIMULATED), _ignore, max_in_flight=1)
+
+    assert fanned.held_back and 0 < fanned.occupancy(while_waiting=True) <= 2 / 16
+    warning = occupancy_warning(fanned, RunOptions(chunk_size=2, max_chunks_in_flight=1), POOL)
+    assert "engines were" in warning and "max_num_seqs=16" in warning
+    assert "raise --max_chunks_in_flight (now 1; 0 fills every replica's slots: 1 replicas x 8 = 8)" in warning
+
+
+async def test_a_full_cap_on_too_few_slots_names_the_replicas_concurrency() -> None:
+    pool = ReplicaPool(replicas=1, concurrency=2, gpu=None, prefix="BATCH_LLM")
+    run = RunOptions(chunk_size=2)  # the cap: every slot of the pool, 2 calls of 2 requests
+    fanned = await fan_out(chunks(12, 2), lambda chunk: run_chunk(chunk, SIMULATED), _ignore, max_in_flight=2)
+
+    warning = occupancy_warning(fanned, run, pool)
+
+    # size_in_flight(16, chunk_size=2): 4 x 16 requests in calls of 2.
+    assert "raise BATCH_LLM_CONCURRENCY (now 2 calls of 2 requests per replica; size_in_flight gives 32" in warning
+
+
+def test_an_engine_kept_full_gets_no_warning_and_one_that_never_waited_neither() -> None:
+    full = FanOutStats(held_back=True)
+    full.record(ChunkOutcome(0, [], state("a", 8, 10, 2_000), finished_at=2e9), started=1e9)
+    full.record(ChunkOutcome(1, [], state("a", 16, 110, 2_000 + 100 * 250), finished_at=2e9), started=1e9)
+    never_waited = FanOutStats(held_back=False, replicas=[], first={}, while_waiting={})
+    never_waited.record(ChunkOutcome(0, [], state("a", 8, 100, 100), finished_at=2e9), started=1e9)
+
+    assert occupancy_warning(full, RunOptions(), POOL) == ""
+    assert occupancy_warning(never_waited, RunOptions(), POOL) == ""
+
+
+def test_the_driver_cap_defaults_to_every_replicas_slots() -> None:
+    pool = ReplicaPool(replicas=4, concurrency=128, gpu="H100:1")
+
+    assert RunOptions().chunks_in_flight(pool) == 512
+    assert RunOptions(max_chunks_in_flight=16).chunks_in_flight(pool) == 16
+
+
+def test_the_summary_line_says_how_full_the_engines_were(tmp_path) -> None:
+    empty = File(path=str(tmp_path / "x.jsonl"))
+    summary = RunSummary("f", 10, 10, 0, 0, 0.0, 0, 1.0, 2.0, 5.0, 100.0, empty, empty, occupancy=0.874)
+
+    assert "100 output tokens/s, engines 87% full (inference 2.0 s" in summary_line(summary, "requests")
+
+
+async def _ignore(chunk: RequestChunk, outcome: ChunkOutcome | None, reason: str) -> None:
+    assert outcome is not None, reason
