@@ -161,7 +161,7 @@ async def measure(
     baseline = await warm_up(used, settings)
     if args.engine == "vllm":
         ideal, ideal_occupancy, baseline[0] = await scale_report.vllm_ideal(used[0], path, settings, baseline[0])
-    sized = sizing(args.defaults, max(state.max_num_seqs for state in baseline.values()), replicas)
+    sized = sizing(args, max(state.max_num_seqs for state in baseline.values()), replicas)
     cpu = await probe(used)
     run = await run_job(
         path,
@@ -181,8 +181,11 @@ async def measure(
     return figures(run, job, sized, scale, (ideal, ideal_occupancy), used_cpu / run.wall_s, lag)
 
 
-def sizing(defaults: str, max_num_seqs: int, replicas: int) -> InFlight:
-    return BEFORE if defaults == "before" else size_in_flight(max_num_seqs, replicas)
+def sizing(args: argparse.Namespace, max_num_seqs: int, replicas: int) -> InFlight:
+    """The in-flight work a run uses: the defaults before issue 15, or `size_in_flight`'s (`--chunk-size` aside)."""
+    if args.defaults == "before":
+        return BEFORE
+    return size_in_flight(max_num_seqs, replicas, chunk_size=args.chunk_size)
 
 
 async def probe(replicas: list[ReplicaProcess]) -> dict[int, dict[str, float]]:
@@ -232,19 +235,18 @@ def figures(
 async def bench(args: argparse.Namespace) -> dict[str, object]:
     base = Job("base", args.requests, args.max_tokens, OutputLengths(mean=200, spread=0.5))
     long = Job("5% long", args.requests, 2048, OutputLengths(mean=200, spread=0.5, long_fraction=0.05))
-    replicas = [int(value) for value in args.replicas.split(",")]
-    fleet = start_fleet(max([*replicas, args.long_replicas, args.kill_replicas]))
+    planned = [(base, int(count), None) for count in args.replicas.split(",")] if "base" in args.runs else []
+    if args.engine == "simulated":
+        planned += [(long, args.long_replicas, None)] if "long" in args.runs else []
+        planned += [(base, args.kill_replicas, 0.5)] if "kill" in args.runs else []
+    fleet = start_fleet(max([count for _, count, _ in planned] + [2 if args.scale_check else 1]))
     for replica in fleet:
         replica.listen()
     runs: list[Measured] = []
     try:
         if args.scale_check:
             await scale_report.scale_check(fleet, base, args, measure)
-        for count in replicas:
-            runs.append(await measure(fleet, base, count, args))
-            print(scale_report.progress_line(runs[-1]), file=sys.stderr, flush=True)
-        extra = [] if args.engine == "vllm" else [(long, args.long_replicas, None), (base, args.kill_replicas, 0.5)]
-        for job, count, kill_at in extra:
+        for job, count, kill_at in planned:
             runs.append(await measure(fleet, job, count, args, kill_at=kill_at))
             print(scale_report.progress_line(runs[-1]), file=sys.stderr, flush=True)
     finally:
@@ -265,6 +267,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-scale", type=float, default=16.0, help="auto: the fastest clock")
     parser.add_argument("--long-replicas", type=int, default=8, help="replicas of the 5%% long outputs run")
     parser.add_argument("--kill-replicas", type=int, default=8, help="replicas of the run that loses one")
+    parser.add_argument("--runs", default="base,long,kill", help="which runs: base (each R), long, kill")
+    parser.add_argument("--chunk-size", type=int, default=None, help="override the rule's chunk size")
     parser.add_argument("--scale-check", action="store_true", help="first compare time scale 1 with auto at R=2")
     parser.add_argument("--scale-check-requests", type=int, default=4000, help="the scale check's job size")
     parser.add_argument("--max-num-seqs", type=int, default=SimulatedGpu.max_num_seqs)

@@ -104,10 +104,10 @@ def summary(runs: list[Any], args: argparse.Namespace) -> dict[str, Any]:
         "latency_s": args.latency,
         "runs": [run_json(run) for run in base],
         "defaults": {
-            "chunk_size": base[0].chunk_size,
-            "concurrency": base[0].concurrency,
-            "chunks_in_flight": base[0].chunks_in_flight,
-            "chunks_in_flight_by_replicas": {str(run.replicas): run.chunks_in_flight for run in base},
+            "chunk_size": runs[0].chunk_size,
+            "concurrency": runs[0].concurrency,
+            "chunks_in_flight": runs[0].chunks_in_flight,
+            "chunks_in_flight_by_replicas": {str(run.replicas): run.chunks_in_flight for run in runs},
         },
     }
     by_replicas = {run.replicas: run for run in base}
