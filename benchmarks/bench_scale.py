@@ -159,8 +159,6 @@ async def measure(
     settings = settings_for(job, args, scale)
     used = fleet[:replicas]
     baseline = await warm_up(used, settings)
-    if args.engine == "vllm":
-        ideal, ideal_occupancy, baseline[0] = await scale_report.vllm_ideal(used[0], path, settings, baseline[0])
     sized = sizing(args, max(state.max_num_seqs for state in baseline.values()), replicas)
     cpu = await probe(used)
     run = await run_job(
@@ -178,6 +176,9 @@ async def measure(
     after = await probe([replica for replica in used if replica.alive])
     used_cpu = sum(after[index]["cpu_s"] - cpu[index]["cpu_s"] for index in after) + run.driver_cpu_s
     lag = max(probe["lag_s"] for probe in after.values())
+    if args.engine == "vllm":  # after the run, so that both find the engine warm
+        final = max((state for _, state in run.snapshots[0]), key=lambda state: state.records)
+        ideal, ideal_occupancy = await scale_report.vllm_ideal(used[0], path, settings, final)
     return figures(run, job, sized, scale, (ideal, ideal_occupancy), used_cpu / run.wall_s, lag)
 
 
@@ -252,7 +253,7 @@ async def bench(args: argparse.Namespace) -> dict[str, object]:
     finally:
         for replica in fleet:
             replica.stop()
-    return scale_report.summary(runs, args)
+    return scale_report.summary(runs, args) if runs else {}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -288,7 +289,8 @@ def main() -> None:
     args = parse_args()
     started = time.perf_counter()
     summary = asyncio.run(bench(args))
-    print(scale_report.render(summary, args))
+    if summary:
+        print(scale_report.render(summary, args))
     print(f"\n(benchmark took {time.perf_counter() - started:.0f} s)")
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2))
