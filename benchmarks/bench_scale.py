@@ -271,7 +271,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--runs", default="base,long,kill", help="which runs: base (each R), long, kill")
     parser.add_argument("--chunk-size", type=int, default=None, help="override the rule's chunk size")
     parser.add_argument("--scale-check", action="store_true", help="first compare time scale 1 with auto at R=2")
-    parser.add_argument("--scale-check-requests", type=int, default=4000, help="the scale check's job size")
+    parser.add_argument("--scale-check-requests", type=int, default=8000, help="the scale check's job size")
     parser.add_argument("--max-num-seqs", type=int, default=SimulatedGpu.max_num_seqs)
     parser.add_argument("--max-num-batched-tokens", type=int, default=SimulatedGpu.max_num_batched_tokens)
     parser.add_argument("--questions", type=Path, default=DEFAULT_QUESTIONS, help="gsm8k-style JSONL (else synthetic)")

@@ -207,7 +207,10 @@ def render(result: dict[str, Any], args: argparse.Namespace) -> str:
 
 def header(result: dict[str, Any], args: argparse.Namespace) -> str:
     if args.engine == "vllm":
-        source = f"Measured with {result['engine']}, one replica process; wall seconds."
+        source = (
+            f"Measured with {result['engine']}, one replica process; wall seconds. The ideal: every request in "
+            "one call, after the run. CPU cores and lag are the harness's (driver, replica process), not vLLM's."
+        )
     else:
         source = (
             f"Simulated, not measured on a GPU. Engine model: {result['engine']}. Virtual seconds: wall x time "
@@ -261,22 +264,31 @@ async def scale_check(fleet: list[ReplicaProcess], job: Any, args: argparse.Name
     for scale in ("1", args.time_scale):
         run = await measure(fleet, small, 2, argparse.Namespace(**{**vars(args), "time_scale": scale}))
         rows.append(
-            [run.time_scale, run.occupancy, run.step_occupancy, run.makespan_s, run.makespan_x_ideal, run.tail_s]
+            [
+                run.time_scale,
+                run.occupancy,
+                run.run_occupancy,
+                run.ideal_occupancy,
+                run.makespan_s,
+                run.makespan_x_ideal,
+            ]
         )
         print(progress_line(run), file=sys.stderr, flush=True)
-    headers = ["scale", "occupancy", "per step", "makespan virtual s", "makespan / ideal", "tail virtual s"]
+    headers = ["scale", "occupancy", "run occupancy", "ideal's", "makespan virtual s", "makespan / ideal"]
     print(f"Time-scale check: {small.requests:,} requests at R=2, the same job at each scale.\n")
     print(markdown_table(headers, rows) + "\n")
 
 
-async def vllm_ideal(replica: ReplicaProcess, path: Path, settings: EngineSettings, baseline: Any) -> tuple[Any, ...]:
+async def vllm_ideal(
+    replica: ReplicaProcess, path: Path, settings: EngineSettings, baseline: Any
+) -> tuple[float, float]:
     """Real vLLM's offline limit for the job: every request in one call, at once (stream mode's `generate(all)`).
 
     Returns:
-        Its wall seconds, its engine occupancy per step, and the replica's state after it.
+        Its wall seconds, and its engine occupancy per step (from the replica's state `baseline` on).
     """
     items = request_items(path)
     started = time.perf_counter()
     outcome = await replica.call("chunk", (RequestChunk(-2, items), settings))
     seconds = time.perf_counter() - started
-    return seconds, outcome.replica.engine_counts().since(baseline.engine_counts()).occupancy, outcome.replica
+    return seconds, outcome.replica.engine_counts().since(baseline.engine_counts()).occupancy
