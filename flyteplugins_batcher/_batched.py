@@ -14,6 +14,7 @@ from flyteplugins_batcher._records import ProcessFn, RecordT, ResultT
 from flyteplugins_batcher._settings import BatcherOptions
 from flyteplugins_batcher._shared import SharedBatcher
 from flyteplugins_batcher._stats import BatchStats
+from flyteplugins_batcher._token_batcher import TokenBatcher
 
 
 class BatchedFunction(Generic[RecordT, ResultT]):
@@ -30,8 +31,9 @@ class BatchedFunction(Generic[RecordT, ResultT]):
         **batcher_options: Any,
     ) -> None:
         functools.update_wrapper(self, fn)  # type: ignore[arg-type]
-        # Validated here, at decoration time, rather than inside the first task.
-        options = BatcherOptions.parse(batcher_options)
+        # Validated here, at decoration time, rather than inside the first task. A TokenBatcher's
+        # costs are tokens: a record's length in characters is no stand-in for them.
+        options = BatcherOptions.for_batched(batcher_options, length_costs=not issubclass(batcher_class, TokenBatcher))
         name = options.name or getattr(fn, "__qualname__", None)
         self.options = options
         self._shared: SharedBatcher[Any, DynamicBatcher[RecordT, ResultT]] = SharedBatcher(
@@ -106,16 +108,28 @@ def batched(
     in a worker thread). Calls from every concurrent task in the process feed one batcher, so on
     a reusable replica with `concurrency=10` the model sees batches built from all ten tasks.
 
+    Batches are length-aware by default, for padded models (transformers, embedders), whose
+    batch costs its longest row: `@batched` groups records of similar cost (`grouping="by_cost"`),
+    and with no `cost_estimator` a record costs its length (`default_cost="length"`): `len(record)`
+    for a `str`, `bytes`, list, tuple or array, anything with a length but a mapping. A record
+    without one (a dict, a dataclass) costs 1, so such records keep their FIFO order (beside
+    records with lengths, they go with the shortest). No cost budget binds unless you set
+    `target_batch_cost`; with a `cost_estimator`, its costs count against `target_batch_cost`
+    (32,000 unless set) as in `DynamicBatcher`. `grouping="fifo"` keeps submission order.
+    These are `@batched`'s defaults alone: `DynamicBatcher` and `TokenBatcher` keep flyte.extras'
+    (FIFO, `default_cost=1`), and with `batcher_class=TokenBatcher` costs stay tokens (its
+    estimator, `record.estimate_tokens()`, or `default_token_estimate`) against its budget.
+
     Args:
         fn: The batch function (when used without parentheses).
         batcher_class: `DynamicBatcher` (default) or `TokenBatcher`.
         **batcher_options: Any keyword of the batcher class (`max_batch_size`,
             `target_batch_cost`, `batch_timeout_s`, `cost_estimator`, `grouping`, `on_error`,
-            ...), validated at decoration time.
+            ...), validated at decoration time; any given wins over the defaults above.
 
     Example:
         ```python
-        @batched(max_batch_size=64, grouping="by_cost", cost_estimator=count_tokens)
+        @batched(max_batch_size=64)  # batches of texts of similar length
         def embed(texts: list[str]) -> list[list[float]]:
             return get_model().encode(texts)
 

@@ -139,7 +139,7 @@ class DynamicBatcher(RecordStreams[RecordT, ResultT]):
         self._settings = settings
         self._is_async = is_async_callable(process_fn)
         self._costs = CostResolver(self.name, cost_estimator, settings.default_cost, self._cost_protocols)
-        self._reject_above = settings.target_batch_cost if settings.oversized == "reject" else math.inf
+        self._reject_above = settings.batch_budget if settings.oversized == "reject" else math.inf
         self._stats = StatsRecorder()  # the batcher's whole life, across restarts
         self._settler = Settler(self.name, self._stats, split_hint=settings.on_error == "raise")
         new_run = functools.partial(
@@ -294,7 +294,7 @@ class DynamicBatcher(RecordStreams[RecordT, ResultT]):
         else:
             cost = self._costs.resolve(record, estimated_cost)
         if cost > self._reject_above:
-            raise self._costs.over_budget(record, cost, self._settings.target_batch_cost)
+            raise self._costs.over_budget(record, cost, self._settings.batch_budget)
         if priority.__class__ is not int:
             _check_priority(priority)
         if deadline_s is not None:

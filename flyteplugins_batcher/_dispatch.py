@@ -70,7 +70,7 @@ class Dispatcher:
             max_runners=settings.max_concurrent_batches,
         )
         self.runners.attach(loop)
-        self._budget = settings.target_batch_cost
+        self._budget = settings.batch_budget
         self._stats = stats
         self._settler = settler
         self._on_failure = on_failure

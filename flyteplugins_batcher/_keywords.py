@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from collections.abc import Callable
-from typing import Any, TypedDict, TypeVar
+from typing import Any, Literal, TypedDict, TypeVar
 
 from flyteplugins_batcher._settings import TOKEN_KEYWORDS, BatcherSettings, Grouping, OnError, Oversized
 
@@ -22,13 +22,13 @@ FunctionT = TypeVar("FunctionT", bound=Callable[..., Any])
 class SettingsKeywords(TypedDict, total=False):
     """`DynamicBatcher`'s setting keywords: the fields of `BatcherSettings`, which gives their defaults."""
 
-    target_batch_cost: int
+    target_batch_cost: int | None
     max_batch_size: int
     min_batch_size: int
     batch_timeout_s: float
     max_queue_size: int
     prefetch_batches: int
-    default_cost: int
+    default_cost: int | Literal["length"]
     max_concurrent_batches: int
     max_in_flight_cost: int | None
     on_error: OnError

@@ -11,8 +11,10 @@ import dataclasses
 import difflib
 import functools
 import math
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, Literal, TypeVar
 
 from flyteplugins_batcher._deprecation import warn_deprecated
@@ -20,6 +22,19 @@ from flyteplugins_batcher._deprecation import warn_deprecated
 OnError = Literal["raise", "split"]
 Oversized = Literal["run_alone", "reject"]
 Grouping = Literal["fifo", "by_cost"]
+LENGTH: Literal["length"] = "length"
+"""`default_cost="length"`: a record with a `len()` costs its length."""
+
+NO_BUDGET = sys.maxsize
+"""The batch budget when `target_batch_cost` is `None`: no sum of costs reaches it."""
+
+BATCHED_DEFAULTS: Mapping[str, Any] = MappingProxyType({"grouping": "by_cost"})
+"""Where `@batched`'s defaults differ from the batchers' (which keep flyte.extras'): batches of similar cost."""
+
+LENGTH_COST_DEFAULTS: Mapping[str, Any] = MappingProxyType({"default_cost": LENGTH, "target_batch_cost": None})
+"""`@batched`'s further defaults when nothing else costs the records (a `DynamicBatcher` with no
+`cost_estimator`): a record costs its length, and no budget binds unless one is given. A length
+budget is the user's choice: flyte.extras' 32,000 would cut batches of long texts short."""
 
 TOKEN_KEYWORDS: Mapping[str, str] = {
     "target_batch_tokens": "target_batch_cost",
@@ -60,7 +75,8 @@ class BatcherSettings:
     `ValueError` at construction; unknown keywords raise `TypeError` naming the closest valid one.
 
     Attributes:
-        target_batch_cost: Cost budget per batch, a hard limit (`target_batch_tokens`).
+        target_batch_cost: Cost budget per batch, a hard limit (`target_batch_tokens`); `None`: no
+            budget, batches are bounded by `max_batch_size` alone.
         max_batch_size: Most records per batch.
         min_batch_size: Records to wait for before an idle device takes a batch; the batch goes
             anyway once its oldest record has waited `batch_timeout_s`.
@@ -69,7 +85,9 @@ class BatcherSettings:
             assembled; `submit` awaits when full. 0 or less: unbounded.
         prefetch_batches: Full batches assembled ahead and staged at the device, so the next batch
             starts the moment the previous one returns.
-        default_cost: Cost of a record nothing else estimates (`default_token_estimate`).
+        default_cost: Cost of a record nothing else estimates (`default_token_estimate`); `"length"`:
+            its `len()` if it has one and is not a mapping (a `str`, `bytes`, list, tuple, array),
+            else 1.
         max_concurrent_batches: Batches inside the process function at once.
         max_in_flight_cost: Summed cost of the batches in flight (`max_in_flight_tokens`); `None`
             means `target_batch_cost * max_concurrent_batches`. Formerly `max_inflight_cost`.
@@ -90,13 +108,13 @@ class BatcherSettings:
     """
 
     # flyte.extras' settings, with its defaults.
-    target_batch_cost: int = 32_000
+    target_batch_cost: int | None = 32_000
     max_batch_size: int = 256
     min_batch_size: int = 1
     batch_timeout_s: float = 0.05
     max_queue_size: int = 5_000
     prefetch_batches: int = 2
-    default_cost: int = 1
+    default_cost: int | Literal["length"] = 1
     # Ours.
     max_concurrent_batches: int = 1
     max_in_flight_cost: int | None = None
@@ -106,7 +124,10 @@ class BatcherSettings:
     priority_aging_s: float | None = 10.0
 
     def __post_init__(self) -> None:
-        _require(self.target_batch_cost > 0, f"target_batch_cost must be > 0, got {self.target_batch_cost}")
+        _require(
+            self.target_batch_cost is None or self.target_batch_cost > 0,
+            f"target_batch_cost must be > 0 or None, got {self.target_batch_cost}",
+        )
         _require(self.max_batch_size >= 1, f"max_batch_size must be >= 1, got {self.max_batch_size}")
         _require(
             1 <= self.min_batch_size <= self.max_batch_size,
@@ -117,7 +138,10 @@ class BatcherSettings:
             f"batch_timeout_s must be >= 0, got {self.batch_timeout_s}",
         )
         _require(self.prefetch_batches >= 0, f"prefetch_batches must be >= 0, got {self.prefetch_batches}")
-        _require(self.default_cost >= 0, f"default_cost must be >= 0, got {self.default_cost}")
+        _require(
+            self.default_cost == LENGTH or (isinstance(self.default_cost, int) and self.default_cost >= 0),
+            f"default_cost must be an int >= 0 or 'length', got {self.default_cost!r}",
+        )
         _require(
             self.max_concurrent_batches >= 1, f"max_concurrent_batches must be >= 1, got {self.max_concurrent_batches}"
         )
@@ -137,10 +161,17 @@ class BatcherSettings:
         )
 
     @property
+    def batch_budget(self) -> int:
+        """The bound on a batch's summed cost: `target_batch_cost`, or `NO_BUDGET` when it is `None`."""
+        return NO_BUDGET if self.target_batch_cost is None else self.target_batch_cost
+
+    @property
     def in_flight_cost_limit(self) -> int:
         """The bound on the summed cost of batches in flight."""
         if self.max_in_flight_cost is not None:
             return self.max_in_flight_cost
+        if self.target_batch_cost is None:
+            return NO_BUDGET
         return self.target_batch_cost * self.max_concurrent_batches
 
     @property
@@ -258,13 +289,37 @@ class BatcherOptions:
             TypeError: An unknown keyword, or the estimator given under both of its names.
             ValueError: An invalid setting.
         """
-        remaining = dict(keywords)
-        estimators = [remaining.pop(key) for key in ("cost_estimator", "token_estimator") if key in remaining]
-        if len(estimators) > 1:
-            raise TypeError("give 'cost_estimator' or 'token_estimator', not both")
-        name = remaining.pop("name", None)
-        settings = (base or BatcherSettings()).replace(**remaining)
-        return cls(settings, estimators[0] if estimators else None, name)
+        settings, estimator, name = _split_options(keywords)
+        return cls((base or BatcherSettings()).replace(**settings), estimator, name)
+
+    @classmethod
+    def for_batched(cls, keywords: Mapping[str, Any], *, length_costs: bool = True) -> BatcherOptions:
+        """`@batched`'s options: its keywords over its defaults, which differ from the batchers'.
+
+        Records are grouped by cost (`BATCHED_DEFAULTS`). When nothing else costs them (no
+        estimator is given, and `length_costs`: the batcher's costs are not tokens), a record
+        costs its length and no budget binds unless one is given (`LENGTH_COST_DEFAULTS`). Any
+        keyword given wins.
+
+        Raises:
+            TypeError: As `parse`.
+            ValueError: As `parse`.
+        """
+        settings, estimator, name = _split_options(keywords)
+        defaults = dict(BATCHED_DEFAULTS)
+        if estimator is None and length_costs:
+            defaults.update(LENGTH_COST_DEFAULTS)
+        return cls(BatcherSettings(**defaults).replace(**settings), estimator, name)
+
+
+def _split_options(keywords: Mapping[str, Any]) -> tuple[dict[str, Any], Callable[[Any], Any] | None, str | None]:
+    """Batcher keywords as (settings keywords, cost estimator, name)."""
+    remaining = dict(keywords)
+    estimators = [remaining.pop(key) for key in ("cost_estimator", "token_estimator") if key in remaining]
+    if len(estimators) > 1:
+        raise TypeError("give 'cost_estimator' or 'token_estimator', not both")
+    name = remaining.pop("name", None)
+    return remaining, estimators[0] if estimators else None, name
 
 
 def _suggestion(name: str) -> str:

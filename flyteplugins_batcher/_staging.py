@@ -8,7 +8,7 @@ keep the loop busy. Everything here runs under one lock, because runners may be 
 
 When may a batch go (its dispatch reason)?
 
-- `full` / `budget`: it reached `max_batch_size`, or the waiting records reach `target_batch_cost`.
+- `full` / `budget`: it reached `max_batch_size`, or the waiting records reach `target_batch_cost` (if set).
 - `idle`: nothing is in flight and at least `min_batch_size` records wait (the device must not
   idle while work waits).
 - `timeout`: the oldest waiting record was submitted `batch_timeout_s` ago.
@@ -66,7 +66,7 @@ class StagingArea:
         self._in_flight_limit = settings.in_flight_cost_limit
         self._prefetch = settings.prefetch_batches
         self._max_size = settings.max_batch_size
-        self._budget = settings.target_batch_cost
+        self._budget = settings.batch_budget
         self._max_runners = settings.max_concurrent_batches
         # Grouping by cost chooses among everything waiting, so it stages batches when the device
         # takes one (from the largest pool) rather than as soon as a batch's worth has arrived.
@@ -118,10 +118,10 @@ class StagingArea:
         settings = self.settings
         pending = self.pending
         while len(self.staged) < settings.prefetch_batches and (
-            pending.size >= settings.max_batch_size or pending.cost >= settings.target_batch_cost
+            pending.size >= settings.max_batch_size or pending.cost >= self._budget
         ):
             why: DispatchReason = "full" if pending.size >= settings.max_batch_size else "budget"
-            records = pending.take_batch(settings.target_batch_cost, settings.max_batch_size, now, skipped, STAGED)
+            records = pending.take_batch(self._budget, settings.max_batch_size, now, skipped, STAGED)
             if not records:
                 break
             self.staged.append(Batch(records, sum(record.cost for record in records), why, staged=True))
@@ -263,7 +263,7 @@ class StagingArea:
         reason = self._pending_reason(now, skipped)
         if reason is None:
             return None
-        budget = settings.target_batch_cost
+        budget = self._budget
         if self.in_flight_batches:
             head = self.pending.peek(now, skipped)
             if head is None or head.cost > room:
@@ -281,7 +281,7 @@ class StagingArea:
             return None
         if pending.size >= settings.max_batch_size:
             return "full"
-        if pending.cost >= settings.target_batch_cost:
+        if pending.cost >= self._budget:
             return "budget"
         oldest = pending.oldest(now, skipped)
         if oldest is None:

@@ -55,6 +55,44 @@ def test_options_split_estimator_name_and_settings():
         ours.BatcherOptions.parse({"token_estimator": count, "cost_estimator": count})
 
 
+def test_batched_options_differ_from_the_batchers_only_where_documented():
+    default = ours.BatcherOptions.for_batched({"max_batch_size": 64}).settings
+    assert default == ours.BatcherSettings(
+        max_batch_size=64, grouping="by_cost", default_cost="length", target_batch_cost=None
+    )
+    assert default.batch_budget > 10**18 and default.in_flight_cost_limit == default.batch_budget
+    with_estimator = ours.BatcherOptions.for_batched({"cost_estimator": len}).settings
+    assert with_estimator == ours.BatcherSettings(grouping="by_cost")  # the estimator's costs meet the 32,000 budget
+    token_costs = ours.BatcherOptions.for_batched({}, length_costs=False).settings
+    assert token_costs == ours.BatcherSettings(grouping="by_cost")
+    given = ours.BatcherOptions.for_batched({"grouping": "fifo", "target_batch_tokens": 500, "default_cost": 3})
+    assert (given.settings.grouping, given.settings.target_batch_cost, given.settings.default_cost) == ("fifo", 500, 3)
+
+
+@pytest.mark.parametrize("bad", [{"default_cost": "chars"}, {"default_cost": -1}, {"target_batch_cost": 0}])
+def test_length_and_budget_settings_are_validated(bad: dict):
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        ours.BatcherSettings(**bad)
+
+
+async def test_a_dynamic_batcher_can_cost_by_length_with_no_budget():
+    import numpy as np
+
+    seen: list[list[object]] = []
+
+    def log(batch: list[object]) -> list[object]:
+        seen.append(batch)
+        return batch
+
+    records = ["abc", b"de", (1, 2, 3, 4), {"key": "value", "other": 1}, np.array(2.5), np.arange(5)]
+    async with ours.DynamicBatcher(log, default_cost="length", target_batch_cost=None) as batcher:
+        for record in records:  # one at a time: each batch's cost is its record's
+            await (await batcher.submit(record))
+        costs = [batcher.stats.batch_cost.min, batcher.stats.batch_cost.max, batcher.stats.total_batch_cost]
+    # 3 + 2 + 4 + 1 (a mapping) + 1 (a 0-d array has no length) + 5
+    assert costs == [1, 5, 16] and len(seen) == len(records)
+
+
 async def test_a_batcher_built_from_settings_behaves_like_one_built_from_keywords():
     async def double(batch: list[int]) -> list[int]:
         return [value * 2 for value in batch]
