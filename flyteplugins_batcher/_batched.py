@@ -110,15 +110,17 @@ def batched(
 
     Batches are length-aware by default, for padded models (transformers, embedders), whose
     batch costs its longest row: `@batched` groups records of similar cost (`grouping="by_cost"`),
-    and with no `cost_estimator` a record costs its length (`default_cost="length"`): `len(record)`
-    for a `str`, `bytes`, list, tuple or array, anything with a length but a mapping. A record
-    without one (a dict, a dataclass) costs 1, so such records keep their FIFO order (beside
-    records with lengths, they go with the shortest). No cost budget binds unless you set
-    `target_batch_cost`; with a `cost_estimator`, its costs count against `target_batch_cost`
-    (32,000 unless set) as in `DynamicBatcher`. `grouping="fifo"` keeps submission order.
-    These are `@batched`'s defaults alone: `DynamicBatcher` and `TokenBatcher` keep flyte.extras'
-    (FIFO, `default_cost=1`), and with `batcher_class=TokenBatcher` costs stay tokens (its
-    estimator, `record.estimate_tokens()`, or `default_token_estimate`) against its budget.
+    and with no `cost_estimator` a record costs its length (`default_cost="length"`). A `str`
+    counts its words and punctuation marks (each CJK character as one), about its token count
+    and far cheaper to get; `bytes`, lists (of token ids, say), tuples and arrays count their
+    `len()`. A record without a length (a dataclass; a dict, whose `len()` counts keys) costs 1,
+    so such records keep their FIFO order (beside records with a length, they go with the
+    shortest). No cost budget binds unless you set `target_batch_cost` (then in those units).
+    With a `cost_estimator`, its costs are grouped and count against `target_batch_cost` (32,000
+    unless set), as in `DynamicBatcher`. `grouping="fifo"` keeps submission order. These are
+    `@batched`'s defaults alone: `DynamicBatcher` and `TokenBatcher` keep flyte.extras' (FIFO,
+    `default_cost=1`), and with `batcher_class=TokenBatcher` costs stay tokens (its estimator,
+    `record.estimate_tokens()`, or `default_token_estimate`) against its budget.
 
     Args:
         fn: The batch function (when used without parentheses).

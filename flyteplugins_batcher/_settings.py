@@ -23,7 +23,7 @@ OnError = Literal["raise", "split"]
 Oversized = Literal["run_alone", "reject"]
 Grouping = Literal["fifo", "by_cost"]
 LENGTH: Literal["length"] = "length"
-"""`default_cost="length"`: a record with a `len()` costs its length."""
+"""`default_cost="length"`: a record that has a length costs it (a text: its words and punctuation marks)."""
 
 NO_BUDGET = sys.maxsize
 """The batch budget when `target_batch_cost` is `None`: no sum of costs reaches it."""
@@ -86,7 +86,8 @@ class BatcherSettings:
         prefetch_batches: Full batches assembled ahead and staged at the device, so the next batch
             starts the moment the previous one returns.
         default_cost: Cost of a record nothing else estimates (`default_token_estimate`); `"length"`:
-            its `len()` if it has one and is not a mapping (a `str`, `bytes`, list, tuple, array),
+            its length: a `str`'s words and punctuation marks (about its token count), the `len()`
+            of another record that has one and is not a mapping (`bytes`, list, tuple, array),
             else 1.
         max_concurrent_batches: Batches inside the process function at once.
         max_in_flight_cost: Summed cost of the batches in flight (`max_in_flight_tokens`); `None`

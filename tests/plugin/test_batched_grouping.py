@@ -66,8 +66,17 @@ def as_sets(batches: list[list[Any]]) -> list[list[Any]]:
     return sorted(sorted(map(repr, batch)) for batch in batches)
 
 
+def words(count: int) -> str:
+    """A text of `count` words: its cost under `@batched`'s default."""
+    return " ".join(["w"] * count)
+
+
 def texts_of_distinct_lengths(count: int, seed: int) -> list[str]:
-    return ["x" * length for length in random.Random(seed).sample(range(1, 500), count)]
+    return [words(length) for length in random.Random(seed).sample(range(1, 250), count)]
+
+
+def text_cost(text: str) -> int:
+    return len(text.split())
 
 
 @dataclass(frozen=True)
@@ -82,9 +91,9 @@ async def test_the_default_forms_the_length_sorted_blocks_when_everything_waits(
     model = GatedModel()
     embed = decorate(model)
     batches, stats = await run_while_busy(embed, model, texts)
-    assert as_sets(batches) == as_sets(ideal_blocks(texts, len))
+    assert as_sets(batches) == as_sets(ideal_blocks(texts, text_cost))
     assert [len(batch) for batch in batches].count(BATCH) == 7  # 60 = 7 full blocks and one of 4
-    assert stats.total_batch_cost == sum(map(len, [BLOCKER, *texts]))
+    assert stats.total_batch_cost == sum(map(text_cost, [BLOCKER, *texts]))
     assert embed.options.settings.grouping == "by_cost"
 
 
@@ -93,7 +102,7 @@ async def test_records_without_a_length_keep_fifo_order():
     model = GatedModel()
     batches, stats = await run_while_busy(decorate(model), model, rows)
     assert batches == [rows[start : start + BATCH] for start in range(0, len(rows), BATCH)]
-    assert stats.total_batch_cost == len(BLOCKER) + len(rows)  # 1 each
+    assert stats.total_batch_cost == text_cost(BLOCKER) + len(rows)  # 1 each
 
 
 async def test_a_mix_keeps_records_without_a_length_in_fifo_order_with_the_shortest():
@@ -105,10 +114,10 @@ async def test_a_mix_keeps_records_without_a_length_in_fifo_order_with_the_short
     batches, stats = await run_while_busy(decorate(model), model, records)
 
     def cost(record: Any) -> int:
-        return len(record) if isinstance(record, str) else 1
+        return text_cost(record) if isinstance(record, str) else 1
 
     assert as_sets(batches) == as_sets(ideal_blocks(records, cost))
-    assert stats.total_batch_cost == len(BLOCKER) + sum(map(cost, records))
+    assert stats.total_batch_cost == text_cost(BLOCKER) + sum(map(cost, records))
     # The rows cost 1, below every text: they fill the cheapest blocks, in their submission order.
     rows_in_order = [record for record in records if isinstance(record, Row)]
     by_cost = sorted(batches, key=lambda batch: min((cost(record), records.index(record)) for record in batch))
@@ -122,7 +131,7 @@ async def test_explicit_fifo_keeps_submission_order_as_before():
     model = GatedModel()
     batches, stats = await run_while_busy(decorate(model, grouping="fifo"), model, texts)
     assert batches == [texts[start : start + BATCH] for start in range(0, len(texts), BATCH)]
-    assert stats.total_batch_cost == sum(map(len, [BLOCKER, *texts]))  # still costed by length
+    assert stats.total_batch_cost == sum(map(text_cost, [BLOCKER, *texts]))  # still costed by length
     # DynamicBatcher, left at its (flyte.extras') defaults, forms the same batches.
     plain = GatedModel()
     async with ours.DynamicBatcher(plain, max_batch_size=BATCH) as batcher:
@@ -140,7 +149,7 @@ async def test_an_explicit_estimator_decides_the_costs_and_the_default_budget_bi
     texts = texts_of_distinct_lengths(24, seed=13)
 
     def reversed_length(text: str) -> int:  # the longest texts are the cheapest: not their length
-        return 6_000 - len(text)
+        return 6_000 - text_cost(text)
 
     model = GatedModel()
     embed = decorate(model, cost_estimator=reversed_length)
@@ -152,14 +161,14 @@ async def test_an_explicit_estimator_decides_the_costs_and_the_default_budget_bi
 
 
 async def test_the_default_sets_no_budget_and_a_given_one_bounds_the_lengths():
-    long_texts = ["y" * 1_000] * 40  # 40,000 characters: over flyte.extras' default budget of 32,000
+    long_texts = [words(1_000)] * 40  # 40,000 words: over flyte.extras' default budget of 32,000
     model = GatedModel()
     batches, stats = await run_while_busy(decorate(model, max_batch_size=40), model, long_texts)
     assert [len(batch) for batch in batches] == [40]
     assert stats.batch_cost.max == 40_000
 
     model = GatedModel()
-    bounded = decorate(model, target_batch_cost=2_500)
+    bounded = decorate(model, target_batch_cost=2_500)  # in words
     batches, _ = await run_while_busy(bounded, model, long_texts[:6])
     assert [len(batch) for batch in batches] == [2, 2, 2]
 
@@ -177,7 +186,11 @@ class Priced:
 @pytest.mark.parametrize(
     ("record", "cost"),
     [
-        ("abcd", 4),
+        ("Four words, one comma", 5),
+        ("Then 48/2=24 dollars.", 8),  # digits and symbols: one each, as a tokenizer splits them
+        ("这是一个测试", 6),  # CJK: one per character
+        (words(1_000), 1_000),  # counted on its first 512 characters, then scaled
+        ("", 0),
         (b"abcdef", 6),
         ([1, 2, 3], 3),
         ({"a": 1, "b": 2, "c": 3, "d": 4, "e": 5}, 1),  # a mapping's length counts keys, not work
