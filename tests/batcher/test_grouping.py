@@ -6,20 +6,14 @@ import asyncio
 import random
 
 import flyteplugins_batcher as ours
+from tests.conftest import GatedLog
 
 
-class Padded:
+class Padded(GatedLog):
     """A padded model: a batch costs its size times its longest row. Records are their own lengths."""
 
     def __init__(self) -> None:
-        self.batches: list[list[int]] = []
-        self.gate = asyncio.Event()
-        self.gate.set()
-
-    async def __call__(self, batch: list[int]) -> list[int]:
-        await self.gate.wait()
-        self.batches.append(list(batch))
-        return [length * 10 for length in batch]
+        super().__init__(lambda length: length * 10)
 
     def padding_efficiency(self) -> float:
         real = sum(sum(batch) for batch in self.batches)

@@ -8,20 +8,7 @@ import time
 import pytest
 
 import flyteplugins_batcher as ours
-
-
-class Log:
-    """An async process function that records its batches and can be held shut."""
-
-    def __init__(self) -> None:
-        self.batches: list[list[str]] = []
-        self.gate = asyncio.Event()
-        self.gate.set()
-
-    async def __call__(self, batch: list[str]) -> list[str]:
-        await self.gate.wait()
-        self.batches.append(list(batch))
-        return batch
+from tests.conftest import GatedLog as Log
 
 
 async def hold_first_batch(batcher: ours.DynamicBatcher, log: Log) -> asyncio.Future:

@@ -11,26 +11,17 @@ from typing import Any
 import pytest
 
 import flyteplugins_batcher as ours
+from tests.conftest import GatedLog
 
 BATCH = 8
 BLOCKER = "blocker"
 
 
-class GatedModel:
-    """An async batch function that logs its batches and holds them until its gate opens."""
-
-    def __init__(self) -> None:
-        self.batches: list[list[Any]] = []
-        self.gate = asyncio.Event()
-        self.gate.set()
-
-    async def __call__(self, batch: list[Any]) -> list[Any]:
-        await self.gate.wait()
-        self.batches.append(list(batch))
-        return [("done", record) for record in batch]
+def done(record: Any) -> tuple[str, Any]:
+    return ("done", record)
 
 
-def decorate(model: GatedModel, **options: Any) -> ours.BatchedFunction[Any, Any]:
+def decorate(model: GatedLog, **options: Any) -> ours.BatchedFunction[Any, Any]:
     async def embed(batch: list[Any]) -> list[Any]:
         return await model(batch)
 
@@ -38,7 +29,7 @@ def decorate(model: GatedModel, **options: Any) -> ours.BatchedFunction[Any, Any
 
 
 async def run_while_busy(
-    embed: ours.BatchedFunction[Any, Any], model: GatedModel, records: Sequence[Any]
+    embed: ours.BatchedFunction[Any, Any], model: GatedLog, records: Sequence[Any]
 ) -> tuple[list[list[Any]], ours.BatchStats]:
     """Submit `records` while the device is busy, so that all of them wait together; the batches that follow."""
     model.gate.clear()
@@ -88,7 +79,7 @@ class Row:
 
 async def test_the_default_forms_the_length_sorted_blocks_when_everything_waits():
     texts = texts_of_distinct_lengths(60, seed=3)
-    model = GatedModel()
+    model = GatedLog(done)
     embed = decorate(model)
     batches, stats = await run_while_busy(embed, model, texts)
     assert as_sets(batches) == as_sets(ideal_blocks(texts, text_cost))
@@ -99,7 +90,7 @@ async def test_the_default_forms_the_length_sorted_blocks_when_everything_waits(
 
 async def test_records_without_a_length_keep_fifo_order():
     rows = [Row(key) for key in range(30)]
-    model = GatedModel()
+    model = GatedLog(done)
     batches, stats = await run_while_busy(decorate(model), model, rows)
     assert batches == [rows[start : start + BATCH] for start in range(0, len(rows), BATCH)]
     assert stats.total_batch_cost == text_cost(BLOCKER) + len(rows)  # 1 each
@@ -110,7 +101,7 @@ async def test_a_mix_keeps_records_without_a_length_in_fifo_order_with_the_short
     texts = texts_of_distinct_lengths(20, seed=7)
     records: list[Any] = texts + [Row(key) for key in range(12)]
     rng.shuffle(records)
-    model = GatedModel()
+    model = GatedLog(done)
     batches, stats = await run_while_busy(decorate(model), model, records)
 
     def cost(record: Any) -> int:
@@ -128,12 +119,12 @@ async def test_a_mix_keeps_records_without_a_length_in_fifo_order_with_the_short
 
 async def test_explicit_fifo_keeps_submission_order_as_before():
     texts = texts_of_distinct_lengths(30, seed=9)
-    model = GatedModel()
+    model = GatedLog(done)
     batches, stats = await run_while_busy(decorate(model, grouping="fifo"), model, texts)
     assert batches == [texts[start : start + BATCH] for start in range(0, len(texts), BATCH)]
     assert stats.total_batch_cost == sum(map(text_cost, [BLOCKER, *texts]))  # still costed by length
     # DynamicBatcher, left at its (flyte.extras') defaults, forms the same batches.
-    plain = GatedModel()
+    plain = GatedLog(done)
     async with ours.DynamicBatcher(plain, max_batch_size=BATCH) as batcher:
         assert batcher.settings.grouping == "fifo" and batcher.settings.default_cost == 1
         plain.gate.clear()
@@ -151,7 +142,7 @@ async def test_an_explicit_estimator_decides_the_costs_and_the_default_budget_bi
     def reversed_length(text: str) -> int:  # the longest texts are the cheapest: not their length
         return 6_000 - text_cost(text)
 
-    model = GatedModel()
+    model = GatedLog(done)
     embed = decorate(model, cost_estimator=reversed_length)
     assert embed.options.settings.target_batch_cost == 32_000
     batches, stats = await run_while_busy(embed, model, texts)
@@ -162,12 +153,12 @@ async def test_an_explicit_estimator_decides_the_costs_and_the_default_budget_bi
 
 async def test_the_default_sets_no_budget_and_a_given_one_bounds_the_lengths():
     long_texts = [words(1_000)] * 40  # 40,000 words: over flyte.extras' default budget of 32,000
-    model = GatedModel()
+    model = GatedLog(done)
     batches, stats = await run_while_busy(decorate(model, max_batch_size=40), model, long_texts)
     assert [len(batch) for batch in batches] == [40]
     assert stats.batch_cost.max == 40_000
 
-    model = GatedModel()
+    model = GatedLog(done)
     bounded = decorate(model, target_batch_cost=2_500)  # in words
     batches, _ = await run_while_busy(bounded, model, long_texts[:6])
     assert [len(batch) for batch in batches] == [2, 2, 2]
