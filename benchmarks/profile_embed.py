@@ -12,9 +12,6 @@ on CPU, 8 producers, batches of up to 64). Each way's wall time is split into:
 - the event loop's own CPU seconds (`time.thread_time` on its thread: submitting, costing,
   settling, waking the producers), which on a 2-core machine compete with the model's threads.
 
-The forward pass is also priced at the padding of `encode(all)`, so that the difference the
-grouping makes is told apart from the difference the other thread makes (contention).
-
     python benchmarks/profile_embed.py              # median of 3 rounds
     python benchmarks/profile_embed.py --cprofile   # also the event loop's top functions (one round)
 """
@@ -142,25 +139,17 @@ def default_batched(model: TimedModel, texts: list[str]) -> list[Any]:
     return asyncio.run(run())
 
 
-def seconds_per_padded_token(timelines: list[Timeline]) -> float:
-    """The forward pass's cost of a padded token (a least-squares fit over every batch seen)."""
-    padded = np.array([rows * length for timeline in timelines for rows, length, _ in timeline.forwards], float)
-    seconds = np.array([elapsed for timeline in timelines for _, _, elapsed in timeline.forwards])
-    return float(padded @ seconds / (padded @ padded))
-
-
-def breakdown(timeline: Timeline, per_token_s: float) -> list[tuple[str, float]]:
+def breakdown(timeline: Timeline) -> list[tuple[str, float]]:
     other_encode = timeline.encode_s - timeline.tokenize_s - timeline.forward_s
     return [
         ("wall", timeline.wall_s),
         ("  tokenization (in the worker)", timeline.tokenize_s),
         ("  forward pass", timeline.forward_s),
-        ("    of which at this padding, unhindered", timeline.padded_tokens * per_token_s),
         ("  rest of encode (sort, normalize, numpy)", other_encode),
         ("  worker idle before the first batch", timeline.idle_before_s),
         ("  worker idle between batches", timeline.idle_between_s),
         ("  worker idle after the last batch", timeline.idle_after_s),
-        ("event loop CPU (its own thread)", timeline.loop_cpu_s),
+        ("calling thread CPU (the event loop; in encode(all), the model's own)", timeline.loop_cpu_s),
     ]
 
 
@@ -191,12 +180,11 @@ def main() -> None:
     for _ in range(args.rounds):
         for name, way in ways.items():
             runs[name].append(model.run(way))
-    per_token_s = seconds_per_padded_token([timeline for timelines in runs.values() for timeline in timelines])
     medians = {name: median_timeline(timelines) for name, timelines in runs.items()}
     reference = medians["model.encode(all)"].wall_s
     rows: list[list[Any]] = []
-    labels = [label for label, _ in breakdown(medians["model.encode(all)"], per_token_s)]
-    columns = {name: dict(breakdown(timeline, per_token_s)) for name, timeline in medians.items()}
+    labels = [label for label, _ in breakdown(medians["model.encode(all)"])]
+    columns = {name: dict(breakdown(timeline)) for name, timeline in medians.items()}
     for label in labels:
         row: list[Any] = [label]
         for name in ways:
@@ -208,7 +196,7 @@ def main() -> None:
     headers = ["", *[f"{name} {unit}" for name in ways for unit in ("ms", "of encode(all)'s wall")]]
     print(
         f"\n{len(texts)} gsm8k texts, all-MiniLM-L6-v2 on CPU ({args.threads} threads), batches of up to {BATCH}, "
-        f"median of {args.rounds} rounds; a padded token costs {per_token_s * 1e6:.1f} us in the forward pass\n"
+        f"median of {args.rounds} rounds\n"
     )
     print(markdown_table(headers, rows))
     rates = [
