@@ -94,7 +94,7 @@ def measure(scale: float, prompts: list[str], lengths: OutputLengths, max_new_to
     )
     with engine:
         wall_s, cpu_s = asyncio.run(run_job(engine, prompts))
-        stats, device_cpu_s, lag_s = engine.stats, engine.device_cpu_s, engine.lag_s
+        stats, gpu_thread_cpu_s, lag_s = engine.stats, engine.gpu_thread_cpu_s, engine.lag_s
     return ScaleRun(
         scale=f"{scale:g}x",
         steps=stats.steps,
@@ -103,7 +103,7 @@ def measure(scale: float, prompts: list[str], lengths: OutputLengths, max_new_to
         busy_virtual_s=stats.step_time_s,
         wall_s=wall_s,
         cpu_us_per_request=cpu_s / len(prompts) * 1e6,
-        device_cpu_us_per_request=device_cpu_s / len(prompts) * 1e6,
+        device_cpu_us_per_request=gpu_thread_cpu_s / len(prompts) * 1e6,
         lag_ms=lag_s * 1e3,
     )
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from flyteplugins_batcher.engines import ContextLengthExceededError, InvalidPromptError, InvalidResponseFormatError
+from flyteplugins_batcher.engines import InvalidPromptError
 
 ErrorCode = Literal[
     "invalid_json",
@@ -48,10 +48,10 @@ class RequestLineError(Exception):
 def error_code(error: BaseException) -> ErrorCode:
     """The error-line code for a record the engine could not answer.
 
-    `ContextLengthExceededError` is `context_length_exceeded`; `InvalidResponseFormatError` (a
-    schema that does not compile) is `invalid_request`; any other `InvalidPromptError` (an empty
-    prompt, a conversation the chat template refuses) is `invalid_prompt`; anything else is
-    `inference_failed`.
+    An `InvalidPromptError` carries its own `code`: `context_length_exceeded`
+    (`ContextLengthExceededError`), `invalid_request` (`InvalidResponseFormatError`, a schema that
+    does not compile) or `invalid_prompt` (an empty prompt, a conversation the chat template
+    refuses). Anything else is `inference_failed`. The message text is never read.
 
     Example:
         ```python
@@ -60,10 +60,4 @@ def error_code(error: BaseException) -> ErrorCode:
             failure = RequestLineError(error_code(outcome), str(outcome), line=line, custom_id=custom_id)
         ```
     """
-    if isinstance(error, ContextLengthExceededError):
-        return "context_length_exceeded"
-    if isinstance(error, InvalidResponseFormatError):
-        return "invalid_request"
-    if isinstance(error, InvalidPromptError):
-        return "invalid_prompt"
-    return "inference_failed"
+    return error.code if isinstance(error, InvalidPromptError) else "inference_failed"

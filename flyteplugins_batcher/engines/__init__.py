@@ -1,7 +1,7 @@
 """LLM engines for the batcher: a batch of prompt records in, completions in the same order out.
 
 Importing this package needs neither torch, transformers nor vllm: each engine imports its
-dependencies when it is built or loaded, and the vLLM engines are resolved only when first accessed.
+dependencies when it is built or loaded.
 
 Example:
     ```python
@@ -19,10 +19,8 @@ Example:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-from flyteplugins_batcher.engines._base import BatchEngine, Engine, StreamingEngine
-from flyteplugins_batcher.engines._completion import Completion, FinishReason, Sample
+from flyteplugins_batcher.engines._base import BatchEngine, Engine, LoadedModel, StreamingEngine
+from flyteplugins_batcher.engines._completion import Completion, FinishReason, Sample, trim_at_stop
 from flyteplugins_batcher.engines._config import MAX_SAMPLES, GenerationConfig
 from flyteplugins_batcher.engines._continuous_batching import (
     ContinuousBatchScheduler,
@@ -31,16 +29,18 @@ from flyteplugins_batcher.engines._continuous_batching import (
     StepResult,
     run_all_at_once,
 )
-from flyteplugins_batcher.engines._errors import (
+from flyteplugins_batcher.engines._engine_errors import (
     ContextLengthExceededError,
     EngineConfigError,
     EngineDeadError,
     EngineNotLoadedError,
     InvalidModelReferenceError,
+    InvalidPromptCode,
     InvalidPromptError,
     InvalidResponseFormatError,
     ModelNotFoundError,
 )
+from flyteplugins_batcher.engines._engine_stats import EngineCounters, EngineStats
 from flyteplugins_batcher.engines._factory import (
     DEFAULT_VLLM_MODE,
     ENGINE_NAMES,
@@ -48,22 +48,27 @@ from flyteplugins_batcher.engines._factory import (
     create_engine,
     vllm_usable,
 )
-from flyteplugins_batcher.engines._model_reference import model_display_name
-from flyteplugins_batcher.engines._records import ChatMessages, PreparedPrompt, PromptRecord, Request
+from flyteplugins_batcher.engines._model_reference import check_model_reference, model_display_name
+from flyteplugins_batcher.engines._prompts import ChatMessages, PreparedPrompt, PromptRecord, Request
 from flyteplugins_batcher.engines._response_format import ResponseFormat
 from flyteplugins_batcher.engines._simulated import SimulatedEngine
 from flyteplugins_batcher.engines._simulated_gpu import OutputLengths, SimulatedGpu
-from flyteplugins_batcher.engines._smollm2 import BUNDLED_MODEL_NAME, bundled_smollm2_gguf, bundled_smollm2_path
-from flyteplugins_batcher.engines._stats import EngineStats
+from flyteplugins_batcher.engines._smollm2 import (
+    BUNDLED_MODEL_NAME,
+    CACHE_DIR_ENV,
+    bundled_smollm2_gguf,
+    bundled_smollm2_path,
+    cache_root,
+    publish_directory,
+)
 from flyteplugins_batcher.engines._transformers import TransformersEngine
+from flyteplugins_batcher.engines._vllm import VLLMEngine
 from flyteplugins_batcher.engines._vllm_args import parse_engine_args
-
-if TYPE_CHECKING:
-    from flyteplugins_batcher.engines._vllm import VLLMEngine
-    from flyteplugins_batcher.engines._vllm_stream import VLLMStreamEngine
+from flyteplugins_batcher.engines._vllm_stream import VLLMStreamEngine
 
 __all__ = [
     "BUNDLED_MODEL_NAME",
+    "CACHE_DIR_ENV",
     "DEFAULT_VLLM_MODE",
     "ENGINE_NAMES",
     "MAX_SAMPLES",
@@ -74,6 +79,7 @@ __all__ = [
     "ContinuousBatchScheduler",
     "Engine",
     "EngineConfigError",
+    "EngineCounters",
     "EngineDeadError",
     "EngineName",
     "EngineNotLoadedError",
@@ -81,8 +87,10 @@ __all__ = [
     "FinishReason",
     "GenerationConfig",
     "InvalidModelReferenceError",
+    "InvalidPromptCode",
     "InvalidPromptError",
     "InvalidResponseFormatError",
+    "LoadedModel",
     "ModelNotFoundError",
     "OfflineRun",
     "OutputLengths",
@@ -101,23 +109,13 @@ __all__ = [
     "VLLMStreamEngine",
     "bundled_smollm2_gguf",
     "bundled_smollm2_path",
+    "cache_root",
+    "check_model_reference",
     "create_engine",
     "model_display_name",
     "parse_engine_args",
+    "publish_directory",
     "run_all_at_once",
+    "trim_at_stop",
     "vllm_usable",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    # The vLLM modules are imported only on first use, so that CPU installs never pay for (or trip
-    # over) vllm.
-    if name == "VLLMEngine":
-        from flyteplugins_batcher.engines._vllm import VLLMEngine
-
-        return VLLMEngine
-    if name == "VLLMStreamEngine":
-        from flyteplugins_batcher.engines._vllm_stream import VLLMStreamEngine
-
-        return VLLMStreamEngine
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

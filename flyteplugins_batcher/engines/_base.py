@@ -3,9 +3,11 @@
 Every engine goes through the same steps for a batch of records, here: each record is rendered
 (chat template, system prompt), tokenized with the model's tokenizer and checked against the
 context; a record that cannot run gets an `InvalidPromptError` in its result slot and never reaches
-the model; the valid ones go to the engine's model call (`_run`, the only step an engine
-implements); the results are merged back in input order and counted. `BatchEngine` runs the model
-call in the calling thread (the batcher gives it a worker thread); `StreamingEngine` awaits it.
+the model; the valid ones go to the engine's model call (`_run`); the results are merged back in
+input order and counted. An engine implements only its loading (`_load`, which returns the
+tokenizer and context length as a `LoadedModel`), its model call and, optionally, `_close`.
+`BatchEngine` runs the model call in the calling thread (the batcher gives it a worker thread);
+`StreamingEngine` awaits it.
 """
 
 from __future__ import annotations
@@ -14,17 +16,20 @@ import abc
 import functools
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import replace
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from flyteplugins_batcher._settings import BatcherOptions, BatcherSettings
-from flyteplugins_batcher._stats import BusyClock
 from flyteplugins_batcher.engines._completion import Completion
 from flyteplugins_batcher.engines._config import GenerationConfig
-from flyteplugins_batcher.engines._errors import ContextLengthExceededError, EngineNotLoadedError, InvalidPromptError
-from flyteplugins_batcher.engines._records import (
+from flyteplugins_batcher.engines._engine_errors import (
+    ContextLengthExceededError,
+    EngineNotLoadedError,
+    InvalidPromptError,
+)
+from flyteplugins_batcher.engines._engine_stats import EngineCounters, EngineStats
+from flyteplugins_batcher.engines._prompts import (
     PreparedPrompt,
     PromptRecord,
     Request,
@@ -32,7 +37,6 @@ from flyteplugins_batcher.engines._records import (
     describe,
     normalize_record,
 )
-from flyteplugins_batcher.engines._stats import EngineStats
 from flyteplugins_batcher.engines._structured import check_generation
 
 if TYPE_CHECKING:
@@ -45,6 +49,28 @@ Outcome = Completion | Exception
 """One record's result: its completion, or the error that failed it alone."""
 
 
+@dataclass(frozen=True)
+class LoadedModel:
+    """What an engine's `_load` hands the shared pipeline once its model is ready.
+
+    Attributes:
+        tokenizer: A Hugging Face-style tokenizer (`encode(text, add_special_tokens=...)`, and
+            `chat_template`/`apply_chat_template` where the model has one); it counts tokens exactly
+            as the model sees them.
+        context_length: The model's maximum sequence length (prompt + generated tokens).
+
+    Example:
+        ```python
+        def _load(self) -> LoadedModel:
+            self._model = load_my_model()
+            return LoadedModel(self._model.tokenizer, context_length=4096)
+        ```
+    """
+
+    tokenizer: Any
+    context_length: int
+
+
 class Engine(abc.ABC):
     """Turns a batch of prompt records into completions, in input order.
 
@@ -53,8 +79,10 @@ class Engine(abc.ABC):
     `Request`) and returns one entry per record: a `Completion`, or an `Exception` for a record
     that cannot run, which fails only that record's future in the batcher.
 
-    Subclasses implement `_load` (which sets `self._tokenizer`), `_close`, `context_length` and the
-    model call (`BatchEngine._run` or `StreamingEngine._run`); everything else is shared.
+    Subclasses implement `_load` (which returns a `LoadedModel`: the tokenizer and the context
+    length), optionally `_close`, and the model call (`BatchEngine._run` or `StreamingEngine._run`);
+    everything else is shared. Engines that split a batch into passes, or schedule sequences
+    themselves, count those in `self._counters` (an `EngineCounters`).
 
     Args:
         generation: Default generation settings; a `Request` may bring its own.
@@ -75,7 +103,7 @@ class Engine(abc.ABC):
 
     name: str = "engine"
     counts_passes: bool = False
-    """Engines that split a batch into several model passes count them (`_count_pass`) as batches."""
+    """Engines that split a batch into model passes count those (`EngineCounters.count_pass`) as batches."""
 
     def __init__(
         self,
@@ -91,12 +119,10 @@ class Engine(abc.ABC):
         self._model_name = model_name
         self._lifecycle_lock = threading.Lock()
         self._loaded = False
-        self._tokenizer: Any = None  # set by `_load`
-        self._tokenizer_lock = threading.Lock()  # a Rust tokenizer must not run in two threads at once
+        self._tokenizer: Any = None  # the `LoadedModel`'s, while loaded
+        self._context_length = 0
         self._encode: Callable[[str], tuple[int, ...]] | None = None
-        self._stats_lock = threading.Lock()
-        self._stats = EngineStats()
-        self._model_clock = BusyClock()
+        self._counters = EngineCounters()
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -124,19 +150,11 @@ class Engine(abc.ABC):
             if self._loaded:
                 return
             started = time.perf_counter()
-            self._load()
-            tokenizer, lock = self._tokenizer, self._tokenizer_lock
-            add_special_tokens = not self.uses_chat_template(tokenizer)
-
-            @functools.lru_cache(maxsize=_TOKENIZE_CACHE_SIZE)
-            def encode(text: str) -> tuple[int, ...]:
-                with lock:
-                    return tuple(tokenizer.encode(text, add_special_tokens=add_special_tokens))
-
-            self._encode = encode
+            loaded = self._load()
+            self._tokenizer, self._context_length = loaded.tokenizer, loaded.context_length
+            self._encode = _cached_encoder(loaded.tokenizer, add_special_tokens=not self.uses_chat_template())
             self._loaded = True
-            with self._stats_lock:
-                self._stats.load_time_s = time.perf_counter() - started
+            self._counters.loaded_in(time.perf_counter() - started)
 
     def close(self) -> None:
         """Release the model. Idempotent; the engine can be loaded again afterwards."""
@@ -155,8 +173,8 @@ class Engine(abc.ABC):
         self.close()
 
     @abc.abstractmethod
-    def _load(self) -> None:
-        """Load the model, and set `self._tokenizer` (a Hugging Face-style tokenizer)."""
+    def _load(self) -> LoadedModel:
+        """Load the model; return its tokenizer and context length."""
 
     def _close(self) -> None:  # noqa: B027 - optional hook: engines with nothing to free skip it
         """Free what `_load` acquired."""
@@ -168,9 +186,14 @@ class Engine(abc.ABC):
     # -- prompts and tokens --------------------------------------------------------------------
 
     @property
-    @abc.abstractmethod
     def context_length(self) -> int:
-        """The model's maximum sequence length (prompt + generated tokens)."""
+        """The model's maximum sequence length (prompt + generated tokens).
+
+        Raises:
+            EngineNotLoadedError: Before `load()`.
+        """
+        self._require_loaded()
+        return self._context_length
 
     def tokenize(self, text: str) -> list[int]:
         """Token ids of an already-rendered prompt, as the model will see them.
@@ -202,12 +225,11 @@ class Engine(abc.ABC):
             raise InvalidPromptError("chat messages need a chat template, and this model has none")
         return f"{self.system_prompt}\n\n{content}" if self.system_prompt else content
 
-    def uses_chat_template(self, tokenizer: Any = None) -> bool:
+    def uses_chat_template(self) -> bool:
         """Whether records are rendered through the chat template (`chat_template`, else "if it has one")."""
         if self.chat_template is not None:
             return self.chat_template
-        tokenizer = tokenizer if tokenizer is not None else self._tokenizer
-        return bool(getattr(tokenizer, "chat_template", None))
+        return bool(getattr(self._tokenizer, "chat_template", None))
 
     def prompt_tokens(self, record: PromptRecord) -> int:
         """Number of prompt tokens the model will see for `record`."""
@@ -277,56 +299,19 @@ class Engine(abc.ABC):
         """Put each valid record's outcome in its slot, and count the batch."""
         for prompt, outcome in zip(prepared, outcomes, strict=True):
             results[prompt.index] = outcome
-        completions = [result for result in results if isinstance(result, Completion)]
-        real = sum(completion.prompt_tokens + completion.completion_tokens for completion in completions)
-        with self._stats_lock:
-            stats = self._stats
-            stats.batches += bool(prepared) and not self.counts_passes
-            stats.records += len(completions)
-            stats.failed_records += len(results) - len(completions)
-            stats.prompt_tokens += sum(completion.prompt_tokens for completion in completions)
-            stats.completion_tokens += sum(completion.completion_tokens for completion in completions)
-            stats.real_tokens += real
-            stats.padded_tokens += real
+        self._counters.count_batch(results, counts_as_batch=bool(prepared) and not self.counts_passes)
         return results  # type: ignore[return-value]
-
-    def _count_pass(self, padding_positions: int) -> None:
-        """One model pass, and the token positions it computed only as padding (engines that pad call this)."""
-        with self._stats_lock:
-            self._stats.batches += 1
-            self._stats.padded_tokens += padding_positions
-
-    def _count_step(self, running: int, capacity: int, step_s: float = 0.0) -> None:
-        """One engine step with `running` sequences of `capacity` (engines that schedule steps call this)."""
-        with self._stats_lock:
-            stats = self._stats
-            stats.steps += 1
-            stats.running_seqs += running
-            stats.max_num_seqs = capacity
-            stats.step_time_s += step_s
-
-    @contextmanager
-    def _timed_model_call(self) -> Iterator[None]:
-        """Counts model time; overlapping calls (streamed requests) count once."""
-        self._model_clock.enter()
-        try:
-            yield
-        finally:
-            self._model_clock.exit()
 
     # -- statistics ----------------------------------------------------------------------------
 
     @property
     def stats(self) -> EngineStats:
         """A snapshot of what the engine ran since it was built (or `reset_stats()`)."""
-        with self._stats_lock:
-            return replace(self._stats, generate_time_s=self._model_clock.busy_s(time.monotonic()))
+        return self._counters.snapshot()
 
     def reset_stats(self) -> None:
         """Start counting afresh (the load time is kept)."""
-        with self._stats_lock:
-            self._stats = EngineStats(load_time_s=self._stats.load_time_s)
-            self._model_clock = BusyClock()
+        self._counters.reset()
 
     # -- batching ------------------------------------------------------------------------------
 
@@ -352,6 +337,18 @@ class Engine(abc.ABC):
         )
 
 
+def _cached_encoder(tokenizer: Any, *, add_special_tokens: bool) -> Callable[[str], tuple[int, ...]]:
+    """`tokenizer.encode`, cached, one call at a time (a Rust tokenizer must not run in two threads at once)."""
+    lock = threading.Lock()
+
+    @functools.lru_cache(maxsize=_TOKENIZE_CACHE_SIZE)
+    def encode(text: str) -> tuple[int, ...]:
+        with lock:
+            return tuple(tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    return encode
+
+
 def _too_long(prompt_tokens: int, max_new_tokens: int, context: int) -> str:
     needed = prompt_tokens + max_new_tokens
     return (
@@ -368,7 +365,7 @@ class BatchEngine(Engine):
         prepared, results = self._prepare(records)
         outcomes: list[Outcome] = []
         if prepared:
-            with self._timed_model_call():
+            with self._counters.model_call():
                 outcomes = self._run(prepared)
         return self._merge(prepared, outcomes, results)
 
@@ -385,7 +382,7 @@ class StreamingEngine(Engine):
         prepared, results = self._prepare(records)
         outcomes: list[Outcome] = []
         if prepared:
-            with self._timed_model_call():
+            with self._counters.model_call():
                 outcomes = await self._run(prepared)
         return self._merge(prepared, outcomes, results)
 

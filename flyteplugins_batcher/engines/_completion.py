@@ -1,4 +1,4 @@
-"""`Completion`: one record's generated samples and their token accounting."""
+"""`Completion`: one record's samples and their token accounting; `trim_at_stop` cuts a sample at a stop string."""
 
 from __future__ import annotations
 
@@ -79,3 +79,20 @@ class Completion:
         first = samples[0]
         total = sum(sample.completion_tokens for sample in samples)
         return cls(first.text, prompt_tokens, total, first.finish_reason, tuple(samples))
+
+
+def trim_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
+    """Cut `text` at the earliest occurrence of any stop string.
+
+    Returns:
+        The text before the stop string (all of it when none occurs), and whether one occurred.
+
+    Example:
+        ```python
+        assert trim_at_stop("4\\n\\nNext", ["\\n\\n"]) == ("4", True)
+        ```
+    """
+    positions = [index for index in (text.find(candidate) for candidate in stop if candidate) if index >= 0]
+    if not positions:
+        return text, False
+    return text[: min(positions)], True

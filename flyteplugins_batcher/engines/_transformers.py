@@ -3,20 +3,15 @@
 This is the engine that runs anywhere: with no model named it serves the bundled
 SmolLM2-135M-Instruct (see `_smollm2`), fully offline, in float32 on CPU.
 
-Padding and determinism: prompts in a batch are left-padded so that every row's next token lines
-up in the last column, and the attention mask hides the padding (positions are derived from the
-mask, so a padded row sees the same positions as when it runs alone). In float32, greedy output
-is token-for-token the same whatever else the batch holds: measured with SmolLM2 on the first 32
-gsm8k questions (64 new tokens), answers alone and in batches of 7, 16 and 32 were identical. That
-is observed, not guaranteed: the padded length changes the reduction order inside attention, so
-logits can differ in the last bits and a near-tie between two tokens could break differently. In
-bfloat16 the differences flip greedy choices within a few dozen tokens (4 of 8 gsm8k answers
-changed between running alone and in a batch of 8), so keep float32 when answers must not depend
-on batching.
+Padding: prompts in a batch are left-padded so that every row's next token lines up in the last
+column, and the attention mask hides the padding (positions are derived from the mask, so a padded
+row sees the same positions as when it runs alone). The padded length can still change the
+reduction order inside attention, so logits may differ in their last bits between a record alone
+and in a batch: in float32 that rarely decides a greedy token; in bfloat16 it often does. Hence
+float32 on CPU by default.
 
 All torch work runs on one dedicated thread per engine (`ModelThread`), whichever thread calls
-`generate`: on CPU that keeps a single OpenMP pool, which is 25-30 % faster than generating on the
-batcher's worker thread after loading on the main thread.
+`generate`, so that CPU inference keeps a single OpenMP pool.
 """
 
 from __future__ import annotations
@@ -29,14 +24,14 @@ from typing import TYPE_CHECKING, Any
 
 from flyteplugins_batcher._settings import BatcherSettings
 from flyteplugins_batcher.engines import _install
-from flyteplugins_batcher.engines._base import BatchEngine, Outcome
-from flyteplugins_batcher.engines._completion import Completion, Sample
+from flyteplugins_batcher.engines._base import BatchEngine, LoadedModel, Outcome
+from flyteplugins_batcher.engines._completion import Completion, Sample, trim_at_stop
 from flyteplugins_batcher.engines._config import GenerationConfig
-from flyteplugins_batcher.engines._errors import InvalidResponseFormatError
+from flyteplugins_batcher.engines._engine_errors import InvalidResponseFormatError
 from flyteplugins_batcher.engines._model_reference import check_model_reference, hub_offline, model_display_name
 from flyteplugins_batcher.engines._model_thread import ModelThread
 from flyteplugins_batcher.engines._passes import Pass, plan_passes
-from flyteplugins_batcher.engines._records import PreparedPrompt
+from flyteplugins_batcher.engines._prompts import PreparedPrompt
 from flyteplugins_batcher.engines._structured import Grammars
 
 if TYPE_CHECKING:
@@ -71,8 +66,8 @@ class TransformersEngine(BatchEngine):
         gguf_file: Name of a GGUF file inside `model` to load instead of safetensors weights.
         device: `"auto"` (CUDA when available, else CPU), `"cpu"`, `"cuda"`, `"cuda:1"`, ...
         dtype: Model dtype (`"float32"`, `"bfloat16"`, a `torch.dtype`, ...). `None` means float32
-            on CPU, where it keeps greedy answers independent of batching (see the module notes),
-            and bfloat16 on GPU.
+            on CPU, where greedy answers do not depend on what else the batch holds (see the module
+            notes), and bfloat16 on GPU.
         num_threads: If set, `torch.set_num_threads(num_threads)` at load (process-wide).
         micro_batch_size: Most rows per `model.generate` call; a larger batch runs as several calls,
             each over prompts of similar length so that little is padded. `None` runs the whole
@@ -129,27 +124,26 @@ class TransformersEngine(BatchEngine):
         self.model_kwargs = dict(model_kwargs or {})
         self._model: Any = None
         self._grammars: Any = None  # Grammars, set by load
-        self._device: torch.device | None = None
+        self._torch_device: torch.device | None = None
         self._eos_token_ids: frozenset[int] = frozenset()
         self._pad_token_id = 0
-        self._context_length = 0
         # All torch work (loading, generating) happens on one thread, one call at a time; see
         # _model_thread for why.
         self._model_thread = ModelThread(f"{self.name}-model")
 
     # -- lifecycle -----------------------------------------------------------------------------
 
-    def _load(self) -> None:
-        self._model_thread.run(self._load_on_model_thread)
+    def _load(self) -> LoadedModel:
+        return self._model_thread.run(self._load_on_model_thread)
 
-    def _load_on_model_thread(self) -> None:
+    def _load_on_model_thread(self) -> LoadedModel:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         if self.num_threads is not None:
             torch.set_num_threads(self.num_threads)
         source = self.model_source if self.model_source is not None else str(_bundled_checkpoint())
-        device = resolve_device(self.device_request)
+        device = torch_device(self.device_request)
         dtype = resolve_dtype(self.dtype_request, device)
         gguf_kwargs = {"gguf_file": self.gguf_file} if self.gguf_file else {}
         try:
@@ -167,9 +161,9 @@ class TransformersEngine(BatchEngine):
             raise ValueError(f"{source!r}: the tokenizer and generation config define no EOS token")
         self._pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids)
         self._eos_token_ids = frozenset(eos_ids)
-        self._context_length = _context_length(model, tokenizer)
         self._grammars = Grammars(tokenizer, _logits_width(model), stop_token_ids=sorted(eos_ids))
-        self._model, self._tokenizer, self._device = model, tokenizer, device
+        self._model, self._torch_device = model, device
+        return LoadedModel(tokenizer, _context_length(model, tokenizer))
 
     def _close(self) -> None:
         self._model_thread.run(self._release_on_model_thread)
@@ -178,20 +172,14 @@ class TransformersEngine(BatchEngine):
     def _release_on_model_thread(self) -> None:
         import torch
 
-        on_cuda = self._device is not None and self._device.type == "cuda"
-        self._model = self._tokenizer = self._device = self._grammars = None
+        on_cuda = self._torch_device is not None and self._torch_device.type == "cuda"
+        self._model = self._torch_device = self._grammars = None
         gc.collect()
         if on_cuda:
             torch.cuda.empty_cache()
 
     def _default_model_name(self) -> str:
         return model_display_name(self.model_source)
-
-    @property
-    def context_length(self) -> int:
-        """The model's maximum sequence length (prompt + generated tokens)."""
-        self._require_loaded()
-        return self._context_length
 
     # -- generation ----------------------------------------------------------------------------
 
@@ -202,7 +190,7 @@ class TransformersEngine(BatchEngine):
 
     def batcher_defaults(self) -> BatcherSettings:
         """Batches of up to 16 rows on CPU (64 on GPU), with a token budget that admits them."""
-        on_cpu = resolve_device(self.device_request).type == "cpu"
+        on_cpu = torch_device(self.device_request).type == "cpu"
         batch_size = _CPU_BATCH_SIZE if on_cpu else _GPU_BATCH_SIZE
         return BatcherSettings(
             max_batch_size=batch_size,
@@ -254,7 +242,7 @@ class TransformersEngine(BatchEngine):
             )
         completions = planned.completions([self._sample(settings, row) for row in output[:, prompt_width:].tolist()])
         real = sum(completion.prompt_tokens + completion.completion_tokens for completion in completions)
-        self._count_pass(max(0, len(rows) * output.shape[1] - real))
+        self._counters.count_pass(max(0, len(rows) * output.shape[1] - real))
         return completions
 
     def _grammar_processor(self, rows: Sequence[PreparedPrompt], settings: GenerationConfig) -> Any:
@@ -277,7 +265,7 @@ class TransformersEngine(BatchEngine):
             length = len(prompt.token_ids)
             input_ids[row, width - length :] = torch.tensor(prompt.token_ids, dtype=torch.long)
             attention_mask[row, width - length :] = 1
-        return input_ids.to(self._device), attention_mask.to(self._device)
+        return input_ids.to(self._torch_device), attention_mask.to(self._torch_device)
 
     def _hf_generation_config(self, config: GenerationConfig, *, top_p_in_processor: bool = False) -> Any:
         from transformers import GenerationConfig as HFGenerationConfig
@@ -305,8 +293,6 @@ class TransformersEngine(BatchEngine):
         return StoppingCriteriaList([StopTextCriteria(self._tokenizer, generation.stop, prompt_width)])
 
     def _sample(self, generation: GenerationConfig, row: list[int]) -> Sample:
-        from flyteplugins_batcher.engines._stopping import trim_at_stop
-
         # Rows that finished early are filled with the pad token, which is often the EOS token too.
         content_length = next(
             (
@@ -331,7 +317,7 @@ def require_transformers() -> None:
     _install.require("transformers", ("torch", "transformers"), _install.CPU_EXTRA)
 
 
-def resolve_device(device: str) -> torch.device:
+def torch_device(device: str) -> torch.device:
     """`"auto"` becomes CUDA when a GPU is visible, else CPU; any other value is passed to `torch.device`."""
     import torch
 

@@ -32,12 +32,12 @@ from typing import Any, Literal
 
 from flyteplugins_batcher._settings import BatcherSettings
 from flyteplugins_batcher.engines import _install
-from flyteplugins_batcher.engines._base import BatchEngine, Engine, Outcome
+from flyteplugins_batcher.engines._base import BatchEngine, Engine, LoadedModel, Outcome
 from flyteplugins_batcher.engines._completion import Completion, FinishReason, Sample
 from flyteplugins_batcher.engines._config import GenerationConfig
-from flyteplugins_batcher.engines._errors import EngineConfigError, EngineDeadError, InvalidResponseFormatError
+from flyteplugins_batcher.engines._engine_errors import EngineConfigError, EngineDeadError, InvalidResponseFormatError
 from flyteplugins_batcher.engines._model_reference import model_display_name
-from flyteplugins_batcher.engines._records import PreparedPrompt
+from flyteplugins_batcher.engines._prompts import PreparedPrompt
 from flyteplugins_batcher.engines._response_format import ResponseFormat
 from flyteplugins_batcher.engines._stream_defaults import stream_batcher_settings
 from flyteplugins_batcher.engines._vllm_args import (
@@ -124,11 +124,6 @@ class VLLMSupport(Engine):
         self._dead = threading.Event()
         self._closing = threading.Event()  # set while closing: the engine process ending then is no death
 
-    @property
-    def llm_kwargs(self) -> dict[str, Any]:
-        """The engine arguments as given (before device defaults)."""
-        return dict(self.engine_args)
-
     def _default_model_name(self) -> str:
         return model_display_name(self.model)
 
@@ -137,22 +132,14 @@ class VLLMSupport(Engine):
         """Whether the engine is loaded and its engine-core process is alive."""
         return self.is_loaded and not self._dead.is_set()
 
-    @property
-    def context_length(self) -> int:
-        self._require_loaded()
-        limits = self._limits
-        if limits is None or limits.max_model_len is None:  # vLLM always reports one once loaded
-            raise RuntimeError(f"{self.name}: vLLM reported no max_model_len")
-        return limits.max_model_len
-
     def _resolved_engine_args(self, vllm: Any) -> dict[str, Any]:
         on_cpu = running_on_cpu()
         args = with_device_defaults(self.engine_args, on_cpu=on_cpu)
         check_engine_args(args, accepted_arguments(vllm, streaming=self.mode == "stream"), on_cpu=on_cpu)
         return args
 
-    def _started(self, tokenizer: Any, vllm_config: Any) -> None:
-        self._tokenizer = tokenizer
+    def _started(self, tokenizer: Any, vllm_config: Any) -> LoadedModel:
+        """Remember what vLLM settled on; what `_load` returns."""
         self._vllm_config = vllm_config
         self._verified.clear()
         self._limits = Limits.read(vllm_config)
@@ -161,6 +148,7 @@ class VLLMSupport(Engine):
         # A process that ends with the engine loaded (a Flyte task returning, a script finishing)
         # shuts it down first, so its engine process is not reported as having died.
         atexit.register(_close_at_exit, weakref.ref(self))
+        return LoadedModel(tokenizer, vllm_config.model_config.max_model_len)
 
     def _check_generation(self, generation: GenerationConfig) -> None:
         """Also ask vLLM whether it accepts a response format (its backend may refuse what xgrammar parses).
@@ -230,7 +218,7 @@ class VLLMEngine(VLLMSupport, BatchEngine):
         self._llm: Any = None
         self._llm_lock = threading.Lock()  # vLLM's offline LLM is not thread-safe: batches take turns
 
-    def _load(self) -> None:
+    def _load(self) -> LoadedModel:
         vllm = import_vllm()
         from flyteplugins_batcher.engines._vllm_steps import record_offline_steps
 
@@ -238,9 +226,10 @@ class VLLMEngine(VLLMSupport, BatchEngine):
         with config_errors(self.model):
             self._llm = vllm.LLM(self.model, **args)
         if not args["disable_log_stats"]:
-            record_offline_steps(self._llm, self._count_step)
-        self._started(self._llm.get_tokenizer(), self._llm.llm_engine.vllm_config)
+            record_offline_steps(self._llm, self._counters.count_step)
+        loaded = self._started(self._llm.get_tokenizer(), self._llm.llm_engine.vllm_config)
         watch_engine_process(self._llm, self._dead, self._closing, self.name)
+        return loaded
 
     def _close(self) -> None:
         self._closing.set()

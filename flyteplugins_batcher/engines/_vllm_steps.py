@@ -2,7 +2,7 @@
 
 vLLM hands every stat logger, once per engine step, its scheduler's `SchedulerStats` (requests
 running after the step) and the step's `IterationStats` (among them the requests that finished in
-it). `StepRecorder` turns each into one `Engine._count_step`: the sequences that ran in the step
+it). `StepRecorder` turns each into one `EngineCounters.count_step`: the sequences that ran in the step
 are those still running plus those that just finished, over `max_num_seqs`. A request ended by a
 stop string is finished by vLLM's front end while its engine still counts it running, so it is
 counted twice in its last step: at most one sequence-step per such request.
@@ -40,7 +40,7 @@ class StepRecorder(StatLoggerBase):
 
     Example:
         ```python
-        llm = AsyncLLM.from_engine_args(args, stat_loggers=[StepRecorder.factory(engine._count_step)])
+        llm = AsyncLLM.from_engine_args(args, stat_loggers=[StepRecorder.factory(counters.count_step)])
         ```
     """
 

@@ -11,11 +11,11 @@ import asyncio
 import itertools
 from typing import Any
 
-from flyteplugins_batcher.engines._base import Outcome, StreamingEngine
+from flyteplugins_batcher.engines._base import LoadedModel, Outcome, StreamingEngine
 from flyteplugins_batcher.engines._completion import Completion
+from flyteplugins_batcher.engines._engine_errors import EngineDeadError
 from flyteplugins_batcher.engines._engine_loop import EngineLoop
-from flyteplugins_batcher.engines._errors import EngineDeadError
-from flyteplugins_batcher.engines._records import PreparedPrompt
+from flyteplugins_batcher.engines._prompts import PreparedPrompt
 from flyteplugins_batcher.engines._vllm import (
     VLLMMode,
     VLLMSupport,
@@ -56,12 +56,12 @@ class VLLMStreamEngine(VLLMSupport, StreamingEngine):
         self._async_llm: Any = None
         self._request_ids = itertools.count()
 
-    def _load(self) -> None:
+    def _load(self) -> LoadedModel:
         vllm = import_vllm()
         from flyteplugins_batcher.engines._vllm_steps import StepRecorder
 
         args = {"disable_log_stats": True, **self._resolved_engine_args(vllm)}  # as vllm.LLM does
-        steps = StepRecorder.factory(self._count_step)  # turns vLLM's statistics on, without its log lines
+        steps = StepRecorder.factory(self._counters.count_step)  # turns vLLM's statistics on, without its log lines
         loop = EngineLoop(f"{self.name}-engine-loop")
         try:
             with config_errors(self.model):
@@ -70,8 +70,9 @@ class VLLMStreamEngine(VLLMSupport, StreamingEngine):
             loop.close()
             raise
         self._engine_loop = loop
-        self._started(self._async_llm.get_tokenizer(), self._async_llm.vllm_config)
+        loaded = self._started(self._async_llm.get_tokenizer(), self._async_llm.vllm_config)
         watch_engine_process(self._async_llm, self._dead, self._closing, self.name)
+        return loaded
 
     def _close(self) -> None:
         self._closing.set()

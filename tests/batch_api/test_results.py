@@ -48,9 +48,14 @@ def test_completion_lines_carry_text_choices():
         (ContextLengthExceededError("engine: record 0: prompt is too long"), "context_length_exceeded"),
         (InvalidResponseFormatError("engine: record 0: response_format cannot be enforced"), "invalid_request"),
         (InvalidPromptError("engine: record 0: empty prompt"), "invalid_prompt"),
+        # The code is the error's own, never read from its text.
+        (ContextLengthExceededError("engine: record 0: 9000 tokens"), "context_length_exceeded"),
+        (InvalidPromptError("engine: record 0: the chat template says the prompt is too long"), "invalid_prompt"),
         (EngineDeadError("the engine died"), "inference_failed"),
         (RuntimeError("boom"), "inference_failed"),
     ],
 )
 def test_each_engine_failure_maps_to_an_error_code(error: Exception, code: str):
     assert error_code(error) == code
+    if isinstance(error, InvalidPromptError):
+        assert error.code == code

@@ -88,7 +88,7 @@ def test_auto_with_vllm_and_a_gpu_is_vllm(vllm_on_a_gpu: None) -> None:
     assert isinstance(engine, VLLMStreamEngine)
     assert engine.model == "org/model"
     assert engine.mode == "stream"
-    assert engine.llm_kwargs == {"max_model_len": 256}
+    assert engine.engine_args == {"max_model_len": 256}
 
 
 @needs_transformers

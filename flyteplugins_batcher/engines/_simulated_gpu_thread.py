@@ -1,10 +1,10 @@
 """The simulated GPU in real time: a thread that steps the scheduler and sleeps each step's duration.
 
-The thread plays the device. Between steps it takes the requests that arrived (as vLLM's engine
+The thread plays the GPU. Between steps it takes the requests that arrived (as vLLM's engine
 core does), runs one `ContinuousBatchScheduler.step()`, sleeps until the step's end on a clock
 that runs `time_scale` times faster than the wall clock, then hands the finished requests their
-completions on their callers' event loops. Sleeping releases the GIL, so a device costs little
-CPU: many replicas' devices fit on a few cores.
+completions on their callers' event loops. Sleeping releases the GIL, so a simulated GPU costs little
+CPU: many replicas' GPUs fit on a few cores.
 
 Step ends are deadlines on that clock, not sleeps added one after another: the thread's own work
 and the sleep's overshoot are absorbed by the next sleep, so wall time stays `virtual / time_scale`
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flyteplugins_batcher.engines._continuous_batching import ContinuousBatchScheduler, SequenceJob, StepResult
-from flyteplugins_batcher.engines._errors import EngineDeadError, EngineNotLoadedError
+from flyteplugins_batcher.engines._engine_errors import EngineDeadError, EngineNotLoadedError
 from flyteplugins_batcher.engines._simulated_gpu import SimulatedGpu
 
 _STOP = object()
@@ -39,20 +39,20 @@ class _Ticket:
     loop: asyncio.AbstractEventLoop
 
 
-class SimulatedDevice:
+class SimulatedGpuThread:
     """A daemon thread that runs a `ContinuousBatchScheduler` in (scaled) real time.
 
     Args:
         gpu: Capacity and step timing.
-        time_scale: How much faster than the wall clock the device runs (10: a 7 ms step sleeps 0.7 ms).
-        on_step: Called on the device thread after each step (for statistics).
+        time_scale: How much faster than the wall clock the GPU runs (10: a 7 ms step sleeps 0.7 ms).
+        on_step: Called on the GPU thread after each step (for statistics).
         name: The thread's name.
 
     Example:
         ```python
-        device = SimulatedDevice(SimulatedGpu(), time_scale=10, on_step=print)
-        answer = await device.submit(SequenceJob(100, 20), outcome="done")
-        device.close()
+        gpu = SimulatedGpuThread(SimulatedGpu(), time_scale=10, on_step=print)
+        answer = await gpu.submit(SequenceJob(100, 20), outcome="done")
+        gpu.close()
         ```
     """
 
@@ -64,7 +64,7 @@ class SimulatedDevice:
         self.time_scale = time_scale
         self.lag_s = 0.0
         self.cpu_s = 0.0
-        """CPU seconds the device thread has used (updated every step)."""
+        """CPU seconds the GPU thread has used (updated every step)."""
         self._scheduler = ContinuousBatchScheduler(gpu)
         self._on_step = on_step
         self._arrivals: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -79,8 +79,8 @@ class SimulatedDevice:
 
         Raises:
             ValueError: The job could never run (see `ContinuousBatchScheduler.check`).
-            EngineNotLoadedError: The device was closed.
-            EngineDeadError: The device thread failed.
+            EngineNotLoadedError: The GPU thread was closed.
+            EngineDeadError: The GPU thread failed.
         """
         self._scheduler.check(job)
         loop = asyncio.get_running_loop()
@@ -107,7 +107,7 @@ class SimulatedDevice:
 
     @property
     def is_alive(self) -> bool:
-        """Whether the device thread runs (not closed, not failed)."""
+        """Whether the GPU thread runs (not closed, not failed)."""
         return self._thread.is_alive() and self._failure is None
 
     def _fail_unfinished(self, error: Exception) -> None:
@@ -123,7 +123,7 @@ class SimulatedDevice:
             self._serve()
         except BaseException as error:  # a bug here must fail the requests, not leave them waiting forever
             with self._submit_lock:
-                self._failure = EngineDeadError(f"simulated: the device thread failed: {error!r}")
+                self._failure = EngineDeadError(f"simulated: the GPU thread failed: {error!r}")
                 self._failure.__cause__ = error
             self._fail_unfinished(self._failure)
             raise
@@ -134,7 +134,7 @@ class SimulatedDevice:
             if scheduler.idle:
                 if not self._take(self._arrivals.get()):
                     return
-                deadline = time.perf_counter()  # the device was idle: its clock restarts now
+                deadline = time.perf_counter()  # the GPU was idle: its clock restarts now
             if not self._take_arrived():
                 return
             result = scheduler.step()

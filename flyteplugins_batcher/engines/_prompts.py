@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from flyteplugins_batcher._errors import short_repr
 from flyteplugins_batcher._records import Prompt
 from flyteplugins_batcher.engines._config import GenerationConfig
-from flyteplugins_batcher.engines._errors import InvalidPromptError
+from flyteplugins_batcher.engines._engine_errors import InvalidPromptError
 
 ChatMessages = Sequence[Mapping[str, str]]
 """A chat conversation: `[{"role": "user", "content": "..."}, ...]`."""

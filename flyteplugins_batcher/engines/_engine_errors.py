@@ -2,19 +2,35 @@
 
 from __future__ import annotations
 
+from typing import ClassVar, Literal
+
 from flyteplugins_batcher._errors import UnrecoverableError
+
+InvalidPromptCode = Literal["invalid_prompt", "context_length_exceeded", "invalid_request"]
+"""The machine-readable reason an `InvalidPromptError` carries (`code`), as OpenAI's batch error lines name it."""
 
 
 class InvalidPromptError(ValueError):
     """A record an engine cannot run (empty, too long for the context, wrong type).
 
     Engines return it in the record's result slot, so only that record's future fails. Its
-    message names the record: `"<engine>: record <i> (<id or repr>): <reason>"`.
+    message names the record: `"<engine>: record <i> (<id or repr>): <reason>"`. Its `code` says
+    why for a program, so that nothing has to read the message: each subclass has its own.
+
+    Example:
+        ```python
+        if isinstance(outcome, InvalidPromptError):
+            print(outcome.code)  # "invalid_prompt", "context_length_exceeded" or "invalid_request"
+        ```
     """
+
+    code: ClassVar[InvalidPromptCode] = "invalid_prompt"
 
 
 class ContextLengthExceededError(InvalidPromptError):
     """A record whose prompt tokens plus `max_new_tokens` do not fit in the model's context."""
+
+    code: ClassVar[InvalidPromptCode] = "context_length_exceeded"
 
 
 class InvalidResponseFormatError(InvalidPromptError):
@@ -22,6 +38,8 @@ class InvalidResponseFormatError(InvalidPromptError):
 
     The message names the schema and what the grammar compiler said about it.
     """
+
+    code: ClassVar[InvalidPromptCode] = "invalid_request"
 
 
 class EngineConfigError(Exception):

@@ -1,9 +1,16 @@
-"""EngineStats: what an engine ran, counted where the model runs."""
+"""EngineStats: what an engine ran, counted where the model runs (`EngineCounters` keeps them)."""
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
+
+from flyteplugins_batcher._stats import BusyClock
+from flyteplugins_batcher.engines._completion import Completion
 
 _NOT_COUNTERS = frozenset({"load_time_s", "max_num_seqs"})
 
@@ -87,3 +94,81 @@ class EngineStats:
             if item.name not in _NOT_COUNTERS
         }
         return replace(self, **differences)
+
+
+class EngineCounters:
+    """The counters behind `Engine.stats`, safe to update from any thread.
+
+    The shared pipeline counts batches and records; an engine that splits a batch into passes
+    counts those (`count_pass`), and one that schedules sequences itself counts its steps
+    (`count_step`).
+
+    Example:
+        ```python
+        counters = EngineCounters()
+        with counters.model_call():
+            outcomes = run_model(prompts)
+        counters.count_batch(outcomes, counts_as_batch=True)
+        print(counters.snapshot().records)
+        ```
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._stats = EngineStats()
+        self._model_clock = BusyClock()
+
+    def snapshot(self) -> EngineStats:
+        """The counts so far, with the model time up to now."""
+        with self._lock:
+            return replace(self._stats, generate_time_s=self._model_clock.busy_s(time.monotonic()))
+
+    def reset(self) -> None:
+        """Start counting afresh; the load time is kept."""
+        with self._lock:
+            self._stats = EngineStats(load_time_s=self._stats.load_time_s)
+            self._model_clock = BusyClock()
+
+    def loaded_in(self, seconds: float) -> None:
+        """The last `load()` took `seconds`."""
+        with self._lock:
+            self._stats.load_time_s = seconds
+
+    @contextmanager
+    def model_call(self) -> Iterator[None]:
+        """Counts model time; overlapping calls (streamed requests) count once."""
+        self._model_clock.enter()
+        try:
+            yield
+        finally:
+            self._model_clock.exit()
+
+    def count_batch(self, outcomes: Sequence[object], *, counts_as_batch: bool) -> None:
+        """One batch's outcomes (a `Completion` or an error per record), and whether it is one model call."""
+        completions = [outcome for outcome in outcomes if isinstance(outcome, Completion)]
+        prompt_tokens = sum(completion.prompt_tokens for completion in completions)
+        completion_tokens = sum(completion.completion_tokens for completion in completions)
+        with self._lock:
+            stats = self._stats
+            stats.batches += counts_as_batch
+            stats.records += len(completions)
+            stats.failed_records += len(outcomes) - len(completions)
+            stats.prompt_tokens += prompt_tokens
+            stats.completion_tokens += completion_tokens
+            stats.real_tokens += prompt_tokens + completion_tokens
+            stats.padded_tokens += prompt_tokens + completion_tokens
+
+    def count_pass(self, padding_positions: int) -> None:
+        """One model pass, and the token positions it computed only as padding (engines that pad call this)."""
+        with self._lock:
+            self._stats.batches += 1
+            self._stats.padded_tokens += padding_positions
+
+    def count_step(self, running: int, capacity: int, step_s: float = 0.0) -> None:
+        """One engine step with `running` sequences of `capacity` (engines that schedule steps call this)."""
+        with self._lock:
+            stats = self._stats
+            stats.steps += 1
+            stats.running_seqs += running
+            stats.max_num_seqs = capacity
+            stats.step_time_s += step_s
