@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any, Literal, get_args
 
 from flyteplugins_batcher.engines import _install
@@ -16,8 +15,8 @@ EngineName = Literal["auto", "transformers", "vllm", "simulated"]
 ENGINE_NAMES: tuple[str, ...] = get_args(EngineName)
 
 DEFAULT_VLLM_MODE = "stream"
-"""vLLM's default mode: measured in `benchmarks/bench_vllm.py`, streaming needs about half the
-engine steps of whole batches for chunks that arrive over time (see the README)."""
+"""vLLM's default mode: measured, streaming needs about half the engine steps of whole batches for
+chunks that arrive over time (see the README)."""
 
 
 def create_engine(
@@ -87,8 +86,7 @@ def _create_vllm_engine(
     mode: str = DEFAULT_VLLM_MODE,
     **engine_args: Any,
 ) -> Engine:
-    if importlib.util.find_spec("vllm") is None:
-        raise ImportError(f"The vllm engine needs vLLM, which is not installed. Install: {_install.VLLM}")
+    _install.require_vllm()
     if mode not in ("batch", "stream"):
         raise ValueError(f"mode must be 'batch' or 'stream', got {mode!r}")
     from flyteplugins_batcher.engines._model_reference import check_model_reference

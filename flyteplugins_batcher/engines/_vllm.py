@@ -263,10 +263,11 @@ class VLLMEngine(VLLMSupport, BatchEngine):
 
 def import_vllm() -> Any:
     """`vllm`, or an `ImportError` that says how to install it (its GPU or CPU build)."""
+    _install.require_vllm()
     try:
         import vllm
-    except ImportError as error:
-        raise ImportError(f"The vllm engine needs vLLM, which is not installed. Install: {_install.VLLM}") from error
+    except ImportError as error:  # installed, but broken (PyPI's torchvision beside the CPU build, say)
+        raise _install.not_installed("vllm", ["vllm"], _install.VLLM) from error
     return vllm
 
 

@@ -15,6 +15,7 @@ from flyteplugins_batcher.engines import (
     EngineNotLoadedError,
     GenerationConfig,
     InvalidPromptError,
+    LoadedModel,
     PreparedPrompt,
     Request,
 )
@@ -38,13 +39,8 @@ class EchoEngine(BatchEngine):
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.calls: list[list[PreparedPrompt]] = []
 
-    def _load(self) -> None:
-        self._tokenizer = CharTokenizer()
-
-    @property
-    def context_length(self) -> int:
-        self._require_loaded()
-        return 64
+    def _load(self) -> LoadedModel:
+        return LoadedModel(CharTokenizer(), context_length=64)
 
     def _run(self, prompts: list[PreparedPrompt]) -> list[Completion | Exception]:
         self.calls.append(list(prompts))

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from flyteplugins_batcher.engines import ENGINE_NAMES, GenerationConfig, create_engine
-from flyteplugins_batcher.engines import _factory as factory
+from flyteplugins_batcher.engines import ENGINE_NAMES, GenerationConfig, create_engine, vllm_usable
 
 needs_transformers = pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="needs the cpu extra")
 
@@ -96,10 +95,10 @@ def test_vllm_usable_needs_both_vllm_and_a_gpu(monkeypatch: pytest.MonkeyPatch) 
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert not factory.vllm_usable()
+    assert not vllm_usable()
     _hide_modules(monkeypatch, "vllm")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert not factory.vllm_usable()
+    assert not vllm_usable()
 
 
 @pytest.mark.slow

@@ -17,13 +17,22 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from flyteplugins_batcher._records import Prompt
-from flyteplugins_batcher.engines import Completion, GenerationConfig, InvalidPromptError, PromptRecord, Request
-from flyteplugins_batcher.engines._model_reference import check_model_reference
-from flyteplugins_batcher.engines._smollm2 import CACHE_DIR_ENV, _convert_into, cache_root
+from flyteplugins_batcher import Prompt
+from flyteplugins_batcher.engines import (
+    CACHE_DIR_ENV,
+    Completion,
+    GenerationConfig,
+    InvalidPromptError,
+    PromptRecord,
+    Request,
+    cache_root,
+    check_model_reference,
+    publish_directory,
+    trim_at_stop,
+)
 
 if TYPE_CHECKING:
-    from flyteplugins_batcher.engines._transformers import TransformersEngine
+    from flyteplugins_batcher.engines import TransformersEngine
 
 # Different lengths on purpose: in a batch the shorter ones are left-padded by up to ~20 tokens.
 PROMPTS = [
@@ -53,9 +62,6 @@ def alone(smollm2_engine: TransformersEngine) -> dict[str, Completion]:
 
 
 def test_trim_at_stop_cuts_at_the_earliest_stop_string() -> None:
-    pytest.importorskip("transformers")
-    from flyteplugins_batcher.engines._stopping import trim_at_stop
-
     assert trim_at_stop("step 1\nstep 2. Done", ["Done", "\n"]) == ("step 1", True)
     assert trim_at_stop("no stop here", ["###"]) == ("no stop here", False)
     assert trim_at_stop("", ["x"]) == ("", False)
@@ -89,16 +95,13 @@ def test_cache_root_prefers_explicit_then_xdg_then_home(monkeypatch: pytest.Monk
     assert cache_root() == tmp_path / "home" / ".cache" / "flyteplugins-batcher"
 
 
-def test_conversion_publishes_atomically_and_tolerates_a_concurrent_winner(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    # Stands in for the 25 s GGUF conversion: what is under test is how the result is published.
-    def write_checkpoint(gguf_path: Path, directory: Path) -> None:
-        (directory / "config.json").write_text(f'{{"from": "{gguf_path.name}"}}')
+def test_a_converted_checkpoint_is_published_atomically_and_a_concurrent_winner_is_kept(tmp_path: Path) -> None:
+    # Stands in for the GGUF conversion, which publishes its checkpoint the same way.
+    def write_checkpoint(directory: Path) -> None:
+        (directory / "config.json").write_text('{"from": "model.gguf"}')
 
-    monkeypatch.setattr("flyteplugins_batcher.engines._smollm2.save_gguf_as_checkpoint", write_checkpoint)
     target = tmp_path / "entry"
-    threads = [threading.Thread(target=_convert_into, args=(Path("model.gguf"), target)) for _ in range(4)]
+    threads = [threading.Thread(target=publish_directory, args=(target, write_checkpoint)) for _ in range(4)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -157,7 +160,7 @@ def test_greedy_completions_are_identical_alone_and_in_a_left_padded_batch_of_8(
 def test_token_counts_come_from_the_model_tokenizer(smollm2_engine: TransformersEngine) -> None:
     from transformers import AutoTokenizer
 
-    from flyteplugins_batcher.engines._smollm2 import bundled_smollm2_path
+    from flyteplugins_batcher.engines import bundled_smollm2_path
 
     reference = AutoTokenizer.from_pretrained(bundled_smollm2_path())
     max_new_tokens = smollm2_engine.generation.max_new_tokens
