@@ -37,6 +37,7 @@ from typing import Any
 import flyte.errors
 
 from flyteplugins_batcher import DeviceMonitor, InFlight, SharedBatcher, TokenBatcher, size_in_flight
+from flyteplugins_batcher.batch_api import error_code
 from flyteplugins_batcher.engines import (
     Completion,
     Engine,
@@ -242,11 +243,6 @@ class LLMReplica:
         """Stop the batcher, close the engine and stop the GPU monitor."""
         await self.shared.aclose()
         self.device.stop()
-
-
-def error_code(error: InvalidPromptError) -> str:
-    """The batch API's error code for a prompt the engine refused."""
-    return "context_length_exceeded" if "too long" in str(error) else "invalid_prompt"
 
 
 _replica: LLMReplica | None = None

@@ -87,9 +87,9 @@ from flyteplugins_batcher.batch_api._embeddings import (
     embedding_response_line,
     encode_vector,
 )
-from flyteplugins_batcher.batch_api._errors import ErrorCode, RequestLineError, error_code
 from flyteplugins_batcher.batch_api._generation import MAX_STOP_SEQUENCES
 from flyteplugins_batcher.batch_api._ids import SeenIds
+from flyteplugins_batcher.batch_api._line_errors import ErrorCode, RequestLineError, error_code
 from flyteplugins_batcher.batch_api._lines import RequestLine, read_request_lines
 from flyteplugins_batcher.batch_api._requests import (
     ENDPOINTS,

@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from flyteplugins_batcher.batch_api._errors import RequestLineError
+from flyteplugins_batcher.batch_api._line_errors import RequestLineError
 from flyteplugins_batcher.engines import MAX_SAMPLES, ResponseFormat
 
 MAX_STOP_SEQUENCES = 4

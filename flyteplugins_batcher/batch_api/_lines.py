@@ -5,7 +5,7 @@ from __future__ import annotations
 import codecs
 from collections.abc import Iterable, Iterator
 
-from flyteplugins_batcher.batch_api._errors import RequestLineError
+from flyteplugins_batcher.batch_api._line_errors import RequestLineError
 
 RequestLine = tuple[int, str | RequestLineError]
 """A line's 1-based number, and its text, or the error that fails it (`invalid_json` for bytes that are not UTF-8)."""

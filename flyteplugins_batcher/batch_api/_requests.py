@@ -12,8 +12,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Literal
 
 from flyteplugins_batcher.batch_api._embeddings import EMBEDDINGS_ENDPOINT, EmbeddingRequest, parse_embedding_body
-from flyteplugins_batcher.batch_api._errors import RequestLineError
 from flyteplugins_batcher.batch_api._generation import FieldChecks, generation_settings
+from flyteplugins_batcher.batch_api._line_errors import RequestLineError
 from flyteplugins_batcher.engines import GenerationConfig
 
 Endpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]

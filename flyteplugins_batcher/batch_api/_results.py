@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from flyteplugins_batcher.batch_api._errors import RequestLineError
+from flyteplugins_batcher.batch_api._line_errors import RequestLineError
 
 if TYPE_CHECKING:
     from flyteplugins_batcher.batch_api._requests import BatchRequest
