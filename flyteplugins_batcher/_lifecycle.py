@@ -16,7 +16,12 @@ from collections.abc import Callable
 from typing import Protocol
 
 from flyteplugins_batcher._dispatch import Dispatcher
-from flyteplugins_batcher._errors import BatcherClosedError, BatcherFailedError, BatcherNotRunningError
+from flyteplugins_batcher._errors import (
+    BatcherClosedError,
+    BatcherFailedError,
+    BatcherNotRunningError,
+    UnrecoverableError,
+)
 
 logger = logging.getLogger("flyteplugins_batcher")
 
@@ -134,7 +139,12 @@ class Lifecycle:
         failure.__cause__ = cause
         self.failure = failure
         self._enter(BatcherState.FAILED)
-        logger.error("%s failed; failing all pending records", self._batcher_name, exc_info=cause)
+        if isinstance(cause, UnrecoverableError):
+            # Raised on purpose (the engine died, say): its message says what happened, and whoever
+            # awaits a record gets it with its traceback; a replacement batcher may well recover.
+            logger.warning("%s failed: %s; failing all pending records", self._batcher_name, cause)
+        else:
+            logger.error("%s failed; failing all pending records", self._batcher_name, exc_info=cause)
         if self.run is not None:
             self.run.backpressure.close(failure)
         return failure

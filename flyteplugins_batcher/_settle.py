@@ -25,7 +25,7 @@ from flyteplugins_batcher._envelope import (
     Envelope,
     RecordState,
 )
-from flyteplugins_batcher._errors import RecordExpiredError, add_note, short_repr
+from flyteplugins_batcher._errors import RecordExpiredError, UnrecoverableError, add_note, short_repr
 from flyteplugins_batcher._stats import StatsRecorder
 
 logger = logging.getLogger("flyteplugins_batcher")
@@ -68,7 +68,8 @@ class Settler:
         error = outcome if isinstance(outcome, BaseException) else None
         if error is not None and end is COMPLETED:
             self._note_batch_error(error, fresh)
-            logger.error("%s: %d records failed: %r", self._batcher_name, len(fresh), error)
+            if not isinstance(error, UnrecoverableError):  # the batcher's failure was reported once already
+                logger.error("%s: %d records failed: %r", self._batcher_name, len(fresh), error)
         if_cancelled = COMPLETED if end is COMPLETED else CANCELLED
         cancelled_by_caller: list[Envelope] = []
         resolved: list[Envelope] = []

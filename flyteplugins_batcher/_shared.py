@@ -116,7 +116,8 @@ class SharedBatcher(Generic[ModelT, BatcherT]):
         self._started.cache_invalidate(key)
         await self._retire(batcher)
         if batcher.is_failed:
-            logger.warning("%s: the batcher failed (%s); loading the model again", self.name, batcher.failure)
+            # The failure was logged when it happened; this is the recovery.
+            logger.info("%s: the batcher failed (%s); loading the model again", self.name, batcher.failure)
             with self._lock:
                 self._unload_locked()
         return await self._started(key)

@@ -62,7 +62,7 @@ from flyteplugins_batcher.engines._smollm2 import (
     publish_directory,
 )
 from flyteplugins_batcher.engines._transformers import TransformersEngine
-from flyteplugins_batcher.engines._vllm import VLLMEngine
+from flyteplugins_batcher.engines._vllm import ENGINE_EXIT_GRACE_S, VLLMEngine
 from flyteplugins_batcher.engines._vllm_args import parse_engine_args
 from flyteplugins_batcher.engines._vllm_stream import VLLMStreamEngine
 
@@ -70,6 +70,7 @@ __all__ = [
     "BUNDLED_MODEL_NAME",
     "CACHE_DIR_ENV",
     "DEFAULT_VLLM_MODE",
+    "ENGINE_EXIT_GRACE_S",
     "ENGINE_NAMES",
     "MAX_SAMPLES",
     "BatchEngine",

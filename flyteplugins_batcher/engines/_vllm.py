@@ -55,6 +55,14 @@ _FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", 
 """vLLM finish reasons that mean a usable completion. "repetition" (vLLM's loop detector ended the
 sequence) is an engine-chosen stop, not the length limit. "abort" and "error" fail the record."""
 
+ENGINE_EXIT_GRACE_S = 1.0
+"""Seconds vLLM's engine-core process gets to exit once `close()` asked it to; then vLLM kills it.
+
+vLLM's own default is 5 s, and its process does not exit within it: it stops its workers and
+frees its resources within about a second, then spends seconds more in interpreter teardown, so
+every `close()` waited the full 5 s and ended in a kill anyway. What the process still holds when
+it is killed (memory, device memory, its workers) goes with it."""
+
 _ASSUMED_MAX_NUM_SEQS = 256
 """vLLM's long-standing default for `max_num_seqs`, used for batcher settings before `load()`."""
 
@@ -122,6 +130,7 @@ class VLLMSupport(Engine):
         self._vllm_config: Any = None
         self._verified: dict[GenerationConfig, str | None] = {}  # settings vLLM was asked to verify: its complaint
         self._dead = threading.Event()
+        self._death = ""  # how the engine process ended, once it died (its exit code)
         self._closing = threading.Event()  # set while closing: the engine process ending then is no death
 
     def _default_model_name(self) -> str:
@@ -144,6 +153,7 @@ class VLLMSupport(Engine):
         self._verified.clear()
         self._limits = Limits.read(vllm_config)
         self._dead.clear()
+        self._death = ""
         self._closing.clear()
         # A process that ends with the engine loaded (a Flyte task returning, a script finishing)
         # shuts it down first, so its engine process is not reported as having died.
@@ -171,10 +181,22 @@ class VLLMSupport(Engine):
 
     def _check_alive(self) -> None:
         if self._dead.is_set():
-            raise EngineDeadError(
-                f"{self.name}: the vLLM engine process died; the engine must be loaded again "
-                "(SharedBatcher does so on its next get())"
-            )
+            raise self._dead_error("; the engine must be loaded again (SharedBatcher does so on its next get())")
+
+    def _engine_died(self, how: str) -> None:
+        """The engine-core process ended while loaded (`how`: its exit code), as the watch thread saw it."""
+        self._death = how
+        self._dead.set()
+
+    def _dead_error(self, context: str = "") -> EngineDeadError:
+        """The error every pending and later record fails with once the engine process died.
+
+        It is the one report of the death: the batcher logs it as a single line, and vLLM's own
+        traceback of it is dropped (`quiet_engine_death_tracebacks`).
+        """
+        self._dead.set()
+        how = f" ({self._death})" if self._death else ""
+        return EngineDeadError(f"{self.name}: the vLLM engine process died{how}{context}")
 
     def batcher_defaults(self) -> BatcherSettings:
         """Batcher settings from the limits vLLM settled on (assumed ones before `load()`).
@@ -228,7 +250,7 @@ class VLLMEngine(VLLMSupport, BatchEngine):
         if not args["disable_log_stats"]:
             record_offline_steps(self._llm, self._counters.count_step)
         loaded = self._started(self._llm.get_tokenizer(), self._llm.llm_engine.vllm_config)
-        watch_engine_process(self._llm, self._dead, self._closing, self.name)
+        watch_engine_process(self._llm, self._closing, self.name, self._engine_died)
         return loaded
 
     def _close(self) -> None:
@@ -250,8 +272,7 @@ class VLLMEngine(VLLMSupport, BatchEngine):
                     [{"prompt_token_ids": prompt.token_ids} for prompt in prompts], params, use_tqdm=False
                 )
         except VLLMEngineDeadError as error:
-            self._dead.set()
-            raise EngineDeadError(f"{self.name}: the vLLM engine process died during a batch") from error
+            raise self._dead_error(" during a batch") from error
         return [
             completion(output, len(prompt.token_ids), prompt.generation.n)
             for prompt, output in zip(prompts, outputs, strict=True)
@@ -357,14 +378,13 @@ def engine_core_client(engine: Any) -> Any:
     return getattr(llm_engine, "engine_core", None)
 
 
-def watch_engine_process(
-    engine: Any, dead: threading.Event, closing: threading.Event, owner: str, on_death: Callable[[], None] | None = None
-) -> None:
-    """Notice the engine-core process dying, set `dead`, and unblock a batch waiting on its outputs.
+def watch_engine_process(engine: Any, closing: threading.Event, owner: str, on_death: Callable[[str], None]) -> None:
+    """Notice the engine-core process dying, call `on_death` with its exit codes, and unblock a waiting batch.
 
     vLLM's own monitor marks the client dead but leaves `LLM.generate` blocked forever on an
     output queue nobody feeds any more; putting vLLM's `EngineDeadError` there makes it raise. Uses
-    vLLM internals (0.10+); where they are missing, death is only noticed by the next call.
+    vLLM internals (0.10+); where they are missing, death is only noticed by the next call. Logs
+    nothing: the records' `EngineDeadError` is the report.
     """
     client = engine_core_client(engine)
     manager = getattr(getattr(client, "resources", None), "engine_manager", None)
@@ -378,17 +398,42 @@ def watch_engine_process(
         multiprocessing.connection.wait(watched)
         if closing.is_set():
             return
-        dead.set()
-        logger.error("%s: the vLLM engine process died; failing its pending requests", owner)
+        on_death(_exit_codes(manager))
         outputs = getattr(client, "outputs_queue", None)
         if outputs is not None and hasattr(outputs, "put_nowait") and not hasattr(outputs, "_loop"):
             from vllm.v1.engine.exceptions import EngineDeadError as VLLMEngineDeadError
 
             outputs.put_nowait(VLLMEngineDeadError())
-        if on_death is not None:
-            on_death()
 
     threading.Thread(target=wait_for_death, daemon=True, name=f"{owner}-engine-watch").start()
+
+
+def _exit_codes(manager: Any) -> str:
+    """`"EngineCore exit code -9"`: how vLLM's engine processes ended ("" where vLLM does not say)."""
+    finished = getattr(manager, "finished_procs", None)
+    codes = finished() if callable(finished) else {}
+    return ", ".join(f"{name} exit code {code}" for name, code in codes.items())
+
+
+class _EngineDeathTraceback(logging.Filter):
+    """Drops a vLLM log record that carries vLLM's `EngineDeadError` (its output handler's traceback).
+
+    The death is reported once, by the records' own `EngineDeadError`; what killed the engine, if
+    it crashed rather than being killed, is logged by its own process.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from vllm.v1.engine.exceptions import EngineDeadError as VLLMEngineDeadError
+
+        return not (record.exc_info and isinstance(record.exc_info[1], VLLMEngineDeadError))
+
+
+_ENGINE_DEATH_TRACEBACK = _EngineDeathTraceback()
+
+
+def quiet_engine_death_tracebacks() -> None:
+    """Keep `AsyncLLM`'s output handler from logging a traceback when its engine process dies (idempotent)."""
+    logging.getLogger("vllm.v1.engine.async_llm").addFilter(_ENGINE_DEATH_TRACEBACK)
 
 
 def _close_at_exit(engine_ref: weakref.ref[VLLMSupport]) -> None:
@@ -402,7 +447,7 @@ def shutdown_offline(llm: Any) -> None:
     """Stop the engine-core process behind a `vllm.LLM` (best effort: its API is internal)."""
     shutdown = getattr(engine_core_client(llm), "shutdown", None)
     if callable(shutdown):
-        shutdown()
+        shutdown(timeout=ENGINE_EXIT_GRACE_S)
 
 
 def release_cuda_memory() -> None:

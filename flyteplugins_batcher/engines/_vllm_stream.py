@@ -17,11 +17,13 @@ from flyteplugins_batcher.engines._engine_errors import EngineDeadError
 from flyteplugins_batcher.engines._engine_loop import EngineLoop
 from flyteplugins_batcher.engines._prompts import PreparedPrompt
 from flyteplugins_batcher.engines._vllm import (
+    ENGINE_EXIT_GRACE_S,
     VLLMMode,
     VLLMSupport,
     completion,
     config_errors,
     import_vllm,
+    quiet_engine_death_tracebacks,
     release_cuda_memory,
     sampling_params,
     watch_engine_process,
@@ -71,7 +73,8 @@ class VLLMStreamEngine(VLLMSupport, StreamingEngine):
             raise
         self._engine_loop = loop
         loaded = self._started(self._async_llm.get_tokenizer(), self._async_llm.vllm_config)
-        watch_engine_process(self._async_llm, self._dead, self._closing, self.name)
+        watch_engine_process(self._async_llm, self._closing, self.name, self._engine_died)
+        quiet_engine_death_tracebacks()
         return loaded
 
     def _close(self) -> None:
@@ -99,10 +102,7 @@ class VLLMStreamEngine(VLLMSupport, StreamingEngine):
         )
         for outcome in outcomes:
             if isinstance(outcome, EngineDeadError) or self._dead.is_set():
-                self._dead.set()
-                raise EngineDeadError(f"{self.name}: the vLLM engine process died") from (
-                    outcome if isinstance(outcome, BaseException) else None
-                )
+                raise self._dead_error() from (outcome if isinstance(outcome, BaseException) else None)
             if not isinstance(outcome, (Completion, Exception)):
                 raise outcome  # a BaseException such as KeyboardInterrupt is not one record's failure
         return list(outcomes)  # type: ignore[arg-type]
@@ -118,7 +118,7 @@ class VLLMStreamEngine(VLLMSupport, StreamingEngine):
             async for output in llm.generate({"prompt_token_ids": prompt.token_ids}, params, request_id):
                 final = output
         except VLLMEngineDeadError as error:
-            raise EngineDeadError(f"{self.name}: the vLLM engine process died") from error
+            raise self._dead_error() from error
         if final is None or not final.finished:
             return RuntimeError(f"{self.name}: request {request_id} ended without a final output")
         return completion(final, len(prompt.token_ids), prompt.generation.n)
@@ -142,4 +142,4 @@ async def _start_async_llm(model: str, engine_args: dict[str, Any], stat_loggers
 
 
 async def _shutdown(llm: Any) -> None:
-    llm.shutdown()
+    llm.shutdown(timeout=ENGINE_EXIT_GRACE_S)

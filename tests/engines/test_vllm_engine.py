@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import os
+import re
 import signal
 import time
 from collections.abc import Iterator
@@ -21,6 +23,7 @@ pytest.importorskip("vllm", reason="needs vLLM: `make install` adds its CPU buil
 
 from flyteplugins_batcher import SharedBatcher
 from flyteplugins_batcher.engines import (
+    ENGINE_EXIT_GRACE_S,
     Completion,
     EngineConfigError,
     EngineDeadError,
@@ -222,8 +225,11 @@ def test_each_event_loop_can_use_the_engine(engine: Any) -> None:
 
 def test_close_then_load_again(engine: Any) -> None:
     [before] = completions(asyncio.run(generate(engine, [QUESTIONS[0]])))
+    started = time.monotonic()
     engine.close()
+    closed_in = time.monotonic() - started
     assert not engine.is_loaded and not engine.is_healthy
+    assert closed_in < ENGINE_EXIT_GRACE_S + 3  # not vLLM's 5 s grace, which its engine process always outlived
     engine.load()
     [after] = completions(asyncio.run(generate(engine, [QUESTIONS[0]])))
 
@@ -261,8 +267,36 @@ def engine_core_pids() -> list[int]:
     ]
 
 
+class Records(logging.Handler):
+    """Keeps every log record it is given."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.fixture
+def log_records() -> Iterator[list[logging.LogRecord]]:
+    """Every record logged in this process by this library and by vLLM (whose logger does not propagate)."""
+    handler = Records()
+    loggers = [logging.getLogger("flyteplugins_batcher"), logging.getLogger("vllm")]
+    previous = loggers[0].level
+    loggers[0].setLevel(logging.DEBUG)
+    for logger in loggers:
+        logger.addHandler(handler)
+    yield handler.records
+    for logger in loggers:
+        logger.removeHandler(handler)
+    loggers[0].setLevel(previous)
+
+
 @pytest.mark.parametrize("mode", ["batch", "stream"])
-def test_a_dead_engine_fails_everything_promptly_and_the_replica_loads_a_new_one(mode: str) -> None:
+def test_a_dead_engine_fails_everything_promptly_and_the_replica_loads_a_new_one(
+    mode: str, log_records: list[logging.LogRecord]
+) -> None:
     def load(_key: object) -> Any:
         loaded = create_engine("vllm", mode=mode, generation=GenerationConfig(max_new_tokens=64), **SMALL)
         loaded.load()
@@ -289,7 +323,13 @@ def test_a_dead_engine_fails_everything_promptly_and_the_replica_loads_a_new_one
         assert time.monotonic() - started < 30  # failed promptly, not after a minute or forever
         failed = [outcome for outcome in outcomes if isinstance(outcome, EngineDeadError)]
         assert failed and all(isinstance(outcome, (Completion, EngineDeadError)) for outcome in outcomes)
-        assert "engine process died" in str(failed[0])
+        assert re.search(r"engine process died \(EngineCore exit code -9\)", str(failed[0]))
+        # One warning line reports the death, and no traceback: the death is recovered below.
+        warnings = [
+            record for record in log_records if record.levelno >= logging.WARNING and "died" in record.getMessage()
+        ]
+        assert [record.name for record in warnings] == ["flyteplugins_batcher"]
+        assert [record.getMessage() for record in log_records if record.exc_info] == []
         assert not first_engine.is_healthy and batcher.is_failed
         assert first_engine.stats.max_num_seqs == 256  # vllm.LLM's default on CPU, in both modes (not AsyncLLM's 128)
 
