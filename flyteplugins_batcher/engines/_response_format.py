@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from flyteplugins_batcher.engines._json_text import parse_json_object
+
 ANY_JSON_OBJECT_SCHEMA = '{"type":"object"}'
 """The schema a `json_object` format decodes with: any JSON object (as vLLM and OpenAI's JSON mode do)."""
 
@@ -89,10 +91,7 @@ def canonical_schema(schema: str | Mapping[str, Any]) -> str:
         ValueError: It is not JSON, or not a JSON object.
     """
     if isinstance(schema, str):
-        try:
-            schema = json.loads(schema)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"a JSON schema must be JSON text: {error}") from None
+        schema = parse_json_object(schema, "a JSON schema")
     if not isinstance(schema, Mapping):
         raise ValueError(f"a JSON schema must be a JSON object, got {type(schema).__name__}")
     return _dumps(schema)

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from flyteplugins_batcher.engines._engine_errors import EngineConfigError
+from flyteplugins_batcher.engines._json_text import parse_json_object
 
 CPU_KV_CACHE_CAP_BYTES = 2 << 30
 """At most this much host memory for the KV cache by default on CPU (enough for ~90k SmolLM2 tokens)."""
@@ -119,17 +120,12 @@ def parse_engine_args(text: str) -> dict[str, Any]:
     Raises:
         EngineConfigError: It is not a JSON object.
     """
-    import json
-
     if not text.strip():
         return {}
     try:
-        parsed = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise EngineConfigError(f"vllm engine arguments must be a JSON object, got {text!r}: {error}") from None
-    if not isinstance(parsed, dict):
-        raise EngineConfigError(f"vllm engine arguments must be a JSON object, got {text!r}")
-    return parsed
+        return parse_json_object(text, "vllm engine arguments")
+    except ValueError as error:
+        raise EngineConfigError(str(error)) from None
 
 
 def running_on_cpu() -> bool:
