@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
@@ -136,6 +137,28 @@ async def test_a_fatal_base_exception_fails_every_pending_future_and_later_submi
     with pytest.raises(ours.BatcherFailedError):
         await batcher.submit(99)
     await asyncio.wait_for(batcher.stop(), timeout=1.0)
+
+
+@pytest.mark.parametrize("fatal", [ours.UnrecoverableError("the engine process died"), Fatal("a bug")])
+async def test_an_unrecoverable_error_is_logged_as_one_line_and_a_bug_with_its_traceback(
+    fatal: BaseException, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def dies(batch: list[int]) -> list[int]:
+        raise fatal
+
+    caplog.set_level(logging.INFO, logger="flyteplugins_batcher")
+    batcher = ours.DynamicBatcher(dies, max_batch_size=2)
+    await batcher.start()
+    futures = [await batcher.submit(i) for i in range(5)]
+    await asyncio.gather(*futures, return_exceptions=True)
+    await asyncio.wait_for(batcher.stop(), timeout=1.0)
+
+    reports = [record for record in caplog.records if record.levelno >= logging.WARNING]
+    if isinstance(fatal, ours.UnrecoverableError):  # raised on purpose: its message is the one report
+        assert [(record.levelno, record.exc_info) for record in reports] == [(logging.WARNING, None)]
+        assert "failed: the engine process died; failing all pending records" in reports[0].getMessage()
+    else:
+        assert reports[0].levelno == logging.ERROR and reports[0].exc_info is not None
 
 
 def test_keyboard_interrupt_in_the_process_fn_propagates_and_fails_pending_futures():
