@@ -58,10 +58,12 @@ sequence) is an engine-chosen stop, not the length limit. "abort" and "error" fa
 ENGINE_EXIT_GRACE_S = 1.0
 """Seconds vLLM's engine-core process gets to exit once `close()` asked it to; then vLLM kills it.
 
-vLLM's own default is 5 s, and its process does not exit within it: it stops its workers and
-frees its resources within about a second, then spends seconds more in interpreter teardown, so
-every `close()` waited the full 5 s and ended in a kill anyway. What the process still holds when
-it is killed (memory, device memory, its workers) goes with it."""
+vLLM's own default is 5 s, and its process does not exit within it: the worker frees the model and
+KV cache at once, then it and the engine process spend seconds in Python's final garbage
+collection of their large heaps, so every `close()` waited the full 5 s and ended in a kill anyway. What the process still holds when
+it is killed (memory, device memory, its workers) goes with it; on CPU, one shared-memory segment of
+vLLM's worker queue (about 40 KiB in use) stays until this process exits, when Python's resource
+tracker removes it."""
 
 _ASSUMED_MAX_NUM_SEQS = 256
 """vLLM's long-standing default for `max_num_seqs`, used for batcher settings before `load()`."""
