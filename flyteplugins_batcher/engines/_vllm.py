@@ -60,10 +60,10 @@ ENGINE_EXIT_GRACE_S = 1.0
 
 vLLM's own default is 5 s, and its process does not exit within it: the worker frees the model and
 KV cache at once, then it and the engine process spend seconds in Python's final garbage
-collection of their large heaps, so every `close()` waited the full 5 s and ended in a kill anyway. What the process still holds when
-it is killed (memory, device memory, its workers) goes with it; on CPU, one shared-memory segment of
-vLLM's worker queue (about 40 KiB in use) stays until this process exits, when Python's resource
-tracker removes it."""
+collection of their large heaps, so every `close()` waited the full 5 s and ended in a kill anyway.
+What the process still holds when it is killed (memory, device memory, its workers) goes with it;
+on CPU, one shared-memory segment of vLLM's worker queue (about 40 KiB in use) stays until this
+process exits, when Python's resource tracker removes it."""
 
 _ASSUMED_MAX_NUM_SEQS = 256
 """vLLM's long-standing default for `max_num_seqs`, used for batcher settings before `load()`."""
