@@ -397,10 +397,10 @@ def watch_engine_process(engine: Any, closing: threading.Event, owner: str, on_d
     watched = list(sentinels())
 
     def wait_for_death() -> None:
-        multiprocessing.connection.wait(watched)
+        ended = multiprocessing.connection.wait(watched)
         if closing.is_set():
             return
-        on_death(_exit_codes(manager))
+        on_death(_exit_codes(getattr(manager, "processes", ()), ended))
         outputs = getattr(client, "outputs_queue", None)
         if outputs is not None and hasattr(outputs, "put_nowait") and not hasattr(outputs, "_loop"):
             from vllm.v1.engine.exceptions import EngineDeadError as VLLMEngineDeadError
@@ -410,11 +410,14 @@ def watch_engine_process(engine: Any, closing: threading.Event, owner: str, on_d
     threading.Thread(target=wait_for_death, daemon=True, name=f"{owner}-engine-watch").start()
 
 
-def _exit_codes(manager: Any) -> str:
-    """`"EngineCore exit code -9"`: how vLLM's engine processes ended ("" where vLLM does not say)."""
-    finished = getattr(manager, "finished_procs", None)
-    codes = finished() if callable(finished) else {}
-    return ", ".join(f"{name} exit code {code}" for name, code in codes.items())
+def _exit_codes(processes: Any, ended: list[Any]) -> str:
+    """`"EngineCore exit code -9"`: how the engine processes whose sentinels are in `ended` ended."""
+    codes = []
+    for process in processes:
+        if getattr(process, "sentinel", None) in ended:
+            process.join(timeout=1.0)  # its sentinel fires a moment before the process can be reaped
+            codes.append(f"{process.name} exit code {process.exitcode}")
+    return ", ".join(codes)
 
 
 class _EngineDeathTraceback(logging.Filter):
