@@ -37,6 +37,7 @@ from typing import Any
 import flyte.errors
 
 from flyteplugins_batcher import DeviceMonitor, InFlight, SharedBatcher, TokenBatcher, size_in_flight
+from flyteplugins_batcher.batch_api import error_code
 from flyteplugins_batcher.engines import (
     Completion,
     Engine,
@@ -197,11 +198,7 @@ class LLMReplica:
         results = []
         for item, outcome in zip(chunk.items, outcomes, strict=True):
             if isinstance(outcome, Completion):
-                results.append(
-                    ItemResult(
-                        item.key, outcome.text, outcome.finish_reason, outcome.prompt_tokens, outcome.completion_tokens
-                    )
-                )
+                results.append(ItemResult.of(item.key, outcome))
             elif isinstance(outcome, InvalidPromptError):
                 results.append(ItemResult(item.key, error_code=error_code(outcome), error_message=str(outcome)))
             else:
@@ -213,22 +210,13 @@ class LLMReplica:
         stats = batcher.stats
         engine_stats = engine.stats
         device = self.device.utilization()
-        return ReplicaSnapshot(
+        return ReplicaSnapshot.of_batcher(
+            stats,
             replica=f"{socket.gethostname()}/{os.getpid()}",
             model=engine.model_name,
             load_time_s=engine_stats.load_time_s,
-            records=stats.total_completed,
-            batches=stats.total_batches,
-            avg_batch_size=stats.avg_batch_size,
-            avg_batch_tokens=stats.avg_batch_cost,
-            utilization=stats.utilization,
             device_utilization=device.mean if device.available else -1.0,
             device_note=device.note,
-            records_per_s=stats.records_per_s,
-            latency_p50_s=stats.latency_s.p50,
-            latency_p99_s=stats.latency_s.p99,
-            queue_wait_p99_s=stats.queue_wait_s.p99,
-            batches_by_reason=dict(stats.batches_by_reason),
             padding_efficiency=engine_stats.padding_efficiency,
             completion_tokens_per_s=engine_stats.completion_tokens_per_s,
             engine_steps=engine_stats.steps,
@@ -242,11 +230,6 @@ class LLMReplica:
         """Stop the batcher, close the engine and stop the GPU monitor."""
         await self.shared.aclose()
         self.device.stop()
-
-
-def error_code(error: InvalidPromptError) -> str:
-    """The batch API's error code for a prompt the engine refused."""
-    return "context_length_exceeded" if "too long" in str(error) else "invalid_prompt"
 
 
 _replica: LLMReplica | None = None
