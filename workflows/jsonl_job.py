@@ -82,7 +82,7 @@ class Job:
         self._in_flight: dict[str, ParsedRequest] = {}  # requests of the chunks outstanding, by custom_id
         self._started = time.time()
 
-    async def chunks(self, chunk_size: int, embedding_chunk_texts: int) -> AsyncIterator[JobChunk]:
+    async def chunks(self, chunk_size: int, embedding_chunk_texts: int = 128) -> AsyncIterator[JobChunk]:
         """Chunks of valid requests, read from the file as they are needed; bad lines go to the errors file.
 
         Args:
