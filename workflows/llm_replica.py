@@ -209,23 +209,14 @@ class LLMReplica:
 
     def snapshot(self, batcher: TokenBatcher, engine: Engine) -> ReplicaSnapshot:
         """The batcher, engine and device statistics, labelled with the pod (host) and process."""
-        stats = batcher.stats
-        engine_stats = engine.stats
         device = self.device.utilization()
         return ReplicaSnapshot.of_batcher(
-            stats,
+            batcher.stats,
             replica=f"{socket.gethostname()}/{os.getpid()}",
             model=engine.model_name,
-            load_time_s=engine_stats.load_time_s,
             device_utilization=device.mean if device.available else -1.0,
             device_note=device.note,
-            padding_efficiency=engine_stats.padding_efficiency,
-            completion_tokens_per_s=engine_stats.completion_tokens_per_s,
-            engine_steps=engine_stats.steps,
-            running_seqs=engine_stats.running_seqs,
-            max_num_seqs=engine_stats.max_num_seqs,
-            occupancy=engine_stats.occupancy,
-            engine_busy_s=engine_stats.generate_time_s,
+            **ReplicaSnapshot.engine_fields(engine.stats),
         )
 
     async def aclose(self) -> None:

@@ -245,6 +245,20 @@ class ReplicaSnapshot:
             generate_time_s=self.engine_busy_s,
         )
 
+    @staticmethod
+    def engine_fields(stats: EngineStats) -> dict[str, Any]:
+        """A snapshot's fields taken from the replica's engine `stats` (pass them to `of_batcher`)."""
+        return {
+            "load_time_s": stats.load_time_s,
+            "padding_efficiency": stats.padding_efficiency,
+            "completion_tokens_per_s": stats.completion_tokens_per_s,
+            "engine_steps": stats.steps,
+            "running_seqs": stats.running_seqs,
+            "max_num_seqs": stats.max_num_seqs,
+            "occupancy": stats.occupancy,
+            "engine_busy_s": stats.generate_time_s,
+        }
+
     @classmethod
     def of_batcher(cls, stats: BatchStats, **fields: Any) -> ReplicaSnapshot:
         """A snapshot with the batching fields taken from the replica's batcher `stats`, and `fields` for the rest."""
