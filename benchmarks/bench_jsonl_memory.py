@@ -50,6 +50,7 @@ async def run_driver(path: Path, chunk_size: int, max_in_flight: int) -> int:
         path,
         Path(tempfile.mkdtemp(prefix="jsonl-memory-")),
         served_model="trivial",
+        served_embedding_model="trivial",
         model_mismatch="error",
         defaults=GenerationConfig(),
     )

@@ -411,7 +411,14 @@ async def run_job(
     """
     by_name = {state.replica: index for index, state in baseline.items()}
     router = Router(replicas, concurrency, latency_s, retries)
-    job = Job(requests_path, folder, served_model="simulated", model_mismatch="ignore", defaults=settings.generation())
+    job = Job(
+        requests_path,
+        folder,
+        served_model="simulated",
+        served_embedding_model="simulated",
+        model_mismatch="ignore",
+        defaults=settings.generation(),
+    )
     total = sum(1 for line in requests_path.open(encoding="utf-8") if line.strip())
     snapshots: dict[int, list[tuple[float, ReplicaSnapshot]]] = {index: [] for index in baseline}
     kill: list[Kill] = []

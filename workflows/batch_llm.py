@@ -16,20 +16,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 
 from workflows.driver import Counts, JsonLines, RunOptions, fan_out, finish_run
 from workflows.environments import driver_environment
 from workflows.gsm8k import SYSTEM_PROMPT, Problem, extract_answer, is_correct, load_problems
 from workflows.llm_replica import LLM_POOL, LLM_SIZING, gpu_env, infer_chunk
 from workflows.options import task_with_options
+from workflows.outputs import Destination, WorkFolder
 from workflows.report import Progress
 from workflows.schema import ChatMessage, ChunkOutcome, EngineSettings, RequestChunk, RequestItem, RunSummary
 
 logger = logging.getLogger("batch_llm")
+
+OUTPUT_FILES = ("answers.jsonl", "failed.jsonl")
 
 driver_env = driver_environment("batch_llm_driver", gpu_env)
 
@@ -50,13 +51,14 @@ async def main(
         run: How the run is chunked, resumed and written.
         settings: The engine, generation and batcher settings.
     """
+    destination = Destination.check(run.output_dir, OUTPUT_FILES)  # before any inference
     loaded = await asyncio.to_thread(load_problems, source, num_questions)
     print(f"gsm8k source: {loaded.source}: {len(loaded.problems)} questions", flush=True)
     problems = {problem.index: problem for problem in loaded.problems}
-    folder = Path(tempfile.mkdtemp(prefix="batch-llm-"))
-    answers, failures = JsonLines(folder / "answers.jsonl"), JsonLines(folder / "failed.jsonl")
+    work = WorkFolder("batch-llm-", destination)
+    answers, failures = (JsonLines(work.path / name) for name in OUTPUT_FILES)
     tally = Tally()
-    progress = Progress("gsm8k batch inference", total=len(problems))
+    progress = Progress("gsm8k batch inference", total=len(problems), noun="questions")
     started = time.time()
     cache_salt = run.cache_salt()
 
@@ -69,6 +71,7 @@ async def main(
         tally.reused_chunks += reused
         await progress.update(tally.done, tally.failed, tally.accuracy_text())
 
+    fanned = None
     try:
         fanned = await fan_out(
             _chunks(loaded.problems, run.chunk_size),
@@ -79,10 +82,13 @@ async def main(
     finally:
         answers.close()
         failures.close()
+        if fanned is None:
+            work.discard()  # the run failed as a whole; its error says why
     return await finish_run(
         tally,
         fanned,
         source=loaded.source,
+        work=work,
         results=answers.path,
         errors=failures.path,
         run=run,

@@ -19,28 +19,44 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import shutil
 import time
 import uuid
 from collections.abc import AsyncIterable, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol, TypeVar
 
 import flyte.errors
 from flyte.io import File
 
 from flyteplugins_batcher import size_in_flight
 from workflows.environments import ReplicaPool
-from workflows.report import Progress, final_html
-from workflows.schema import ChunkOutcome, ReplicaSnapshot, RequestChunk, RunSummary
+from workflows.outputs import PublishError, WorkFolder
+from workflows.report import Progress, final_html, print_report_location
+from workflows.schema import ReplicaSnapshot, RunSummary
 
 logger = logging.getLogger("workflows.driver")
 
 LOW_OCCUPANCY = 0.8
 """Below this share of its sequence slots, an engine that had work waiting in the driver was starved."""
 
-ChunkHandler = Callable[[RequestChunk, ChunkOutcome | None, str], Awaitable[None]]
+
+class Chunk(Protocol):
+    """What the driver sends to a replica: a `RequestChunk`, an `EmbeddingChunk`, ..."""
+
+    index: int
+
+
+class Outcome(Protocol):
+    """What a replica answers a chunk with: when it finished, and the replica's state then."""
+
+    finished_at: float
+    replica: ReplicaSnapshot
+
+
+ChunkT = TypeVar("ChunkT", bound=Chunk)
+OutcomeT = TypeVar("OutcomeT", bound=Outcome)
+ChunkHandler = Callable[[ChunkT, OutcomeT | None, str], Awaitable[None]]
 """Called once per chunk, as it finishes: its outcome, or `None` and why it failed."""
 
 
@@ -60,7 +76,8 @@ class RunOptions:
             finished is written first).
         resume: Reuse chunks finished by an earlier run with the same requests and settings (--no-resume
             computes everything again).
-        output_dir: Also copy the results and errors files here (a local folder or a remote URI).
+        output_dir: Where the results and errors files go: a local folder, a file:// URI or a remote URI (s3://,
+            gs://, abfs://, abfss://), checked before any inference; empty: the run's own Flyte storage.
     """
 
     chunk_size: int = 8
@@ -115,7 +132,7 @@ class FanOutStats:
         """`amount` per second of inference."""
         return amount / self.inference_s if self.inference_s > 0 else 0.0
 
-    def record(self, outcome: ChunkOutcome | None, started: float) -> None:
+    def record(self, outcome: Outcome | None, started: float) -> None:
         """Count a finished chunk (`None`: it failed) and keep its replica's latest state, if this run computed it."""
         self.chunks += 1
         if outcome is None:
@@ -172,9 +189,9 @@ class Counts:
 
 
 async def fan_out(
-    chunks: AsyncIterable[RequestChunk],
-    infer: Callable[[RequestChunk], Awaitable[ChunkOutcome]],
-    on_chunk: ChunkHandler,
+    chunks: AsyncIterable[ChunkT],
+    infer: Callable[[ChunkT], Awaitable[OutcomeT]],
+    on_chunk: ChunkHandler[ChunkT, OutcomeT],
     *,
     max_in_flight: int,
 ) -> FanOutStats:
@@ -191,9 +208,9 @@ async def fan_out(
     running: set[asyncio.Task[None]] = set()
     fatal: list[BaseException] = []
 
-    async def run(chunk: RequestChunk) -> None:
+    async def run(chunk: ChunkT) -> None:
         try:
-            outcome: ChunkOutcome | None = await infer(chunk)
+            outcome: OutcomeT | None = await infer(chunk)
             reason = ""
         except Exception as error:
             if not_retryable(error):
@@ -254,20 +271,6 @@ class JsonLines:
         self._handle.close()
 
 
-async def publish(path: Path, destination: str) -> File:
-    """The file as a Flyte `File` (blob storage on a cluster), also copied to `destination` when given.
-
-    A `destination` that is a local folder gets a copy there; a remote URI (`s3://...`) gets the upload.
-    """
-    if destination and "://" not in destination:
-        target = Path(destination).expanduser() / path.name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(path, target)
-        return await File.from_local(str(target))
-    remote = f"{destination.rstrip('/')}/{path.name}" if destination else None
-    return await File.from_local(str(path), remote)
-
-
 def check_failures(failed: int, total: int, max_failed_fraction: float, where: str, noun: str = "requests") -> None:
     """Fail the run (non-zero exit) when more requests failed than allowed; the results are written first.
 
@@ -289,6 +292,7 @@ async def finish_run(
     fanned: FanOutStats,
     *,
     source: str,
+    work: WorkFolder,
     results: Path,
     errors: Path,
     run: RunOptions,
@@ -298,12 +302,13 @@ async def finish_run(
     accuracy: float = 0.0,
     scored: int = 0,
 ) -> RunSummary:
-    """Publish the results and errors files, show the final report, print the summary line and return it.
+    """Publish the results and errors files, show the final report, print the summary and report lines.
 
     With the replicas' `pool`, also print one warning when their engines were starved (`occupancy_warning`).
 
     Raises:
-        RuntimeError: More requests failed than `run.max_failed_fraction` allows (after all of the above).
+        RuntimeError: Publishing failed (the message names the folder that holds the files), or more
+            requests failed than `run.max_failed_fraction` allows (after all of the above).
     """
     summary = RunSummary(
         source=source,
@@ -317,16 +322,24 @@ async def finish_run(
         inference_s=fanned.inference_s,
         requests_per_s=fanned.per_second(counts.fresh_answers),
         output_tokens_per_s=fanned.per_second(counts.fresh_tokens),
-        results=await publish(results, run.output_dir),
-        errors=await publish(errors, run.output_dir),
+        results=File(path=str(results)),
+        errors=File(path=str(errors)),
         occupancy=fanned.occupancy(),
     )
+    unpublished: PublishError | None = None
+    try:
+        summary.results, summary.errors = await work.publish([results, errors])
+    except PublishError as error:  # the files stay in the work folder, where the summary points
+        unpublished = error
     warning = occupancy_warning(fanned, run, pool) if pool is not None else ""
     await progress.finish(final_html(summary, fanned.replicas, warning))
     print(summary_line(summary, noun), flush=True)
     if warning:
         logger.warning(warning)
         print(f"WARNING: {warning}", flush=True)
+    print_report_location()
+    if unpublished is not None:
+        raise unpublished
     check_failures(summary.failed, summary.requests, run.max_failed_fraction, f"see {summary.errors.path}")
     return summary
 

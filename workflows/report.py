@@ -1,4 +1,4 @@
-"""HTML for the workflow's Flyte report: live progress while chunks complete, then the results."""
+"""The workflow's Flyte report (HTML): live progress while chunks complete, then the results; and where it is."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ import logging
 import time
 from collections.abc import Sequence
 
+import flyte
 import flyte.report
 
+from workflows.progress import ProgressLine, format_duration
 from workflows.schema import ReplicaSnapshot, RunSummary
 
 logger = logging.getLogger("workflows.report")
@@ -31,31 +33,43 @@ STYLE = """
 
 
 class Progress:
-    """The live report while chunks complete (throttled: each flush rewrites the report).
+    """A run's progress while chunks complete: the live report, and one line on the terminal (`ProgressLine`).
+
+    Both are throttled: each report flush rewrites the report, and the line follows `ProgressLine`'s rules.
 
     Args:
         title: What the run does.
-        total: Requests in the run.
+        total: Requests in the run (or read so far, while `total_known` is False).
         min_interval_s: Least time between two report flushes.
+        noun: What the run counts, for the line.
+        total_known: Whether `total` is final (set it once a streamed input has been read through).
     """
 
-    def __init__(self, title: str, total: int, min_interval_s: float = 0.5) -> None:
+    def __init__(
+        self, title: str, total: int, min_interval_s: float = 0.5, noun: str = "requests", total_known: bool = True
+    ) -> None:
         self.title = title
         self.total = total
+        self.total_known = total_known
+        self.line = ProgressLine(noun)
         self._min_interval_s = min_interval_s
-        self._started = time.monotonic()
         self._last_flush = 0.0
+        self._done = self._failed = 0
 
     async def update(self, done: int, failed: int, note: str = "") -> None:
         """Show how far the run is (at most every `min_interval_s`, and always at the end)."""
+        self._done, self._failed = done, failed
+        self.line.show(done, failed, self.total, self.total_known)
         now = time.monotonic()
         if now - self._last_flush < self._min_interval_s and done < self.total:
             return
         self._last_flush = now
-        elapsed = now - self._started
+        state = self.line.state(done, failed, self.total, self.total_known)
         percent = 100 * done / self.total if self.total else 100
-        rate = done / elapsed if elapsed > 0 else 0.0
-        cards = [("done", f"{done}/{self.total}"), ("failed", str(failed)), ("per second", f"{rate:.2f}")]
+        eta = state.eta_s()
+        cards = [("done", f"{done}/{self.total}"), ("failed", str(failed)), ("per second", f"{state.rate:.2f}")]
+        if eta is not None:
+            cards.append(("ETA", format_duration(eta)))
         if note:
             cards.append(("", note))
         await _replace(
@@ -64,8 +78,27 @@ class Progress:
         )
 
     async def finish(self, final: str) -> None:
-        """Show the final view."""
+        """Show the final view, and end the terminal line."""
+        self.line.close(self._done, self._failed, self.total)
         await _replace(final)
+
+
+def report_location() -> str:
+    """Where flyte writes this task's report: `report.html` in the task's output folder (a file, in `--local` runs).
+
+    Empty outside a Flyte task.
+    """
+    context = flyte.ctx()
+    if context is None or not context.output_path:
+        return ""
+    return f"{context.output_path.rstrip('/')}/report.html"
+
+
+def print_report_location() -> None:
+    """Print the line that says where the report is (nothing outside a Flyte task)."""
+    where = report_location()
+    if where:
+        print(f"report: {where}", flush=True)
 
 
 async def _replace(page: str) -> None:

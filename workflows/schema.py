@@ -7,10 +7,12 @@ which is several times slower than one dataclass holding the list.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from flyte.io import File
 
-from flyteplugins_batcher.engines import EngineStats, GenerationConfig, Request
+from flyteplugins_batcher import BatchStats
+from flyteplugins_batcher.engines import Completion, EngineStats, GenerationConfig, Request, ResponseFormat, Sample
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,26 @@ class ChatMessage:
 
 
 @dataclass
+class OutputFormat:
+    """A request's `response_format` as it crosses the task boundary (`ResponseFormat`'s fields).
+
+    Attributes:
+        schema: The JSON schema as JSON text, or `None` for any JSON object (`json_object`).
+        name: The schema's name, for messages.
+    """
+
+    schema: str | None = None
+    name: str | None = None
+
+    @classmethod
+    def of(cls, response_format: ResponseFormat) -> OutputFormat:
+        return cls(response_format.schema, response_format.name)
+
+    def response_format(self) -> ResponseFormat:
+        return ResponseFormat(self.schema, self.name)
+
+
+@dataclass
 class RequestItem:
     """One prompt for the engine, with the generation settings its request set for itself (`None`: the run's).
 
@@ -100,6 +122,8 @@ class RequestItem:
     top_p: float | None = None
     stop: list[str] | None = None
     seed: int | None = None
+    n: int | None = None
+    output_format: OutputFormat | None = None
 
     def generation(self, defaults: GenerationConfig) -> GenerationConfig:
         """The run's `defaults` with this item's own settings over them.
@@ -108,6 +132,8 @@ class RequestItem:
             ValueError: A setting is out of range.
         """
         own = {name: getattr(self, name) for name in _OWN_SETTINGS if getattr(self, name) is not None}
+        if self.output_format is not None:
+            own["response_format"] = self.output_format.response_format()
         return replace(defaults, **own) if own else defaults
 
     def engine_request(self, defaults: GenerationConfig) -> Request:
@@ -120,7 +146,7 @@ class RequestItem:
         return Request(prompt, self.generation(defaults), id=self.key)
 
 
-_OWN_SETTINGS = ("max_new_tokens", "temperature", "top_p", "stop", "seed")
+_OWN_SETTINGS = ("max_new_tokens", "temperature", "top_p", "stop", "seed", "n")
 
 
 @dataclass
@@ -132,8 +158,21 @@ class RequestChunk:
 
 
 @dataclass
+class SampleResult:
+    """One sample of a completion (`engines.Sample`'s fields)."""
+
+    text: str
+    finish_reason: str
+    completion_tokens: int
+
+
+@dataclass
 class ItemResult:
-    """One prompt's outcome: a completion, or an error code and message."""
+    """One prompt's outcome: a completion, or an error code and message.
+
+    `text` and `finish_reason` are the first sample's and `completion_tokens` counts every sample, as
+    in `Completion`; `samples` holds every sample when the request asked for more than one.
+    """
 
     key: str
     text: str = ""
@@ -142,6 +181,27 @@ class ItemResult:
     completion_tokens: int = 0
     error_code: str = ""
     error_message: str = ""
+    samples: list[SampleResult] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, key: str, completion: Completion) -> ItemResult:
+        """The result for a completion (its samples kept only when there are several)."""
+        samples = [SampleResult(s.text, s.finish_reason, s.completion_tokens) for s in completion.samples]
+        return cls(
+            key,
+            completion.text,
+            completion.finish_reason,
+            completion.prompt_tokens,
+            completion.completion_tokens,
+            samples=samples if len(samples) > 1 else [],
+        )
+
+    def completion(self) -> Completion:
+        """The completion this result carries, every sample included."""
+        if not self.samples:
+            return Completion(self.text, self.prompt_tokens, self.completion_tokens, self.finish_reason)  # type: ignore[arg-type]
+        samples = [Sample(s.text, s.completion_tokens, s.finish_reason) for s in self.samples]  # type: ignore[arg-type]
+        return Completion.from_samples(self.prompt_tokens, samples)
 
 
 @dataclass
@@ -183,6 +243,37 @@ class ReplicaSnapshot:
             running_seqs=self.running_seqs,
             max_num_seqs=self.max_num_seqs,
             generate_time_s=self.engine_busy_s,
+        )
+
+    @staticmethod
+    def engine_fields(stats: EngineStats) -> dict[str, Any]:
+        """A snapshot's fields taken from the replica's engine `stats` (pass them to `of_batcher`)."""
+        return {
+            "load_time_s": stats.load_time_s,
+            "padding_efficiency": stats.padding_efficiency,
+            "completion_tokens_per_s": stats.completion_tokens_per_s,
+            "engine_steps": stats.steps,
+            "running_seqs": stats.running_seqs,
+            "max_num_seqs": stats.max_num_seqs,
+            "occupancy": stats.occupancy,
+            "engine_busy_s": stats.generate_time_s,
+        }
+
+    @classmethod
+    def of_batcher(cls, stats: BatchStats, **fields: Any) -> ReplicaSnapshot:
+        """A snapshot with the batching fields taken from the replica's batcher `stats`, and `fields` for the rest."""
+        return cls(
+            records=stats.total_completed,
+            batches=stats.total_batches,
+            avg_batch_size=stats.avg_batch_size,
+            avg_batch_tokens=stats.avg_batch_cost,
+            utilization=stats.utilization,
+            records_per_s=stats.records_per_s,
+            latency_p50_s=stats.latency_s.p50,
+            latency_p99_s=stats.latency_s.p99,
+            queue_wait_p99_s=stats.queue_wait_s.p99,
+            batches_by_reason=dict(stats.batches_by_reason),
+            **fields,
         )
 
 

@@ -46,7 +46,7 @@ BAD = [
     ("{this is not json", "invalid_json"),
     ({"method": "POST", "url": "/v1/chat/completions", "body": {"messages": []}}, "missing_custom_id"),
     (chat("chat-1", "A second request with the first one's id"), "duplicate_custom_id"),
-    ({"custom_id": "embed", "method": "POST", "url": "/v1/embeddings", "body": {"input": "x"}}, "invalid_url"),
+    ({"custom_id": "moderate", "method": "POST", "url": "/v1/moderations", "body": {"input": "x"}}, "invalid_url"),
     ({"custom_id": "empty-body", "method": "POST", "url": "/v1/chat/completions", "body": {}}, "invalid_body"),
     (chat("other-model", "hi", model="gpt-4o"), "model_mismatch"),
     (chat("too-hot", "hi", temperature=-2), "invalid_request"),

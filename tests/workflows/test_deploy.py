@@ -44,12 +44,12 @@ def test_driver_task_specs_are_plain_tasks():
 
 def test_the_deploy_plan_covers_each_driver_and_the_replicas_it_calls():
     for driver, replicas in (
-        (batch_llm.driver_env, llm_replica.gpu_env),
-        (batch_jsonl.driver_env, llm_replica.gpu_env),
-        (embed.driver_env, embed_replica.embed_env),
+        (batch_llm.driver_env, [llm_replica.gpu_env]),
+        (batch_jsonl.driver_env, [llm_replica.gpu_env, embed_replica.embed_env]),  # chat and embedding lines
+        (embed.driver_env, [embed_replica.embed_env]),
     ):
         (plan,) = plan_deploy(driver)
-        assert set(plan.envs) == {driver.name, replicas.name}
+        assert set(plan.envs) == {driver.name, *(env.name for env in replicas)}
 
 
 def test_each_environment_runs_on_the_image_defined_for_its_side():

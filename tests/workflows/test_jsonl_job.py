@@ -7,16 +7,25 @@ import json
 import flyte
 import pytest
 
-from flyteplugins_batcher.batch_api import parse_request_line
-from flyteplugins_batcher.engines import GenerationConfig
-from workflows.jsonl_job import to_item
-from workflows.schema import ChatMessage, EngineSettings, RequestChunk, RequestItem
+from flyteplugins_batcher.batch_api import ENDPOINTS, parse_request_line
+from flyteplugins_batcher.engines import Completion, GenerationConfig, ResponseFormat, Sample
+from workflows.jsonl_job import ChunkCutter, to_item
+from workflows.schema import ChatMessage, EngineSettings, ItemResult, RequestChunk, RequestItem
 
 DEFAULTS = EngineSettings(max_new_tokens=64, temperature=0.2, top_p=0.8, seed=5).generation()
+SCHEMA = {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "string"}}, "required": ["a"]}
 LINES = [
     {"custom_id": "plain", "prompt": "Hello"},
     {"custom_id": "own", "prompt": "Hi", "max_tokens": 7, "temperature": 1, "top_p": 0.5, "stop": "\n", "seed": 3},
     {"custom_id": "chat", "messages": [{"role": "user", "content": "Hey"}], "max_completion_tokens": 9},
+    {"custom_id": "samples", "prompt": "Hi", "n": 3, "temperature": 0.7},
+    {"custom_id": "object", "prompt": "Hi", "response_format": {"type": "json_object"}},
+    {
+        "custom_id": "schema",
+        "prompt": "Hi",
+        "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": SCHEMA}},
+    },
+    {"custom_id": "text", "prompt": "Hi", "response_format": {"type": "text"}},
 ]
 
 env = flyte.TaskEnvironment(name="jsonl_job_test")
@@ -41,7 +50,8 @@ def test_an_item_runs_with_exactly_the_settings_its_line_asked_for(line: dict):
 
 def test_an_item_without_settings_of_its_own_runs_with_the_run_defaults():
     item = RequestItem("k", prompt="x")
-    assert (item.max_new_tokens, item.temperature, item.top_p, item.stop, item.seed) == (None,) * 5
+    assert (item.max_new_tokens, item.temperature, item.top_p, item.stop, item.seed, item.n) == (None,) * 6
+    assert item.output_format is None
     assert item.generation(DEFAULTS) is DEFAULTS
     assert RequestItem("k", temperature=0.0).generation(DEFAULTS) == GenerationConfig(64, 0.0, 0.8, (), 5)
 
@@ -57,3 +67,47 @@ def test_items_with_and_without_their_own_settings_cross_flyte_unchanged(run_loc
     chunk = RequestChunk(3, items)
 
     assert run_locally(through_flyte, chunk=chunk) == chunk
+
+
+def test_a_schema_crosses_as_text_with_its_key_order_and_name():
+    item = to_item(parse_request_line(json.dumps(LINES[5]), 6))
+    response_format = item.engine_request(DEFAULTS).generation.response_format
+
+    assert item.output_format is not None and item.output_format.name == "s"
+    assert response_format == ResponseFormat.json_schema(SCHEMA, name="s")
+    assert list(json.loads(response_format.schema)["properties"]) == ["b", "a"]  # the order the line wrote
+
+
+def test_every_sample_survives_the_result_and_comes_back_as_one_completion():
+    samples = [Sample("red", 2, "stop"), Sample("deep blue", 3, "length"), Sample("green", 2, "stop")]
+    completion = Completion.from_samples(11, samples)
+
+    result = ItemResult.of("k", completion)
+
+    assert (result.text, result.finish_reason, result.completion_tokens) == ("red", "stop", 7)
+    assert result.completion() == completion
+    single = Completion("hi", 4, 1, "stop")
+    assert ItemResult.of("k", single).samples == [] and ItemResult.of("k", single).completion() == single
+
+
+def test_a_mixed_stream_is_cut_into_chunks_of_one_kind_numbered_as_they_fill():
+    cutter = ChunkCutter(chunk_size=2, embedding_chunk_texts=3)
+    texts = {"e1": ["a", "b"], "e2": ["c"], "e3": ["d"]}
+    order = ["g1", "e1", "g2", "e2", "g3", "e3"]
+    full = []
+    for number, key in enumerate(order, start=1):
+        if key in texts:
+            line = {"custom_id": key, "method": "POST", "url": "/v1/embeddings", "body": {"input": texts[key]}}
+        else:
+            line = {"custom_id": key, "prompt": key}
+        chunk = cutter.add(parse_request_line(json.dumps(line), number, endpoints=ENDPOINTS))
+        full += [chunk] if chunk is not None else []
+    rest = cutter.rest()
+
+    assert [(type(chunk).__name__, chunk.index, [item.key for item in chunk.items]) for chunk in full + rest] == [
+        ("RequestChunk", 0, ["g1", "g2"]),
+        ("EmbeddingChunk", 1, ["e1", "e2"]),  # three texts
+        ("RequestChunk", 2, ["g3"]),
+        ("EmbeddingChunk", 3, ["e3"]),
+    ]
+    assert rest[1].items[0].inputs == ["d"]

@@ -1,0 +1,109 @@
+"""`--output_dir` is checked before any inference; a run's files are published once and its work folder removed."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+import flyte
+import flyte.errors
+import pytest
+from flyte.io import File
+
+from workflows import batch_jsonl, batch_llm
+from workflows.outputs import Destination, OutputDirError, PublishError, WorkFolder
+
+NAMES = ("results.jsonl", "errors.jsonl")
+
+
+def unwritable_folder(tmp_path: Path) -> Path:
+    """A folder that exists and cannot be written to, by this user (root writes through permissions)."""
+    if os.geteuid() != 0:
+        folder = tmp_path / "read-only"
+        folder.mkdir(mode=0o500)
+        return folder
+    if not Path("/sys").is_dir():
+        pytest.skip("needs /sys, which even root cannot write files in")
+    return Path("/sys")
+
+
+def test_a_local_folder_is_created_and_a_file_uri_is_a_local_folder(tmp_path: Path):
+    assert Destination.check(str(tmp_path / "a" / "b"), NAMES).folder == (tmp_path / "a" / "b").resolve()
+    assert not list((tmp_path / "a" / "b").iterdir())  # created, and the write check left nothing behind
+    assert Destination.check(f"file://{tmp_path}/c").folder == (tmp_path / "c").resolve()
+    assert Destination.check(f"file://localhost{tmp_path}/d").folder == (tmp_path / "d").resolve()
+
+
+def test_remote_uris_go_to_flyte_and_nothing_means_the_runs_own_storage():
+    assert Destination.check("s3://bucket/out/") == Destination(uri="s3://bucket/out")
+    assert Destination.check("gs://bucket") == Destination(uri="gs://bucket")
+    assert Destination.check("") == Destination()
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ("{file}", "is a file, not a folder"),
+        ("{file}/below", "cannot write to"),
+        ("{unwritable}", "cannot write to .*Permission denied"),
+        ("ftp://host/out", r"cannot write to ftp://.*s3://"),
+        ("s3://", "cannot write to s3://"),
+        ("file://", "names no folder"),
+        ("{clash}", "results.jsonl is a folder"),
+    ],
+)
+def test_a_destination_that_cannot_work_fails_at_once_with_a_clear_message(tmp_path: Path, given: str, message: str):
+    existing = tmp_path / "existing.txt"
+    existing.write_text("not a folder")
+    (tmp_path / "clash" / "results.jsonl").mkdir(parents=True)
+    output_dir = given.format(file=existing, unwritable=unwritable_folder(tmp_path), clash=tmp_path / "clash")
+
+    with pytest.raises(OutputDirError, match=message):
+        Destination.check(output_dir, NAMES)
+
+
+def test_publishing_copies_to_the_folder_and_removes_the_work_folder(tmp_path: Path):
+    flyte.init()
+    work = WorkFolder("test-outputs-", Destination.check(str(tmp_path / "out"), NAMES))
+    for name in NAMES:
+        (work.path / name).write_text(f"{name}\n")
+
+    published = asyncio.run(work.publish([work.path / name for name in NAMES]))
+
+    assert [Path(file.path) for file in published] == [(tmp_path / "out" / name).resolve() for name in NAMES]
+    assert (tmp_path / "out" / "errors.jsonl").read_text() == "errors.jsonl\n"
+    assert not work.path.exists()
+
+
+def test_a_failed_publish_keeps_the_work_folder_and_names_it(tmp_path: Path):
+    work = WorkFolder("test-outputs-", Destination.check(str(tmp_path / "out"), NAMES))
+    (work.path / "results.jsonl").write_text("kept\n")
+    (tmp_path / "out").rmdir()
+    (tmp_path / "out").write_text("the folder became a file after the check")
+
+    with pytest.raises(PublishError, match=f"the files are in {work.path}"):
+        asyncio.run(work.publish([work.path / "results.jsonl"]))
+
+    assert (work.path / "results.jsonl").read_text() == "kept\n"
+    work.discard()
+
+
+@pytest.mark.parametrize("workflow", [batch_jsonl, batch_llm], ids=["batch_jsonl", "batch_llm"])
+def test_a_bad_output_dir_fails_the_run_before_any_model_loads(run_locally, fresh_replica, tmp_path: Path, workflow):
+    existing = tmp_path / "results-here.txt"
+    existing.write_text("a file, not a folder")
+    inputs = {"input": File.from_local_sync(str(write_requests(tmp_path)))} if workflow is batch_jsonl else {}
+
+    with pytest.raises(flyte.errors.RuntimeUserError, match="is a file, not a folder"):
+        run_locally(workflow.main, output_dir=str(existing), **inputs)
+
+    assert fresh_replica.shared.loaded_model is None  # nothing ran
+    assert existing.read_text() == "a file, not a folder"
+
+
+def write_requests(tmp_path: Path) -> Path:
+    path = tmp_path / "requests.jsonl"
+    path.write_text(json.dumps({"custom_id": "a", "prompt": "Hi"}) + "\n")
+    return path

@@ -1,0 +1,151 @@
+"""A run's progress on the terminal: done/total, failed, rate and ETA, on one line.
+
+- On a terminal (stdout is a TTY, as in `flyte run --local`), one line is rewritten in place as
+  chunks finish (at most every `TERMINAL_REFRESH_S`), and left showing the final counts.
+- Elsewhere (a cluster's logs, a pipe, CI), a full line is printed when chunks finish, at most
+  every `BATCH_PROGRESS_INTERVAL_S` seconds (60 by default; 0 prints one per finished chunk), so
+  that logs get a heartbeat rather than a stream. The summary line says the rest.
+
+The rate counts from the first finished chunk on, so model loading does not drag it down; the ETA
+is shown once the total is known (a streamed input's total is known when it has been read through).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TextIO
+
+INTERVAL_ENV = "BATCH_PROGRESS_INTERVAL_S"
+DEFAULT_LOG_INTERVAL_S = 60.0
+TERMINAL_REFRESH_S = 0.5
+
+
+@dataclass(frozen=True)
+class ProgressState:
+    """How far a run is.
+
+    Attributes:
+        done: Requests finished (answered or failed).
+        failed: Requests that failed.
+        total: Requests in the run, or read so far while `total_known` is False.
+        total_known: Whether the whole input has been read.
+        rate: Requests finished per second since the first finished chunk (0.0 until a second one).
+    """
+
+    done: int
+    failed: int
+    total: int
+    total_known: bool
+    rate: float
+
+    def eta_s(self) -> float | None:
+        """Seconds left at the current rate, when the total and a rate are known."""
+        if not self.total_known or self.rate <= 0:
+            return None
+        return max(self.total - self.done, 0) / self.rate
+
+    def text(self, noun: str) -> str:
+        """The line: `progress: 120/1000 requests (12%), 2 failed | 3.40 requests/s | ETA 4m 18s`, say."""
+        if self.total_known:
+            share = f" ({100 * self.done / self.total:.0f}%)" if self.total else ""
+            count = f"{self.done}/{self.total} {noun}{share}"
+        else:
+            count = f"{self.done} {noun} done of {self.total} read so far"
+        rate = f"{self.rate:.2f} {noun}/s" if self.rate > 0 else f"{noun}/s: measuring"
+        eta = self.eta_s()
+        left = f"ETA {format_duration(eta)}" if eta is not None else "ETA: not known yet"
+        if self.total_known and self.done >= self.total:
+            left = "done"
+        return f"progress: {count}, {self.failed} failed | {rate} | {left}"
+
+
+class ProgressLine:
+    """The progress line on stdout: rewritten in place on a terminal, a heartbeat line elsewhere.
+
+    Args:
+        noun: What the run counts ("requests", "questions").
+        stream: Where to write (stdout).
+        interval_s: Least seconds between two lines when `stream` is not a terminal (default:
+            `BATCH_PROGRESS_INTERVAL_S`, else 60).
+        clock: Seconds, monotonic.
+
+    Example:
+        ```python
+        line = ProgressLine("requests")
+        line.show(done=32, failed=1, total=1000)
+        line.close(done=1000, failed=3, total=1000)
+        ```
+    """
+
+    def __init__(
+        self,
+        noun: str = "requests",
+        stream: TextIO | None = None,
+        interval_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.noun = noun
+        self._stream = stream if stream is not None else sys.stdout
+        self.on_terminal = bool(getattr(self._stream, "isatty", lambda: False)())
+        self._interval_s = TERMINAL_REFRESH_S if self.on_terminal else _interval(interval_s)
+        self._clock = clock
+        self._first: tuple[float, int] | None = None  # (time, done) at the first finished chunk
+        self._last_shown = -math.inf
+
+    def state(self, done: int, failed: int, total: int, total_known: bool = True) -> ProgressState:
+        """The run's state now (the rate from the first finished chunk on)."""
+        now = self._clock()
+        if self._first is None and done:
+            self._first = (now, done)
+        rate = 0.0
+        if self._first is not None and now > self._first[0] and done > self._first[1]:
+            rate = (done - self._first[1]) / (now - self._first[0])
+        return ProgressState(done, failed, total, total_known, rate)
+
+    def show(self, done: int, failed: int, total: int, total_known: bool = True) -> None:
+        """Show the state, unless the last line is more recent than the interval."""
+        state = self.state(done, failed, total, total_known)
+        now = self._clock()
+        if now - self._last_shown < self._interval_s:
+            return
+        self._last_shown = now
+        self._write(state.text(self.noun))
+
+    def close(self, done: int, failed: int, total: int) -> None:
+        """End the line: on a terminal, show the final counts and move to the next line."""
+        if self.on_terminal:
+            self._write(self.state(done, failed, total).text(self.noun))
+            self._stream.write("\n")
+            self._stream.flush()
+
+    def _write(self, text: str) -> None:
+        if self.on_terminal:
+            self._stream.write(f"\r{text}\x1b[K")  # over the previous line, and clear what it left
+        else:
+            self._stream.write(f"{text}\n")
+        self._stream.flush()
+
+
+def format_duration(seconds: float) -> str:
+    """`42s`, `4m 18s`, `2h 05m`."""
+    whole = round(seconds)
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m {whole % 60:02d}s"
+    return f"{whole // 3600}h {whole % 3600 // 60:02d}m"
+
+
+def _interval(given: float | None) -> float:
+    if given is not None:
+        return given
+    text = os.environ.get(INTERVAL_ENV, "")
+    try:
+        return float(text) if text else DEFAULT_LOG_INTERVAL_S
+    except ValueError:
+        raise ValueError(f"{INTERVAL_ENV} must be a number of seconds, got {text!r}") from None
