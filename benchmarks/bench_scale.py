@@ -264,7 +264,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--defaults", choices=("after", "before"), default="after", help="size_in_flight, or before it")
     parser.add_argument("--latency", type=float, default=0.5, help="one-way call latency, virtual seconds")
     parser.add_argument("--time-scale", default="auto", help='"auto", or how much faster than real time')
-    parser.add_argument("--target-rate", type=float, default=600.0, help="auto: wall requests/s at ideal speed")
+    parser.add_argument("--target-rate", type=float, default=300.0, help="auto: wall requests/s at ideal speed")
     parser.add_argument("--max-scale", type=float, default=16.0, help="auto: the fastest clock")
     parser.add_argument("--long-replicas", type=int, default=8, help="replicas of the 5%% long outputs run")
     parser.add_argument("--kill-replicas", type=int, default=8, help="replicas of the run that loses one")

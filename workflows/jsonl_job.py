@@ -233,7 +233,7 @@ def to_item(request: BatchRequest) -> RequestItem:
     if "stop" in settings:
         settings["stop"] = list(settings["stop"])
     response_format = settings.pop("response_format", None)
-    item = RequestItem(key=request.custom_id, **settings)
+    item = RequestItem(key=request.custom_id, raw_prompt=request.raw_prompt, **settings)
     if response_format is not None:
         item.output_format = OutputFormat.of(response_format)
     if isinstance(request.prompt, str):

@@ -124,6 +124,7 @@ class RequestItem:
     seed: int | None = None
     n: int | None = None
     output_format: OutputFormat | None = None
+    raw_prompt: bool = False  # an OpenAI /v1/completions prompt: no chat template
 
     def generation(self, defaults: GenerationConfig) -> GenerationConfig:
         """The run's `defaults` with this item's own settings over them.
@@ -143,7 +144,7 @@ class RequestItem:
             if self.messages
             else self.prompt
         )
-        return Request(prompt, self.generation(defaults), id=self.key)
+        return Request(prompt, self.generation(defaults), id=self.key, chat_template=False if self.raw_prompt else None)
 
 
 _OWN_SETTINGS = ("max_new_tokens", "temperature", "top_p", "stop", "seed", "n")

@@ -37,12 +37,19 @@ class BatchRequest:
             `temperature`, `top_p`, `stop`, `seed`, `n`, `response_format`), already checked with
             the API's ranges.
         model: The model its body asked for, if any.
+        raw_prompt: The prompt goes to the model as written, with no chat template: an OpenAI
+            `/v1/completions` line. A plain line's `prompt` is answered like a user message.
 
     Example:
         ```python
         request = parse_request_line(text, number)
         if isinstance(request, BatchRequest):
-            record = Request(request.prompt, request.generation(defaults), id=request.custom_id)
+            record = Request(
+                request.prompt,
+                request.generation(defaults),
+                id=request.custom_id,
+                chat_template=False if request.raw_prompt else None,
+            )
         ```
     """
 
@@ -54,6 +61,7 @@ class BatchRequest:
     prompt: str | list[dict[str, str]]
     settings: dict[str, Any] = field(default_factory=dict)
     model: str | None = None
+    raw_prompt: bool = False
 
     @property
     def samples(self) -> int:
@@ -150,7 +158,8 @@ def _parse_openai(
         prompt: str | list[dict[str, str]] = _messages(body, checks)
     else:
         prompt = _prompt(body, checks)
-    return BatchRequest(line, custom_id, url, prompt, generation_settings(body, checks), model)
+    settings = generation_settings(body, checks)
+    return BatchRequest(line, custom_id, url, prompt, settings, model, raw_prompt=url == "/v1/completions")
 
 
 def _parse_plain(data: dict[str, Any], line: int) -> BatchRequest:

@@ -121,7 +121,7 @@ class Engine(abc.ABC):
         self._loaded = False
         self._tokenizer: Any = None  # the `LoadedModel`'s, while loaded
         self._context_length = 0
-        self._encode: Callable[[str], tuple[int, ...]] | None = None
+        self._encoders: dict[bool, Callable[[str], tuple[int, ...]]] = {}  # by "rendered through a template"
         self._counters = EngineCounters()
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -152,7 +152,11 @@ class Engine(abc.ABC):
             started = time.perf_counter()
             loaded = self._load()
             self._tokenizer, self._context_length = loaded.tokenizer, loaded.context_length
-            self._encode = _cached_encoder(loaded.tokenizer, add_special_tokens=not self.uses_chat_template())
+            # A template writes its own special tokens (BOS); a raw prompt gets them from the tokenizer.
+            self._encoders = {
+                templated: _cached_encoder(loaded.tokenizer, add_special_tokens=not templated)
+                for templated in (True, False)
+            }
             self._loaded = True
             self._counters.loaded_in(time.perf_counter() - started)
 
@@ -161,7 +165,7 @@ class Engine(abc.ABC):
         with self._lifecycle_lock:
             if self._loaded:
                 self._loaded = False
-                self._encode = None
+                self._encoders = {}
                 self._close()
                 self._tokenizer = None
 
@@ -205,25 +209,28 @@ class Engine(abc.ABC):
             EngineNotLoadedError: Before `load()`.
         """
         self._require_loaded()
-        assert self._encode is not None
-        return list(self._encode(text))
+        return list(self._encoders[self.uses_chat_template()](text))
 
     def render(self, record: PromptRecord) -> str:
         """The exact prompt text for a record (chat template applied where configured).
+
+        A `Request` with `chat_template=False` is used exactly as written, with no template and no
+        system prompt (OpenAI's `/v1/completions`).
 
         Raises:
             InvalidPromptError: The record is not a str, `Prompt`, chat messages or `Request`, or is
                 empty, or it is chat messages and the model has no chat template.
         """
         content = normalize_record(record)
-        if self.uses_chat_template():
+        if self._templated(record):
             messages = [{"role": "user", "content": content}] if isinstance(content, str) else list(content)
             if self.system_prompt and messages[0]["role"] != "system":
                 messages.insert(0, {"role": "system", "content": self.system_prompt})
             return str(self._tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
         if not isinstance(content, str):
             raise InvalidPromptError("chat messages need a chat template, and this model has none")
-        return f"{self.system_prompt}\n\n{content}" if self.system_prompt else content
+        as_written = isinstance(record, Request) and record.chat_template is False
+        return f"{self.system_prompt}\n\n{content}" if self.system_prompt and not as_written else content
 
     def uses_chat_template(self) -> bool:
         """Whether records are rendered through the chat template (`chat_template`, else "if it has one")."""
@@ -231,9 +238,18 @@ class Engine(abc.ABC):
             return self.chat_template
         return bool(getattr(self._tokenizer, "chat_template", None))
 
+    def _templated(self, record: PromptRecord) -> bool:
+        own = record.chat_template if isinstance(record, Request) else None
+        return self.uses_chat_template() if own is None else own and self.uses_chat_template()
+
+    def prompt_ids(self, record: PromptRecord) -> list[int]:
+        """The token ids the model will see for `record`: rendered, then tokenized as its rendering needs."""
+        self._require_loaded()
+        return list(self._encoders[self._templated(record)](self.render(record)))
+
     def prompt_tokens(self, record: PromptRecord) -> int:
         """Number of prompt tokens the model will see for `record`."""
-        return len(self.tokenize(self.render(record)))
+        return len(self.prompt_ids(record))
 
     def generation_for(self, record: object) -> GenerationConfig:
         """The settings that apply to a record: its own (a `Request`'s), else the engine's."""
@@ -270,7 +286,7 @@ class Engine(abc.ABC):
         for index, record in enumerate(records):
             try:
                 generation = self.generation_for(record)
-                token_ids = self.tokenize(self.render(record))
+                token_ids = self.prompt_ids(record)
                 self._check_generation(generation)
             except InvalidPromptError as error:
                 results[index] = self._invalid(index, record, str(error), type(error))

@@ -22,6 +22,9 @@ class Request:
         prompt: Plain text, a `Prompt`, or chat messages.
         generation: Settings for this record alone; `None` uses the engine's.
         id: Names the record in error messages (for example an OpenAI batch `custom_id`).
+        chat_template: `False`: the prompt text goes to the model exactly as written (no template, no
+            system prompt), as OpenAI's `/v1/completions` does; `None`: the engine's choice (its
+            chat template, if it has one).
 
     Example:
         ```python
@@ -33,6 +36,7 @@ class Request:
     prompt: str | Prompt | ChatMessages
     generation: GenerationConfig | None = None
     id: str | None = None
+    chat_template: bool | None = None
 
     def estimate_tokens(self) -> int:
         """About 4 characters per token plus `max_new_tokens` per decoded sample, when no engine tokenizer can count."""

@@ -44,6 +44,8 @@ def test_completions_lines_and_plain_lines_are_accepted_with_run_defaults():
     assert plain.generation(DEFAULTS).max_new_tokens == 5
     chat = parse_request_line(json.dumps({"custom_id": "c", "messages": [{"role": "user", "content": "x"}]}), 2)
     assert chat.endpoint == "/v1/chat/completions"
+    # An OpenAI completions prompt is raw text; a plain line's prompt is answered like a user message.
+    assert (completion.raw_prompt, plain.raw_prompt, chat.raw_prompt) == (True, False, False)
 
 
 @pytest.mark.parametrize(

@@ -149,3 +149,31 @@ def test_generation_config_validates_and_normalizes():
     for bad in ({"max_new_tokens": 0}, {"temperature": -1}, {"top_p": 0}, {"stop": ("",)}, {"seed": 1.5}):
         with pytest.raises(ValueError):
             GenerationConfig(**bad)
+
+
+class TemplatedTokenizer(CharTokenizer):
+    """A tokenizer with a chat template that wraps each message in brackets."""
+
+    chat_template = "[role]content"
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True):  # noqa: ANN001, ANN201
+        return "".join(f"[{message['role']}]{message['content']}" for message in messages) + ">"
+
+
+class TemplatedEchoEngine(EchoEngine):
+    def _load(self) -> LoadedModel:
+        return LoadedModel(TemplatedTokenizer(), context_length=64)
+
+
+def test_a_request_with_chat_template_false_reaches_the_model_as_written_with_its_special_tokens():
+    engine = TemplatedEchoEngine(system_prompt="be brief", generation=GenerationConfig(max_new_tokens=8))
+    engine.load()
+    assert engine.render("hi") == "[system]be brief[user]hi>"
+    assert engine.prompt_ids("hi") == [ord(char) for char in "[system]be brief[user]hi>"]  # the template's tokens only
+    raw = Request("Once upon", chat_template=False)
+    assert engine.render(raw) == "Once upon"
+    assert engine.prompt_ids(raw) == [1] + [ord(char) for char in "Once upon"]  # BOS from the tokenizer
+    assert engine.prompt_tokens(raw) == 10
+    [completion] = engine.generate([raw])
+    assert engine.calls[-1][0].token_ids == [1] + [ord(char) for char in "Once upon"]
+    assert completion.text == "nopu ecnO"

@@ -26,6 +26,7 @@ LINES = [
         "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": SCHEMA}},
     },
     {"custom_id": "text", "prompt": "Hi", "response_format": {"type": "text"}},
+    {"custom_id": "completion", "url": "/v1/completions", "body": {"prompt": "Once upon", "max_tokens": 5}},
 ]
 
 env = flyte.TaskEnvironment(name="jsonl_job_test")
@@ -46,6 +47,7 @@ def test_an_item_runs_with_exactly_the_settings_its_line_asked_for(line: dict):
     assert engine_request.generation == request.generation(DEFAULTS)
     assert engine_request.id == line["custom_id"]
     assert engine_request.prompt == request.prompt
+    assert engine_request.chat_template is (False if line.get("url") == "/v1/completions" else None)
 
 
 def test_an_item_without_settings_of_its_own_runs_with_the_run_defaults():
