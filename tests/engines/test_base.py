@@ -156,7 +156,7 @@ class TemplatedTokenizer(CharTokenizer):
 
     chat_template = "[role]content"
 
-    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True):  # noqa: ANN001, ANN201
+    def apply_chat_template(self, messages: list[dict], tokenize: bool = False, **_: object) -> str:
         return "".join(f"[{message['role']}]{message['content']}" for message in messages) + ">"
 
 
