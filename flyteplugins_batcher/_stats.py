@@ -68,6 +68,7 @@ class BatchStats:
         ```
     """
 
+    # flyte.extras' BatchStats fields first, in its order, so that code written for it reads the same values
     total_submitted: int = 0
     total_completed: int = 0
     total_batches: int = 0
@@ -76,6 +77,7 @@ class BatchStats:
     avg_batch_cost: float = 0.0
     busy_time_s: float = 0.0
     idle_time_s: float = 0.0
+    # what flyte.extras cannot tell
     total_failed: int = 0
     total_cancelled: int = 0
     total_oversized: int = 0

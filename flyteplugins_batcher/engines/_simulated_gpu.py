@@ -61,9 +61,11 @@ class SimulatedGpu:
         ```
     """
 
+    # one step's time: step_base_s + decode_seq_s x decoding sequences + prefill_token_s x prefill tokens
     step_base_s: float = 0.007
     decode_seq_s: float = 0.000_07
     prefill_token_s: float = 0.000_04
+    # the engine's capacity, as vLLM's settings of the same names bound it
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     kv_cache_tokens: int = 442_368
@@ -125,6 +127,7 @@ class OutputLengths:
 
     mean: int = 200
     spread: float = 0.5
+    # the long tail: requests that generate far more than the rest (and pin their chunk's slot)
     long_fraction: float = 0.0
     long_tokens: int = 2000
     seed: int = 0
