@@ -1,9 +1,8 @@
 """Batch jobs in the OpenAI Batch API's file format: read request lines, write result and error lines.
 
-The de-facto standard for offline LLM jobs (OpenAI and Anthropic batches, vLLM's `run-batch`): one
-JSON request per line in, one JSON result per request out, keyed by `custom_id`. A bad line fails
-alone, with an error line that says why. `workflows/batch_jsonl.py` runs whole files on Flyte; use
-these pieces in your own tasks.
+The de-facto standard for offline LLM jobs (the OpenAI Batch API, vLLM's `run-batch`): one JSON
+request per line in, one JSON result per request out, keyed by `custom_id`. A bad line fails alone,
+with an error line that says why. Use these pieces to run such files in your own tasks.
 
 Reading: `read_request_lines` decodes a file opened in binary mode line by line. A UTF-8 BOM at the
 start of the file is accepted; a line with bytes that are not UTF-8 fails alone as `invalid_json`,
