@@ -124,15 +124,20 @@ class EngineCounters:
             return replace(self._stats, generate_time_s=self._model_clock.busy_s(time.monotonic()))
 
     def reset(self) -> None:
-        """Start counting afresh; the load time is kept."""
+        """Start counting afresh; the load time and the capacity are kept."""
         with self._lock:
-            self._stats = EngineStats(load_time_s=self._stats.load_time_s)
+            self._stats = EngineStats(load_time_s=self._stats.load_time_s, max_num_seqs=self._stats.max_num_seqs)
             self._model_clock = BusyClock()
 
     def loaded_in(self, seconds: float) -> None:
         """The last `load()` took `seconds`."""
         with self._lock:
             self._stats.load_time_s = seconds
+
+    def set_capacity(self, max_num_seqs: int) -> None:
+        """The sequences the loaded engine can run at once, known from its load, before any step runs."""
+        with self._lock:
+            self._stats.max_num_seqs = max_num_seqs
 
     @contextmanager
     def model_call(self) -> Iterator[None]:

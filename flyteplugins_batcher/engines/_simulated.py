@@ -98,6 +98,7 @@ class SimulatedEngine(StreamingEngine):
 
     def _load(self) -> LoadedModel:
         self._gpu_thread = SimulatedGpuThread(self.gpu, self.time_scale, self._record_step, name=f"{self.name}-gpu")
+        self._counters.set_capacity(self.gpu.max_num_seqs)
         return LoadedModel(SimulatedTokenizer(), self.gpu.max_model_len)
 
     def _close(self) -> None:

@@ -154,6 +154,8 @@ class VLLMSupport(Engine):
         self._vllm_config = vllm_config
         self._verified.clear()
         self._limits = Limits.read(vllm_config)
+        # Known now, so that an engine that dies before its first step still reports its capacity.
+        self._counters.set_capacity(self._limits.max_num_seqs)
         self._dead.clear()
         self._death = ""
         self._closing.clear()

@@ -116,7 +116,7 @@ async def test_timeout_counts_from_the_oldest_records_submission():
         await asyncio.gather(first, second)
         elapsed = time.monotonic() - started
     assert log.batches == [["old", "new"]]
-    assert 0.18 <= elapsed < 0.3
+    assert 0.18 <= elapsed < 0.34  # a restarted clock would give at least 0.35
     assert batcher.stats.batches_by_reason["timeout"] == 1
 
 

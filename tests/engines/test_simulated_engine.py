@@ -39,6 +39,18 @@ def test_create_engine_builds_it_by_name_only() -> None:
     assert create_engine("simulated").model_name == "simulated"
 
 
+def test_the_capacity_is_reported_from_load_before_any_step() -> None:
+    engine = SimulatedEngine(gpu=SimulatedGpu(max_num_seqs=96))
+    assert engine.stats.max_num_seqs == 0  # nothing loaded, no capacity
+    engine.load()
+    try:
+        assert (engine.stats.steps, engine.stats.max_num_seqs, engine.stats.occupancy) == (0, 96, 0.0)
+        engine.reset_stats()
+        assert engine.stats.max_num_seqs == 96  # a capacity is not a counter: reset keeps it
+    finally:
+        engine.close()
+
+
 def test_the_tokenizer_counts_four_characters_per_token(engine: SimulatedEngine) -> None:
     assert len(engine.tokenize("x" * 400)) == 100  # the chat template renders prompts, so no BOS is added
     assert engine.render("hi") == "USR:hi\nAST:"
