@@ -16,6 +16,9 @@ all of its questions, then awaits its answers. Both batchers get the same settin
 full batch of the longest question fits (it never binds before `max_batch_size` does). The other
 settings are the defaults (`batch_timeout_s=0.05`, `min_batch_size=1`).
 
+Modes 2-4 take turns for `--rounds` rounds (3 by default), and the table shows each one's median
+round, so that the machine's drift in speed falls on all of them alike.
+
 Run from the repository root:
 
     python benchmarks/bench_engine_cpu.py [--questions 32]
@@ -190,6 +193,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--producers", type=int, default=4)
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="rounds of modes 2-4, taken in turn; each mode's median round is shown"
+    )
     return parser.parse_args()
 
 
@@ -209,23 +215,25 @@ def main() -> None:
     engine.generate(questions[:2])  # warm-up: the first call pays one-off allocation and dispatch costs
 
     reference = measure("1. one at a time", engine, lambda: one_at_a_time(engine, questions))
-    ideal = measure(
-        f"2. fixed batches of {args.batch_size}", engine, lambda: fixed_batches(engine, questions, args.batch_size)
-    )
-    flyte = measure(
-        "3. flyte.extras TokenBatcher",
-        engine,
-        lambda: flyte_extras_batcher(engine, questions, args.batch_size, args.producers),
-    )
-    ours = measure(
-        "4. flyteplugins_batcher TokenBatcher",
-        engine,
-        lambda: our_batcher(engine, questions, args.batch_size, args.producers),
-    )
+    # The other modes take turns round by round, so that a drift in the machine's speed (wall time
+    # here varies by about 10%) falls on all of them alike; the median round of each is shown.
+    ways = {
+        f"2. fixed batches of {args.batch_size}": lambda: fixed_batches(engine, questions, args.batch_size),
+        "3. flyte.extras TokenBatcher": lambda: flyte_extras_batcher(
+            engine, questions, args.batch_size, args.producers
+        ),
+        "4. flyteplugins_batcher TokenBatcher": lambda: our_batcher(engine, questions, args.batch_size, args.producers),
+    }
+    runs: dict[str, list[ModeResult]] = {name: [] for name in ways}
+    for _ in range(args.rounds):
+        for name, run in ways.items():
+            runs[name].append(measure(name, engine, run))
+    ideal, flyte, ours = (sorted(results, key=lambda r: r.seconds)[len(results) // 2] for results in runs.values())
     print()
     print(
         f"SmolLM2-135M-Instruct float32 on CPU, {args.threads} threads, greedy, max_new_tokens "
-        f"{args.max_new_tokens}, {len(questions)} gsm8k questions, {args.producers} producers\n"
+        f"{args.max_new_tokens}, {len(questions)} gsm8k questions, {args.producers} producers; "
+        f"modes 2-4: median of {args.rounds} rounds\n"
     )
     print(markdown_table([reference, ideal, flyte, ours], ideal, flyte, reference))
 

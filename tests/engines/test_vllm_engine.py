@@ -308,9 +308,14 @@ def test_a_dead_engine_fails_everything_promptly_and_the_replica_loads_a_new_one
         batcher = await shared.get()
         first_engine = shared.loaded_model
         assert first_engine is not None and first_engine.is_healthy
+        assert first_engine.stats.max_num_seqs == 256  # vllm.LLM's default on CPU, in both modes (not AsyncLLM's 128)
 
         async def kill_soon() -> None:
-            await asyncio.sleep(2)
+            # Mid-run, whatever the machine's speed: after vLLM's first steps, long before the 64 that
+            # the answers need.
+            deadline = time.monotonic() + 30
+            while first_engine.stats.steps < 2 and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
             for pid in engine_core_pids():
                 os.kill(pid, signal.SIGKILL)
 
@@ -332,7 +337,7 @@ def test_a_dead_engine_fails_everything_promptly_and_the_replica_loads_a_new_one
         assert [record.name for record in warnings] == ["flyteplugins_batcher"]
         assert [record.getMessage() for record in log_records if record.exc_info] == []
         assert not first_engine.is_healthy and batcher.is_failed
-        assert first_engine.stats.max_num_seqs == 256  # vllm.LLM's default on CPU, in both modes (not AsyncLLM's 128)
+        assert first_engine.stats.steps >= 2 and first_engine.stats.max_num_seqs == 256
 
         replacement = await shared.get()  # the next task on the replica gets a fresh engine
         assert replacement is not batcher and shared.loads == 2
