@@ -364,7 +364,8 @@ def occupancy_warning(fanned: FanOutStats, run: RunOptions, pool: ReplicaPool) -
     take too few calls (or too small ones) to fill their engines. Empty when there is nothing to say.
     """
     occupancy = fanned.occupancy(while_waiting=True)
-    capacity = max((replica.max_num_seqs for replica in fanned.replicas), default=0)
+    # An engine that counted no steps (vLLM with its statistics off) says nothing of its occupancy.
+    capacity = max((replica.max_num_seqs for replica in fanned.replicas if replica.engine_steps), default=0)
     if not fanned.held_back or not capacity or occupancy >= LOW_OCCUPANCY:
         return ""
     cap = run.chunks_in_flight(pool)

@@ -194,7 +194,7 @@ def _replica_table(replicas: Sequence[ReplicaSnapshot]) -> str:
 
 
 def _occupancy(replica: ReplicaSnapshot) -> str:
-    if not replica.max_num_seqs:
+    if not replica.max_num_seqs or not replica.engine_steps:
         return "n/a"
     return f"{replica.occupancy:.0%} of {replica.max_num_seqs} seqs over {replica.engine_steps} steps"
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 from flyte.io import File
 
 from workflows.driver import FanOutStats, RunOptions, fan_out, occupancy_warning, summary_line
 from workflows.environments import ReplicaPool
 from workflows.llm_replica import LLMReplica, run_chunk
+from workflows.report import final_html
 from workflows.schema import (
     ChatMessage,
     ChunkOutcome,
@@ -107,6 +109,16 @@ def test_an_engine_kept_full_gets_no_warning_and_one_that_never_waited_neither()
     assert occupancy_warning(never_waited, RunOptions(), POOL) == ""
 
 
+def test_an_engine_that_counted_no_steps_gets_no_warning() -> None:
+    # vLLM with its statistics off knows its capacity but counts no steps: an occupancy of 0 is not a reading.
+    no_steps = FanOutStats(held_back=True)
+    no_steps.record(ChunkOutcome(0, [], state("a", 8, 0, 0), finished_at=2e9), started=1e9)
+    no_steps.record(ChunkOutcome(1, [], state("a", 16, 0, 0), finished_at=2e9), started=1e9)
+
+    assert no_steps.occupancy(while_waiting=True) == 0.0
+    assert occupancy_warning(no_steps, RunOptions(), POOL) == ""
+
+
 def test_the_driver_cap_defaults_to_every_replicas_slots() -> None:
     pool = ReplicaPool(replicas=4, concurrency=128, gpu="H100:1")
 
@@ -119,6 +131,18 @@ def test_the_summary_line_says_how_full_the_engines_were(tmp_path) -> None:
     summary = RunSummary("f", 10, 10, 0, 0, 0.0, 0, 1.0, 2.0, 5.0, 100.0, empty, empty, occupancy=0.874)
 
     assert "100 output tokens/s, engines 87% full (inference 2.0 s" in summary_line(summary, "requests")
+
+
+def test_the_report_gives_each_replicas_occupancy_and_none_for_an_engine_without_steps(tmp_path) -> None:
+    empty = File(path=str(tmp_path / "x.jsonl"))
+    summary = RunSummary("f", 10, 10, 0, 0, 0.0, 0, 1.0, 2.0, 5.0, 100.0, empty, empty, occupancy=0.5)
+    stepped = replace(state("a", 8, 100, 12_800), occupancy=0.5)
+    no_steps = state("b", 8, 0, 0)
+
+    page = final_html(summary, [stepped, no_steps])
+
+    assert "<td>50% of 256 seqs over 100 steps</td>" in page
+    assert page.count("<td>n/a</td>") == 1
 
 
 async def _ignore(chunk: RequestChunk, outcome: ChunkOutcome | None, reason: str) -> None:
