@@ -378,7 +378,7 @@ class JobRun:
 async def warm_up(replicas: Sequence[ReplicaProcess], settings: EngineSettings) -> dict[int, ReplicaSnapshot]:
     """Load every replica's engine for `settings` and run a few requests on it; each one's state after that.
 
-    The state says the engine's `max_num_seqs` (vLLM reports it with its first step), and is the
+    The state says the engine's `max_num_seqs` (every engine reports it from its load), and is the
     baseline a job's engine counters are measured from.
     """
     await asyncio.gather(*(replica.call("load", settings) for replica in replicas))
