@@ -28,7 +28,7 @@ async def run_mixed(grouping: str, lengths: list[int]) -> tuple[Padded, list[int
     ) as batcher:
         model.gate.clear()
         blocker = await batcher.submit(1)
-        await asyncio.sleep(0.01)  # the device is busy: everything below waits together
+        await model.until_held()  # the device is busy: everything below waits together
         futures = await batcher.submit_batch(lengths)
         model.gate.set()
         results = await asyncio.gather(blocker, *futures)
@@ -84,7 +84,7 @@ async def test_cancelled_records_are_skipped_by_cost_grouping_too():
     async with ours.DynamicBatcher(model, max_batch_size=4, grouping="by_cost", cost_estimator=lambda x: x) as batcher:
         model.gate.clear()
         blocker = await batcher.submit(1)
-        await asyncio.sleep(0.01)
+        await model.until_held()
         futures = await batcher.submit_batch([10, 11, 12, 50, 51])
         futures[1].cancel()
         model.gate.set()

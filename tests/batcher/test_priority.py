@@ -15,7 +15,7 @@ async def hold_first_batch(batcher: ours.DynamicBatcher, log: Log) -> asyncio.Fu
     """Occupy the device with one record, so the next submits wait in the queue."""
     log.gate.clear()
     blocker = await batcher.submit("blocker")
-    await asyncio.sleep(0.01)
+    await log.until_held()
     return blocker
 
 

@@ -34,7 +34,7 @@ async def run_while_busy(
     """Submit `records` while the device is busy, so that all of them wait together; the batches that follow."""
     model.gate.clear()
     blocker = asyncio.ensure_future(embed(BLOCKER))
-    await asyncio.sleep(0.02)  # the blocker is in the model: everything below waits together
+    await model.until_held()  # the blocker is in the model: everything below waits together
     calls = asyncio.ensure_future(asyncio.gather(*(embed(record) for record in records)))
     await asyncio.sleep(0.02)
     model.gate.set()
@@ -129,7 +129,7 @@ async def test_explicit_fifo_keeps_submission_order_as_before():
         assert batcher.settings.grouping == "fifo" and batcher.settings.default_cost == 1
         plain.gate.clear()
         blocker = await batcher.submit(BLOCKER)
-        await asyncio.sleep(0.02)
+        await plain.until_held()
         futures = [await batcher.submit(text) for text in texts]
         plain.gate.set()
         await asyncio.gather(blocker, *futures)
