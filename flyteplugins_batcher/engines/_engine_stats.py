@@ -169,11 +169,10 @@ class EngineCounters:
             self._stats.batches += 1
             self._stats.padded_tokens += padding_positions
 
-    def count_step(self, running: int, capacity: int, step_s: float = 0.0) -> None:
-        """One engine step with `running` sequences of `capacity` (engines that schedule steps call this)."""
+    def count_step(self, running: int, step_s: float = 0.0) -> None:
+        """One engine step with `running` sequences (engines that schedule steps call this, after `set_capacity`)."""
         with self._lock:
             stats = self._stats
             stats.steps += 1
             stats.running_seqs += running
-            stats.max_num_seqs = capacity
             stats.step_time_s += step_s

@@ -107,7 +107,7 @@ class SimulatedEngine(StreamingEngine):
             gpu_thread.close()
 
     def _record_step(self, result: StepResult) -> None:
-        self._counters.count_step(result.running, self.gpu.max_num_seqs, result.step_s)
+        self._counters.count_step(result.running, result.step_s)
 
     async def _run(self, prompts: list[PreparedPrompt]) -> list[Outcome]:
         """Each prompt as its own request, all at once."""

@@ -3,7 +3,7 @@
 vLLM hands every stat logger, once per engine step, its scheduler's `SchedulerStats` (requests
 running after the step) and the step's `IterationStats` (among them the requests that finished in
 it). `StepRecorder` turns each into one `EngineCounters.count_step`: the sequences that ran in the step
-are those still running plus those that just finished, over `max_num_seqs`. A request ended by a
+are those still running plus those that just finished (at most `max_num_seqs`). A request ended by a
 stop string is finished by vLLM's front end while its engine still counts it running, so it is
 counted twice in its last step: at most one sequence-step per such request.
 
@@ -26,15 +26,15 @@ from vllm.v1.metrics.loggers import StatLoggerBase
 
 logger = logging.getLogger("flyteplugins_batcher")
 
-CountStep = Callable[[int, int], None]
-"""`(running sequences, max_num_seqs)` for one step."""
+CountStep = Callable[[int], None]
+"""Receives the running sequences of one step (the engine set its capacity at load)."""
 
 
 class StepRecorder(StatLoggerBase):
     """A vLLM stat logger that counts engine steps and the sequences running in each.
 
     Args:
-        vllm_config: The engine's configuration (its `max_num_seqs` is the capacity).
+        vllm_config: The engine's configuration (its `max_num_seqs` bounds a step's running sequences).
         engine_index: Which data-parallel engine it records (0 here).
         count_step: Receives each step.
 
@@ -68,7 +68,7 @@ class StepRecorder(StatLoggerBase):
             logger.warning("vllm: cannot read engine steps from its statistics (%r); occupancy stops counting", error)
             return
         if running:  # a step that only cleaned up finished requests ran nothing
-            self._count_step(running, self.capacity)
+            self._count_step(running)
 
     def log_engine_initialized(self) -> None:
         """Nothing to log: the recorder only counts."""
