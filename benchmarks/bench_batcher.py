@@ -471,11 +471,37 @@ def bench_correctness() -> list[list[object]]:
 # -- main --------------------------------------------------------------------------------------------
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="smaller workloads, for a smoke run")
     parser.add_argument("--json", type=Path, help="also write the raw rows to this file")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+PIPELINE_HEADERS = [
+    "batcher",
+    "records/s",
+    "x flyte.extras",
+    "of the device-bound floor",
+    "device busy (device's own clock)",
+    "stats.utilization",
+    "difference",
+    "avg batch",
+    "wall s",
+]
+LATENCY_HEADERS = [
+    "batcher",
+    "arrivals/s",
+    "p50 ms",
+    "p99 ms",
+    "bound ms (timeout + 2 batch p99)",
+    "p99 within bound",
+    "avg batch",
+]
+
+
+def main() -> None:
+    args = parse_args()
     scale = 0.2 if args.quick else 1.0
 
     sections = {
@@ -485,31 +511,13 @@ def main() -> None:
         ),
         **{
             f"Loader + device pipeline, {name}: {workload.title}": (
-                [
-                    "batcher",
-                    "records/s",
-                    "x flyte.extras",
-                    "of the device-bound floor",
-                    "device busy (device's own clock)",
-                    "stats.utilization",
-                    "difference",
-                    "avg batch",
-                    "wall s",
-                ],
+                PIPELINE_HEADERS,
                 bench_pipeline(workload, repeats=5 if name == "harsh" else 3),
             )
             for name, workload in PIPELINES.items()
         },
         "Latency, open-loop Poisson arrivals at 40% of device capacity": (
-            [
-                "batcher",
-                "arrivals/s",
-                "p50 ms",
-                "p99 ms",
-                "bound ms (timeout + 2 batch p99)",
-                "p99 within bound",
-                "avg batch",
-            ],
+            LATENCY_HEADERS,
             bench_latency(records=int(2_000 * scale)),
         ),
         "Memory (tracemalloc, max_queue_size=1000)": (

@@ -137,7 +137,7 @@ def median_round(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return sorted(runs, key=lambda run: run["wall_s"])[len(runs) // 2]
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="gsm8k test.jsonl")
     parser.add_argument("--texts", type=int, default=1024)
@@ -149,15 +149,23 @@ def main() -> None:
         default="",
         help="comma-separated way numbers to run (e.g. 1,3,4,6; default: all; 1, 3, 3b, 4 always run)",
     )
-    args = parser.parse_args()
+    return parser.parse_args()
 
-    import torch
+
+def token_sorted(model: Model, texts: list[str], count_tokens: Callable[[str], int]) -> list[Any]:
+    """The offline ideal: all texts sorted by token count, in batches of `BATCH`; vectors in input order."""
+    order = sorted(range(len(texts)), key=lambda i: count_tokens(texts[i]))
+    vectors: list[Any] = [None] * len(texts)
+    for start in range(0, len(order), BATCH):
+        group = order[start : start + BATCH]
+        for i, vector in zip(group, model.encode([texts[i] for i in group], BATCH), strict=True):
+            vectors[i] = vector
+    return vectors
+
+
+def all_ways(model: Model, texts: list[str]) -> list[tuple[str, Callable[[], list[Any]]]]:
+    """Every way to embed `texts`, by name, each a call that returns the vectors in input order."""
     from flyte import extras
-
-    torch.set_num_threads(args.threads)
-    texts = load_corpus(args.data, args.texts)
-    model = Model(load_model(model_reference()))
-    model.encode(texts[:BATCH], BATCH)  # warm up
 
     def count_tokens(text: str) -> int:
         return len(model.model.tokenizer(text, truncation=True, max_length=model.model.max_seq_length)["input_ids"])
@@ -188,23 +196,14 @@ def main() -> None:
 
         return asyncio.run(run())
 
-    def token_sorted() -> list[Any]:
-        order = sorted(range(len(texts)), key=lambda i: count_tokens(texts[i]))
-        vectors: list[Any] = [None] * len(texts)
-        for start in range(0, len(order), BATCH):
-            group = order[start : start + BATCH]
-            for i, vector in zip(group, model.encode([texts[i] for i in group], BATCH), strict=True):
-                vectors[i] = vector
-        return vectors
-
-    ways = [
+    return [
         ("1. one text per call", lambda: [model.encode([text], 1)[0] for text in texts]),
         (
             "2. fixed batches of 64 in input order",
             lambda: [v for s in range(0, len(texts), BATCH) for v in model.encode(texts[s : s + BATCH], BATCH)],
         ),
         ("3. model.encode(all, batch_size=64): sorted by characters", lambda: list(model.encode(texts, BATCH))),
-        ("3b. sorted by tokens, batches of 64: the offline ideal", token_sorted),
+        ("3b. sorted by tokens, batches of 64: the offline ideal", lambda: token_sorted(model, texts, count_tokens)),
         ("4. flyte.extras DynamicBatcher, as its docs show", flyte_extras),
         ("5. @batched, FIFO batches", lambda: through_batched(grouping="fifo", cost_estimator=count_tokens)),
         (
@@ -213,14 +212,23 @@ def main() -> None:
         ),
         ("7. @batched(max_batch_size=64), the default (by words)", through_batched),
     ]
-    if args.ways:
-        # The reference ways are always run: the others are compared with them.
-        wanted = set(args.ways.split(",")) | {"1", "3", "3b", "4"}
-        ways = [way for way in ways if way[0].split(".")[0] in wanted]
-    # Wall time on a shared CPU drifts by 10-20% between minutes: run every way once per round, in
-    # turn, and keep each way's median round, so that no way is favoured by when it ran.
-    rounds = [[run_way(name, model, texts, way) for name, way in ways] for _ in range(args.rounds)]
-    results = [median_round([one_round[index] for one_round in rounds]) for index in range(len(ways))]
+
+
+HEADERS = [
+    "way",
+    "texts/s",
+    "texts/s at the model",
+    "vs model.encode(all)",
+    "vs token-sorted ideal",
+    "vs flyte.extras",
+    "avg batch",
+    "padding efficiency",
+    "max |vector - alone|",
+]
+
+
+def table_rows(results: list[dict[str, Any]], texts: list[str]) -> list[list[Any]]:
+    """One row per way, its rates compared with the reference ways (1, 3, 3b and 4)."""
     by_number = {result["way"].split(".")[0]: result for result in results}
     alone, encode_all, ideal, flyte = by_number["1"], by_number["3"], by_number["3b"], by_number["4"]
     rows = []
@@ -240,24 +248,33 @@ def main() -> None:
                 f"{difference:.1e} ({'yes' if difference <= TOLERANCE else 'NO'})",
             ]
         )
-    headers = [
-        "way",
-        "texts/s",
-        "texts/s at the model",
-        "vs model.encode(all)",
-        "vs token-sorted ideal",
-        "vs flyte.extras",
-        "avg batch",
-        "padding efficiency",
-        "max |vector - alone|",
-    ]
+    return rows
+
+
+def main() -> None:
+    args = parse_args()
+    import torch
+
+    torch.set_num_threads(args.threads)
+    texts = load_corpus(args.data, args.texts)
+    model = Model(load_model(model_reference()))
+    model.encode(texts[:BATCH], BATCH)  # warm up
+    ways = all_ways(model, texts)
+    if args.ways:
+        # The reference ways are always run: the others are compared with them.
+        wanted = set(args.ways.split(",")) | {"1", "3", "3b", "4"}
+        ways = [way for way in ways if way[0].split(".")[0] in wanted]
+    # Wall time on a shared CPU drifts by 10-20% between minutes: run every way once per round, in
+    # turn, and keep each way's median round, so that no way is favoured by when it ran.
+    rounds = [[run_way(name, model, texts, way) for name, way in ways] for _ in range(args.rounds)]
+    rows = table_rows([median_round([one_round[index] for one_round in rounds]) for index in range(len(ways))], texts)
     print(
         f"\n{len(texts)} gsm8k questions and answers interleaved, all-MiniLM-L6-v2 on CPU ({args.threads} threads), "
         f"batches of up to {BATCH}, {PRODUCERS} producers in 4-7, median of {args.rounds} rounds\n"
     )
-    print(markdown_table(headers, rows))
+    print(markdown_table(HEADERS, rows))
     if args.json:
-        args.json.write_text(json.dumps([dict(zip(headers, row, strict=True)) for row in rows], indent=2, default=str))
+        args.json.write_text(json.dumps([dict(zip(HEADERS, row, strict=True)) for row in rows], indent=2, default=str))
 
 
 if __name__ == "__main__":

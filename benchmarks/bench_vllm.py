@@ -222,7 +222,7 @@ def arrival_bound_steps(result: WayResult) -> int:
     )
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="gsm8k test.jsonl")
     parser.add_argument("--questions", type=int, default=128)
@@ -235,19 +235,24 @@ def main() -> None:
     parser.add_argument("--engine-args", default="", help='vLLM engine arguments as JSON, e.g. {"max_model_len": 2048}')
     parser.add_argument("--ways", default="abcd", help="which of a, b, c, d to run")
     parser.add_argument("--json", type=Path, help="also write the rows here")
-    args = parser.parse_args()
+    return parser.parse_args()
 
-    messages = load_questions(args.data, args.questions)
-    # vLLM's metrics (the step counts) need its stats on; the rest are the device's defaults.
-    engine_args = {
-        "disable_log_stats": False,
-        **with_device_defaults(parse_engine_args(args.engine_args), on_cpu=running_on_cpu()),
-    }
-    results = run_raw_llm(args, messages, engine_args) if {"a", "b"} & set(args.ways) else []
-    for way, mode in (("c", "batch"), ("d", "stream")):
-        if way in args.ways:
-            results.append(run_ours(args, messages, mode, engine_args))
 
+HEADERS = [
+    "way",
+    "answered",
+    "questions/s",
+    "output tokens/s",
+    "engine steps",
+    "tokens/step",
+    "q/s vs (a)",
+    "steps vs (b)",
+    "dispatch p99 ms",
+]
+
+
+def table_rows(results: list[WayResult], questions: int) -> list[list[Any]]:
+    """One row per way, compared with vLLM's own limit (a) and flyte.extras (b), and the arrival bound."""
     limit = next((result for result in results if result.way == WAYS["a"]), None)
     flyte = next((result for result in results if result.way == WAYS["b"]), None)
     rows = []
@@ -256,7 +261,7 @@ def main() -> None:
         rows.append(
             [
                 result.way,
-                f"{len(result.completions)}/{args.questions}",
+                f"{len(result.completions)}/{questions}",
                 questions_per_s,
                 result.output_tokens / result.wall_s,
                 result.steps,
@@ -269,24 +274,31 @@ def main() -> None:
     stream = next((result for result in results if result.way == WAYS["d"]), None)
     if stream is not None and stream.steps:
         rows.append(["arrival bound for (d)", "-", "-", "-", arrival_bound_steps(stream), "-", "-", "-", "-"])
-    headers = [
-        "way",
-        "answered",
-        "questions/s",
-        "output tokens/s",
-        "engine steps",
-        "tokens/step",
-        "q/s vs (a)",
-        "steps vs (b)",
-        "dispatch p99 ms",
-    ]
+    return rows
+
+
+def main() -> None:
+    args = parse_args()
+
+    messages = load_questions(args.data, args.questions)
+    # vLLM's metrics (the step counts) need its stats on; the rest are the device's defaults.
+    engine_args = {
+        "disable_log_stats": False,
+        **with_device_defaults(parse_engine_args(args.engine_args), on_cpu=running_on_cpu()),
+    }
+    results = run_raw_llm(args, messages, engine_args) if {"a", "b"} & set(args.ways) else []
+    for way, mode in (("c", "batch"), ("d", "stream")):
+        if way in args.ways:
+            results.append(run_ours(args, messages, mode, engine_args))
+
+    rows = table_rows(results, args.questions)
     print(
         f"\n{args.questions} gsm8k questions, {args.max_new_tokens} new tokens, greedy; (b)-(d) in chunks of "
         f"{args.chunk_size} every {args.interval_s} s; model loading excluded\n"
     )
-    print(markdown_table(headers, rows))
+    print(markdown_table(HEADERS, rows))
     if args.json:
-        args.json.write_text(json.dumps([dict(zip(headers, row, strict=True)) for row in rows], indent=2, default=str))
+        args.json.write_text(json.dumps([dict(zip(HEADERS, row, strict=True)) for row in rows], indent=2, default=str))
 
 
 if __name__ == "__main__":

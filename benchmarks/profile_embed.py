@@ -157,14 +157,18 @@ def median_timeline(timelines: list[Timeline]) -> Timeline:
     return sorted(timelines, key=lambda timeline: timeline.wall_s)[len(timelines) // 2]
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="gsm8k test.jsonl")
     parser.add_argument("--texts", type=int, default=1024)
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--cprofile", action="store_true", help="profile the event loop's thread in one more round")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
 
     import torch
 
