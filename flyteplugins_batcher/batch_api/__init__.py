@@ -83,8 +83,6 @@ from flyteplugins_batcher.batch_api._embeddings import (
     MAX_EMBEDDING_INPUTS,
     EmbeddingRequest,
     EncodingFormat,
-    embedding_response_line,
-    encode_vector,
 )
 from flyteplugins_batcher.batch_api._generation import MAX_STOP_SEQUENCES
 from flyteplugins_batcher.batch_api._ids import SeenIds
@@ -99,7 +97,8 @@ from flyteplugins_batcher.batch_api._requests import (
     ParsedRequest,
     parse_request_line,
 )
-from flyteplugins_batcher.batch_api._results import error_line, output_line, response_line
+from flyteplugins_batcher.batch_api._responses import embedding_response_line, encode_vector, response_line
+from flyteplugins_batcher.batch_api._results import error_line, output_line
 
 __all__ = [
     "EMBEDDINGS_ENDPOINT",

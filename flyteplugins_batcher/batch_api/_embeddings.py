@@ -1,16 +1,12 @@
-"""Embedding lines (`"url": "/v1/embeddings"`): parsing them, and answering in OpenAI's embeddings shape."""
+"""Embedding lines (`"url": "/v1/embeddings"`): what they hold, and parsing their body."""
 
 from __future__ import annotations
 
-import array
-import base64
-import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from flyteplugins_batcher.batch_api._generation import FieldChecks
-from flyteplugins_batcher.batch_api._results import output_line
 
 EMBEDDINGS_ENDPOINT = "/v1/embeddings"
 
@@ -87,58 +83,3 @@ def _inputs(value: Any, checks: FieldChecks) -> tuple[str, ...]:
         position = "" if isinstance(value, str) else f"[{empty[0]}]"
         raise checks.fail("invalid_body", f"{where}{position} is empty: there is no text to embed")
     return tuple(texts)
-
-
-def embedding_response_line(
-    request: EmbeddingRequest,
-    vectors: Sequence[Sequence[float]],
-    *,
-    prompt_tokens: int,
-    model: str,
-    request_number: int,
-) -> dict[str, Any]:
-    """The output line for an embeddings request that succeeded, in OpenAI's embeddings response shape.
-
-    `response.body` is `{"object": "list", "data": [{"object": "embedding", "index": i, "embedding": ...}],
-    "model", "usage": {"prompt_tokens", "total_tokens"}}`; each embedding is a list of floats, or
-    with `encoding_format="base64"` the base64 text of its little-endian float32 bytes.
-
-    Args:
-        request: The parsed line.
-        vectors: One vector per input text, in order (lists, tuples or 1-D numpy arrays).
-        prompt_tokens: Tokens the model read for all the texts together.
-        model: The model that answered.
-        request_number: Numbers the response's ids (the input line number, say).
-
-    Raises:
-        ValueError: The number of vectors is not the number of texts.
-    """
-    if len(vectors) != len(request.inputs):
-        raise ValueError(f"{request.custom_id}: {len(request.inputs)} texts but {len(vectors)} vectors")
-    data = [
-        {"object": "embedding", "index": index, "embedding": encode_vector(vector, request.encoding_format)}
-        for index, vector in enumerate(vectors)
-    ]
-    body = {
-        "object": "list",
-        "data": data,
-        "model": model,
-        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
-    }
-    return output_line(request.custom_id, request_number, body)
-
-
-def encode_vector(vector: Sequence[float], encoding_format: EncodingFormat) -> list[float] | str:
-    """A vector as OpenAI returns it: a list of floats, or base64 of its little-endian float32 bytes.
-
-    Example:
-        ```python
-        assert encode_vector([1.0], "base64") == "AACAPw=="
-        ```
-    """
-    if encoding_format == "float":
-        return [float(value) for value in vector]
-    packed = array.array("f", (float(value) for value in vector))
-    if sys.byteorder != "little":
-        packed.byteswap()
-    return base64.b64encode(packed.tobytes()).decode("ascii")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import codecs
+import json
 from collections.abc import Iterable, Iterator
 
 from flyteplugins_batcher.batch_api._line_errors import RequestLineError
@@ -57,4 +58,20 @@ def _encoding_error(error: UnicodeDecodeError, number: int) -> RequestLineError:
         f"the line is not valid UTF-8: {error.reason} (byte {bad}) at byte offset {error.start} of the line; "
         "save the file as UTF-8",
         line=number,
+        custom_id=_readable_custom_id(error.object),
     )
+
+
+def _readable_custom_id(raw: bytes) -> str | None:
+    """The line's `custom_id` when the rest of it parses (decoded with replacement), so its error line can carry it.
+
+    An id that itself holds the bad bytes is not the id the user wrote, so it is not given.
+    """
+    try:
+        data = json.loads(raw.decode("utf-8", errors="replace"))
+    except json.JSONDecodeError:
+        return None
+    custom_id = data.get("custom_id") if isinstance(data, dict) else None
+    if not isinstance(custom_id, str) or not custom_id or "\ufffd" in custom_id:
+        return None
+    return custom_id

@@ -35,6 +35,15 @@ def test_invalid_utf8_fails_only_its_line_naming_the_encoding_and_the_byte_offse
     offset = broken.index(b"\xe9")
     assert "not valid UTF-8" in error.message and f"byte offset {offset} of the line" in error.message
     assert "(byte e9)" in error.message
+    assert error.custom_id == "b"  # the rest of the line parses: its error line can be matched to the request
+
+
+def test_an_invalid_utf8_line_keeps_no_custom_id_it_cannot_read():
+    unreadable_id = b'{"custom_id": "caf\xe9", "prompt": "x"}'
+    not_json = b'{"custom_id": "c", "prompt": "caf\xe9'
+    errors = [error for _, error in read(unreadable_id + b"\n" + not_json + b"\n")]
+    assert all(isinstance(error, RequestLineError) and error.code == "invalid_json" for error in errors)
+    assert [error.custom_id for error in errors] == [None, None]  # type: ignore[union-attr]
 
 
 def test_a_line_of_garbage_bytes_is_an_encoding_error_not_a_json_one():

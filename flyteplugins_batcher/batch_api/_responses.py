@@ -1,0 +1,107 @@
+"""The bodies of result lines, in the OpenAI API's response shapes: chat and text completions, embeddings.
+
+The top of the format layer: it reads parsed requests (`_requests`, `_embeddings`) and wraps each
+body in a result line (`_results`).
+"""
+
+from __future__ import annotations
+
+import array
+import base64
+import sys
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from flyteplugins_batcher.batch_api._embeddings import EmbeddingRequest, EncodingFormat
+from flyteplugins_batcher.batch_api._requests import BatchRequest
+from flyteplugins_batcher.batch_api._results import output_line
+
+if TYPE_CHECKING:
+    from flyteplugins_batcher.engines import Completion
+
+
+def response_line(request: BatchRequest, completion: Completion, *, model: str, request_number: int) -> dict[str, Any]:
+    """The output line for a chat or completion request that succeeded (`response.status_code` 200).
+
+    One choice per sample (`choices[0..n-1]`, each with its own `finish_reason`): chat requests
+    get `choices[i].message.content`, completion requests `choices[i].text`. `usage` counts the
+    prompt once and every sample's tokens.
+    """
+    chat = request.endpoint == "/v1/chat/completions"
+    choices: list[dict[str, Any]] = []
+    for index, sample in enumerate(completion.samples):
+        choice: dict[str, Any] = {"index": index, "finish_reason": sample.finish_reason}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": sample.text}
+        else:
+            choice["text"] = sample.text
+        choices.append(choice)
+    body = {
+        "id": f"{'chatcmpl' if chat else 'cmpl'}-{request_number}",
+        "object": "chat.completion" if chat else "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": choices,
+        "usage": {
+            "prompt_tokens": completion.prompt_tokens,
+            "completion_tokens": completion.completion_tokens,
+            "total_tokens": completion.prompt_tokens + completion.completion_tokens,
+        },
+    }
+    return output_line(request.custom_id, request_number, body)
+
+
+def embedding_response_line(
+    request: EmbeddingRequest,
+    vectors: Sequence[Sequence[float]],
+    *,
+    prompt_tokens: int,
+    model: str,
+    request_number: int,
+) -> dict[str, Any]:
+    """The output line for an embeddings request that succeeded, in OpenAI's embeddings response shape.
+
+    `response.body` is `{"object": "list", "data": [{"object": "embedding", "index": i, "embedding": ...}],
+    "model", "usage": {"prompt_tokens", "total_tokens"}}`; each embedding is a list of floats, or
+    with `encoding_format="base64"` the base64 text of its little-endian float32 bytes.
+
+    Args:
+        request: The parsed line.
+        vectors: One vector per input text, in order (lists, tuples or 1-D numpy arrays).
+        prompt_tokens: Tokens the model read for all the texts together.
+        model: The model that answered.
+        request_number: Numbers the response's ids (the input line number, say).
+
+    Raises:
+        ValueError: The number of vectors is not the number of texts.
+    """
+    if len(vectors) != len(request.inputs):
+        raise ValueError(f"{request.custom_id}: {len(request.inputs)} texts but {len(vectors)} vectors")
+    data = [
+        {"object": "embedding", "index": index, "embedding": encode_vector(vector, request.encoding_format)}
+        for index, vector in enumerate(vectors)
+    ]
+    body = {
+        "object": "list",
+        "data": data,
+        "model": model,
+        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+    }
+    return output_line(request.custom_id, request_number, body)
+
+
+def encode_vector(vector: Sequence[float], encoding_format: EncodingFormat) -> list[float] | str:
+    """A vector as OpenAI returns it: a list of floats, or base64 of its little-endian float32 bytes.
+
+    Example:
+        ```python
+        assert encode_vector([1.0], "base64") == "AACAPw=="
+        ```
+    """
+    if encoding_format == "float":
+        return [float(value) for value in vector]
+    packed = array.array("f", (float(value) for value in vector))
+    if sys.byteorder != "little":
+        packed.byteswap()
+    return base64.b64encode(packed.tobytes()).decode("ascii")
