@@ -26,6 +26,7 @@ from flyteplugins_batcher._errors import (
     BatcherNotRunningError,
     CostBudgetExceededError,
     ProcessFnCancelledError,
+    QueueFullError,
     RecordExpiredError,
     ResultCountError,
     UnrecoverableError,
@@ -33,6 +34,7 @@ from flyteplugins_batcher._errors import (
 from flyteplugins_batcher._histogram import Distribution
 from flyteplugins_batcher._invoke import BlockingProcessFnWarning
 from flyteplugins_batcher._lifecycle import BatcherState
+from flyteplugins_batcher._observers import BatchObserver, SettledOutcome
 from flyteplugins_batcher._records import (
     CostEstimator,
     CostEstimatorFn,
@@ -49,6 +51,7 @@ from flyteplugins_batcher._stats import BatchStats, DispatchReason
 from flyteplugins_batcher._token_batcher import TokenBatcher
 
 __all__ = [
+    "BatchObserver",
     "BatchStats",
     "BatchedFunction",
     "BatcherClosedError",
@@ -75,9 +78,11 @@ __all__ = [
     "ProcessFn",
     "ProcessFnCancelledError",
     "Prompt",
+    "QueueFullError",
     "RecordExpiredError",
     "ReplicaStarvationWarning",
     "ResultCountError",
+    "SettledOutcome",
     "SharedBatcher",
     "TokenBatcher",
     "TokenEstimator",

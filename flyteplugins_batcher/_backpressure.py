@@ -12,6 +12,7 @@ import contextlib
 import math
 from collections import deque
 
+from flyteplugins_batcher._errors import QueueFullError
 from flyteplugins_batcher._pending import PendingQueue
 
 
@@ -54,6 +55,16 @@ class Backpressure:
                 raise
         if self._closed is not None:
             raise self._closed
+
+    def refusal(self, batcher_name: str, records_per_s: float) -> QueueFullError:
+        """The error for a producer that will not wait for room: how full the room is, and when to come back."""
+        depth = self._pending.size
+        retry_after_s = max(1.0, depth / records_per_s) if records_per_s > 0 else 1.0
+        return QueueFullError(
+            f"{batcher_name}: the queue is full ({depth} records wait); retry in about {retry_after_s:.0f} s",
+            queue_depth=depth,
+            retry_after_s=retry_after_s,
+        )
 
     def wake(self) -> None:
         """Let in as many waiting producers as there are free slots."""

@@ -37,6 +37,7 @@ from flyteplugins_batcher._errors import BatcherFailedError
 from flyteplugins_batcher._invoke import is_async_callable
 from flyteplugins_batcher._keywords import SettingsKeywords, with_settings_signature
 from flyteplugins_batcher._lifecycle import ACTIVE, BatcherState, Lifecycle
+from flyteplugins_batcher._observers import BatchObserver
 from flyteplugins_batcher._records import CostEstimatorFn, ProcessFn, RecordT, ResultT
 from flyteplugins_batcher._settings import BatcherSettings
 from flyteplugins_batcher._settle import Settler
@@ -194,6 +195,14 @@ class DynamicBatcher(RecordStreams[RecordT, ResultT]):
         """The event loop the batcher runs on (set by `start`)."""
         return self._lifecycle.loop
 
+    def add_observer(self, observer: BatchObserver) -> None:
+        """Tell `observer` of every batch and every settled record from now on (see `BatchObserver`)."""
+        self._stats.observers.add(observer)
+
+    def remove_observer(self, observer: BatchObserver) -> None:
+        """Stop telling `observer` (nothing happens if it was not added)."""
+        self._stats.observers.remove(observer)
+
     @property
     def is_async(self) -> bool:
         """Whether the process function is awaited on the loop (else it runs in a worker thread)."""
@@ -257,10 +266,11 @@ class DynamicBatcher(RecordStreams[RecordT, ResultT]):
         estimated_cost: int | None = None,
         priority: int = 0,
         deadline_s: float | None = None,
+        wait_for_room: bool = True,
     ) -> asyncio.Future[ResultT]:
         """Queue one record; returns a future for its result.
 
-        Awaits while the queue is full (backpressure).
+        Awaits while the queue is full (backpressure), unless `wait_for_room=False`.
 
         Args:
             record: The record to process.
@@ -270,6 +280,8 @@ class DynamicBatcher(RecordStreams[RecordT, ResultT]):
                 per `priority_aging_s` seconds. Batches already staged keep their records.
             deadline_s: Seconds from now after which the record must not be dispatched: it then
                 fails with `RecordExpiredError` and never reaches the process function.
+            wait_for_room: `False`: when the queue is full, raise `QueueFullError` at once instead of
+                waiting (a server answers 429 with it).
 
         Returns:
             A future resolving to this record's entry of the process function's results.
@@ -279,6 +291,7 @@ class DynamicBatcher(RecordStreams[RecordT, ResultT]):
             BatcherClosedError: While stopping or after `stop()` (a `RuntimeError`).
             BatcherFailedError: After the batcher failed.
             CostBudgetExceededError: The record costs more than the budget and `oversized="reject"`.
+            QueueFullError: The queue is full and `wait_for_room=False`.
             ValueError: `deadline_s` is not a positive number, or `priority` not an integer.
             Exception: Whatever the cost estimator raised, with a note naming the record.
         """
@@ -300,7 +313,9 @@ class DynamicBatcher(RecordStreams[RecordT, ResultT]):
         if deadline_s is not None:
             _check_deadline(deadline_s)
         backpressure = run.backpressure
-        if run.pending.size >= backpressure.capacity:
+        if run.pending.size >= backpressure.capacity or (backpressure.waiters and not wait_for_room):
+            if not wait_for_room:
+                raise backpressure.refusal(self.name, self._stats.records_per_s(_monotonic()))
             await backpressure.wait_for_space()
         now = _monotonic()
         future: asyncio.Future[ResultT] = loop.create_future()

@@ -17,6 +17,23 @@ class BatcherClosedError(BatcherError):
     """The batcher is stopping or stopped, so it takes no new records."""
 
 
+class QueueFullError(BatcherError):
+    """`submit(..., wait_for_room=False)` found the waiting room full (backpressure, without the wait).
+
+    A server turns it into `429 Too Many Requests`; `retry_after_s` estimates when there will be room.
+
+    Attributes:
+        queue_depth: Records waiting when the record was refused.
+        retry_after_s: Seconds until the queue has likely drained enough (at least 1), from the
+            batcher's recent throughput.
+    """
+
+    def __init__(self, message: str, *, queue_depth: int, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.queue_depth = queue_depth
+        self.retry_after_s = retry_after_s
+
+
 class BatcherFailedError(BatcherError):
     """The batcher died (a `BaseException` escaped the process function or its own loop).
 

@@ -53,6 +53,7 @@ class SubmitOptions(TypedDict, total=False):
     estimated_cost: int | None
     priority: int
     deadline_s: float | None
+    wait_for_room: bool
 
 
 _TOKEN_NAME_OF = {setting: token_name for token_name, setting in TOKEN_KEYWORDS.items()}

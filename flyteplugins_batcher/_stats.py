@@ -10,6 +10,7 @@ from typing import Any, Literal
 from flyteplugins_batcher._deprecation import warn_deprecated
 from flyteplugins_batcher._envelope import COMPLETED, FAILED, RecordState
 from flyteplugins_batcher._histogram import Distribution, LogHistogram
+from flyteplugins_batcher._observers import Observers, SettledOutcome
 
 DispatchReason = Literal["full", "budget", "timeout", "idle", "drain"]
 """Why a batch went out:
@@ -135,6 +136,14 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.1f}ms" if seconds < 10 else f"{seconds:.1f}s"
 
 
+_OUTCOMES: dict[RecordState, SettledOutcome] = {
+    COMPLETED: "completed",
+    FAILED: "failed",
+    RecordState.CANCELLED: "cancelled",
+    RecordState.EXPIRED: "expired",
+}
+
+
 class BusyClock:
     """Time during which at least one batch is inside the process function, measured where it runs.
 
@@ -190,6 +199,7 @@ class StatsRecorder:
         self._in_system = 0
         self._active_since = 0.0
         self._active_total = 0.0
+        self.observers = Observers()
 
     @property
     def in_system(self) -> int:
@@ -203,6 +213,15 @@ class StatsRecorder:
         self._in_system += 1
         self._submitted += 1
         return self._submitted
+
+    def active_s(self, now: float) -> float:
+        """Seconds with at least one record in the batcher, as of `now`."""
+        return self._active_total + (now - self._active_since if self._in_system else 0.0)
+
+    def records_per_s(self, now: float) -> float:
+        """Records completed per active second so far (`BatchStats.records_per_s`, without a snapshot)."""
+        active = self.active_s(now)
+        return self._completed / active if active > 0 else 0.0
 
     @property
     def submitted(self) -> int:
@@ -218,6 +237,8 @@ class StatsRecorder:
         self._batch_size.add(len(waited))
         self._batch_cost.add(max(cost, 1))
         self._queue_wait.add_many(waited)
+        if self.observers:
+            self.observers.dispatched(len(waited), cost, reason, waited)
 
     def record_settled(self, now: float, latencies: list[float], end: RecordState, *, failed: int = 0) -> None:
         """Records that ended in `end`, each with its time from submit to now.
@@ -238,10 +259,12 @@ class StatsRecorder:
         self._in_system -= count
         if not self._in_system:
             self._active_total += now - self._active_since
+        if self.observers:
+            self.observers.settled(_OUTCOMES[end], latencies, failed)
 
     def snapshot(self, now: float, *, queue_depth: int, in_flight_batches: int) -> BatchStats:
         """The statistics as of `now`."""
-        active = self._active_total + (now - self._active_since if self._in_system else 0.0)
+        active = self.active_s(now)
         busy = self.busy.busy_s(now)
         batches = self._batches
         batch_size = self._batch_size.summary()
@@ -259,7 +282,7 @@ class StatsRecorder:
             total_oversized=self._oversized,
             total_expired=self._expired,
             active_time_s=active,
-            records_per_s=self._completed / active if active > 0 else 0.0,
+            records_per_s=self.records_per_s(now),
             batches_by_reason=dict(self._reasons),
             queue_wait_s=self._queue_wait.summary(),
             latency_s=self._latency.summary(),

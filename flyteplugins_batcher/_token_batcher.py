@@ -64,6 +64,7 @@ class TokenBatcher(DynamicBatcher[RecordT, ResultT]):
         estimated_cost: int | None = None,
         priority: int = 0,
         deadline_s: float | None = None,
+        wait_for_room: bool = True,
     ) -> asyncio.Future[ResultT]:
         """Queue one record for batched inference; returns a future for its result (see `DynamicBatcher.submit`).
 
@@ -74,6 +75,7 @@ class TokenBatcher(DynamicBatcher[RecordT, ResultT]):
             estimated_cost=estimated_tokens if estimated_tokens is not None else estimated_cost,
             priority=priority,
             deadline_s=deadline_s,
+            wait_for_room=wait_for_room,
         )
 
     async def submit_batch(

@@ -31,6 +31,7 @@ from workflows.jsonl_job import Job, JobChunk, JobOutcome
 from workflows.llm_replica import LLM_POOL, LLM_SIZING, gpu_env, infer_chunk
 from workflows.options import task_with_options
 from workflows.outputs import Destination, WorkFolder
+from workflows.reruns import retrying_reused_failures
 from workflows.schema import EngineSettings, RunSummary
 
 driver_env = driver_environment("batch_jsonl_driver", gpu_env, embed_env)
@@ -70,9 +71,8 @@ async def main(
         model_mismatch=model_mismatch,  # type: ignore[arg-type]
         defaults=settings.generation(),
     )
-    cache_salt = run.cache_salt()
 
-    def infer(chunk: JobChunk) -> Awaitable[JobOutcome]:
+    def infer(chunk: JobChunk, cache_salt: str) -> Awaitable[JobOutcome]:
         if isinstance(chunk, EmbeddingChunk):
             return embed_requests(chunk, job.served_embedding_model, cache_salt)
         return infer_chunk(chunk, settings, cache_salt)
@@ -81,7 +81,7 @@ async def main(
     try:
         fanned = await fan_out(
             job.chunks(run.chunk_size, embedding_chunk_size),
-            infer,
+            retrying_reused_failures(infer, salt=run.cache_salt(), started=job.started),
             job.on_chunk,
             max_in_flight=run.chunks_in_flight(LLM_POOL),
         )

@@ -26,6 +26,7 @@ from workflows.llm_replica import LLM_POOL, LLM_SIZING, gpu_env, infer_chunk
 from workflows.options import task_with_options
 from workflows.outputs import Destination, WorkFolder
 from workflows.report import Progress
+from workflows.reruns import retrying_reused_failures
 from workflows.schema import ChatMessage, ChunkOutcome, EngineSettings, RequestChunk, RequestItem, RunSummary
 
 logger = logging.getLogger("batch_llm")
@@ -60,22 +61,22 @@ async def main(
     tally = Tally()
     progress = Progress("gsm8k batch inference", total=len(problems), noun="questions")
     started = time.time()
-    cache_salt = run.cache_salt()
 
     async def on_chunk(chunk: RequestChunk, outcome: ChunkOutcome | None, reason: str) -> None:
-        reused = outcome is not None and outcome.finished_at < started
-        for item, row in zip(chunk.items, _rows(chunk, outcome, reason), strict=True):
+        for position, (item, row) in enumerate(zip(chunk.items, _rows(chunk, outcome, reason), strict=True)):
             scored = _score(row, problems[int(item.key)])
-            tally.add(scored, fresh=not reused)
+            fresh = outcome is None or outcome.computed_since(position, started)
+            tally.add(scored, fresh=fresh, retried=outcome is not None and outcome.was_retried(position))
             (failures if scored["error"] else answers).write(scored)
-        tally.reused_chunks += reused
         await progress.update(tally.done, tally.failed, tally.accuracy_text())
 
     fanned = None
     try:
         fanned = await fan_out(
             _chunks(loaded.problems, run.chunk_size),
-            lambda chunk: infer_chunk(chunk, settings, cache_salt),
+            retrying_reused_failures(
+                lambda chunk, salt: infer_chunk(chunk, settings, salt), salt=run.cache_salt(), started=started
+            ),
             on_chunk,
             max_in_flight=run.chunks_in_flight(LLM_POOL),
         )
@@ -107,8 +108,9 @@ class Tally(Counts):
         super().__init__()
         self.correct = self.scored = 0
 
-    def add(self, row: dict[str, object], *, fresh: bool) -> None:
-        self.count(failed=bool(row["error"]), completion_tokens=int(row["completion_tokens"]), fresh=fresh)  # type: ignore[call-overload]
+    def add(self, row: dict[str, object], *, fresh: bool, retried: bool) -> None:
+        tokens = int(row["completion_tokens"])  # type: ignore[call-overload]
+        self.count(failed=bool(row["error"]), completion_tokens=tokens, fresh=fresh, retried=retried)
         if not row["error"] and row["gold"] is not None:
             self.scored += 1
             self.correct += bool(row["correct"])

@@ -149,19 +149,20 @@ class FanOutStats:
             self.while_waiting[snapshot.replica] = _newer(self.while_waiting.get(snapshot.replica), snapshot)
         self.load_time_s = max(self.load_time_s, snapshot.load_time_s)
 
-    def occupancy(self, *, while_waiting: bool = False) -> float:
+    def occupancy(self, *, while_waiting: bool = False) -> float | None:
         """Running sequences per engine step over `max_num_seqs`, across the replicas, in this run.
 
         Counted from each replica's first chunk of the run to its latest one (`while_waiting`: its
         latest while the driver still had chunks to send); a run too short for that counts each
-        replica's engine since it started. 0.0 for engines without steps (Transformers).
+        replica's engine since it started. `None` where the engines counted no steps: engines without
+        continuous batching (Transformers) have no occupancy.
         """
         latest = self.while_waiting if while_waiting else {replica.replica: replica for replica in self.replicas}
         windows = [last.engine_counts().since(self.first[name].engine_counts()) for name, last in latest.items()]
         if not any(window.steps for window in windows):
             windows = [last.engine_counts() for last in latest.values()]
         capacity = sum(window.steps * window.max_num_seqs for window in windows)
-        return sum(window.running_seqs for window in windows) / capacity if capacity else 0.0
+        return sum(window.running_seqs for window in windows) / capacity if capacity else None
 
 
 def _newer(known: ReplicaSnapshot | None, seen: ReplicaSnapshot) -> ReplicaSnapshot:
@@ -177,12 +178,21 @@ class Counts:
     """Running counts of a run's requests, for its summary and live report."""
 
     def __init__(self) -> None:
-        self.done = self.failed = self.fresh_answers = self.fresh_tokens = self.reused_chunks = 0
+        self.done = self.failed = self.fresh_answers = self.fresh_tokens = self.reused = self.retried = 0
 
-    def count(self, *, failed: bool, completion_tokens: int, fresh: bool) -> None:
-        """One request finished (`fresh`: computed by this run, not reused from an earlier one)."""
+    def count(self, *, failed: bool, completion_tokens: int, fresh: bool = True, retried: bool = False) -> None:
+        """One request finished.
+
+        Args:
+            failed: It failed.
+            completion_tokens: The tokens it generated.
+            fresh: This run computed it (else its answer was reused from an earlier run).
+            retried: An earlier run had failed it, and this run sent it to the engine again.
+        """
         self.done += 1
         self.failed += failed
+        self.reused += not fresh
+        self.retried += retried
         if fresh and not failed:
             self.fresh_answers += 1
             self.fresh_tokens += completion_tokens
@@ -315,7 +325,8 @@ async def finish_run(
         requests=counts.done,
         answered=counts.done - counts.failed,
         failed=counts.failed,
-        reused_chunks=counts.reused_chunks,
+        reused=counts.reused,
+        retried=counts.retried,
         accuracy=accuracy,
         scored=scored,
         load_time_s=fanned.load_time_s,
@@ -347,8 +358,9 @@ async def finish_run(
 def summary_line(summary: RunSummary, noun: str) -> str:
     """The one line a run prints: outcome, throughput (model loading excluded) and where the results are."""
     accuracy = f"accuracy {summary.accuracy:.1%} on {summary.scored} scored | " if summary.scored else ""
-    reused = f", {summary.reused_chunks} chunks reused from an earlier run" if summary.reused_chunks else ""
-    occupancy = f", engines {summary.occupancy:.0%} full" if summary.occupancy else ""
+    reused = f", {summary.reused} reused from an earlier run" if summary.reused else ""
+    reused += f", {summary.retried} retried" if summary.retried else ""
+    occupancy = f", engines {summary.occupancy:.0%} full" if summary.occupancy is not None else ""
     return (
         f"{accuracy}answered {summary.answered}/{summary.requests} {noun}, {summary.failed} failed{reused} | "
         f"{summary.requests_per_s:.2f} {noun}/s, {summary.output_tokens_per_s:.0f} output tokens/s{occupancy} "
@@ -366,7 +378,7 @@ def occupancy_warning(fanned: FanOutStats, run: RunOptions, pool: ReplicaPool) -
     occupancy = fanned.occupancy(while_waiting=True)
     # An engine that counted no steps (vLLM with its statistics off) says nothing of its occupancy.
     capacity = max((replica.max_num_seqs for replica in fanned.replicas if replica.engine_steps), default=0)
-    if not fanned.held_back or not capacity or occupancy >= LOW_OCCUPANCY:
+    if not fanned.held_back or not capacity or occupancy is None or occupancy >= LOW_OCCUPANCY:
         return ""
     cap = run.chunks_in_flight(pool)
     starved = (

@@ -31,6 +31,7 @@ from workflows.environments import driver_environment
 from workflows.options import task_with_options
 from workflows.outputs import Destination, WorkFolder
 from workflows.report import STYLE, Progress, cards_html, print_report_location
+from workflows.reruns import retrying_reused_failures
 
 SAMPLE_CORPUS = Path(__file__).resolve().parent / "data" / "embed_sample.jsonl"
 OUTPUT_FILES = ("vectors.parquet", "errors.jsonl")
@@ -53,6 +54,8 @@ class EmbedSummary:
     truncated: int
     vectors: File
     errors: File
+    reused: int = 0  # documents embedded by an earlier run of the same corpus (Flyte's cache)
+    retried: int = 0  # documents an earlier run failed, which this run sent to the model again
 
 
 @task_with_options(driver_env, report=True)
@@ -79,17 +82,16 @@ async def main(
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     destination = Destination.check(output_dir, OUTPUT_FILES)  # before any inference
     path = await corpus_path(corpus)
-    salt = "" if resume else uuid.uuid4().hex
-    chunks = [replace(chunk, cache_salt=salt) for chunk in read_chunks(path, chunk_size)]
+    chunks = list(read_chunks(path, chunk_size))
     if not chunks:
         raise ValueError(f"{corpus}: the corpus has no documents")
     documents = sum(len(chunk.ids) for chunk in chunks)
     progress = Progress(f"Embeddings: {corpus}", total=documents, noun="documents")
-    started = time.perf_counter()
-    results = await embed_all(chunks, progress)
-    wall = time.perf_counter() - started
+    started = time.time()
+    results = await embed_all(chunks, progress, salt="" if resume else uuid.uuid4().hex, started=started)
+    wall = time.time() - started
     work = WorkFolder("embed-", destination)
-    embedded, dimensions = await write_outputs(results, work.path)
+    embedded, dimensions = await write_outputs(chunks, results, work.path)
     latest = max(results, key=lambda result: result.model_seconds)  # the replica that did the most work
     vectors, errors = await work.publish([work.path / name for name in OUTPUT_FILES])
     summary = EmbedSummary(
@@ -104,42 +106,59 @@ async def main(
         truncated=sum(result.truncated for result in results),
         vectors=vectors,
         errors=errors,
+        reused=sum(not result.computed_since(n, started) for result in results for n in range(len(result.results))),
+        retried=sum(result.was_retried(n) for result in results for n in range(len(result.results))),
     )
     await progress.finish(report_html(summary, wall))
-    print(
-        f"embedded {summary.embedded}/{summary.documents} documents ({summary.dimensions} dimensions), "
-        f"{summary.failed} failed, {summary.truncated} truncated | {summary.documents_per_s:.1f} documents/s at the "
-        f"model, avg batch {summary.avg_batch_size:.1f}, padding efficiency {summary.padding_efficiency:.0%} | "
-        f"vectors: {summary.vectors.path} | errors: {summary.errors.path}",
-        flush=True,
-    )
+    print(summary_line(summary), flush=True)
     print_report_location()
     check_failures(summary.failed, documents, max_failed_fraction, f"see {summary.errors.path}", noun="documents")
     return summary
 
 
-async def embed_all(chunks: list[DocumentChunk], progress: Progress) -> list[ChunkVectors]:
-    """Every chunk's vectors, in order, embedded concurrently; the progress shows chunks as they finish."""
+def summary_line(summary: EmbedSummary) -> str:
+    """The one line an embedding run prints."""
+    reruns = f", {summary.reused} reused from an earlier run" if summary.reused else ""
+    reruns += f", {summary.retried} retried" if summary.retried else ""
+    return (
+        f"embedded {summary.embedded}/{summary.documents} documents ({summary.dimensions} dimensions), "
+        f"{summary.failed} failed, {summary.truncated} truncated{reruns} | {summary.documents_per_s:.1f} documents/s "
+        f"at the model, avg batch {summary.avg_batch_size:.1f}, padding efficiency {summary.padding_efficiency:.0%} | "
+        f"vectors: {summary.vectors.path} | errors: {summary.errors.path}"
+    )
+
+
+async def embed_all(
+    chunks: list[DocumentChunk], progress: Progress, *, salt: str, started: float
+) -> list[ChunkVectors]:
+    """Every chunk's vectors, in order, embedded concurrently; the progress shows chunks as they finish.
+
+    A chunk embedded by an earlier run (Flyte's cache) is reused, but its failed documents are sent
+    to the model again (`retrying_reused_failures`).
+    """
     done = failed = 0
+    infer = retrying_reused_failures(
+        lambda chunk, cache_salt: embed_chunk(replace(chunk, cache_salt=cache_salt)), salt=salt, started=started
+    )
 
     async def one(chunk: DocumentChunk) -> ChunkVectors:
         nonlocal done, failed
-        result = await embed_chunk(chunk)
-        done, failed = done + len(chunk.ids), failed + len(result.failed_ids)
+        result = await infer(chunk)
+        done, failed = done + len(chunk.ids), failed + len(result.failed_positions())
         await progress.update(done, failed)
         return result
 
     return list(await asyncio.gather(*(one(chunk) for chunk in chunks)))
 
 
-async def write_outputs(results: list[ChunkVectors], folder: Path) -> tuple[int, int]:
+async def write_outputs(chunks: list[DocumentChunk], results: list[ChunkVectors], folder: Path) -> tuple[int, int]:
     """`vectors.parquet` and `errors.jsonl` in `folder`; returns (vectors, dimensions)."""
     errors = JsonLines(folder / "errors.jsonl")
-    for result in results:
-        for doc_id, message in zip(result.failed_ids, result.failures, strict=True):
-            errors.write({"id": doc_id, "error": message})
+    for chunk, result in zip(chunks, results, strict=True):
+        for position in result.failed_positions():
+            errors.write({"id": chunk.ids[position], "error": result.results[position].error_message})
     errors.close()
-    return await join_parquet([result.vectors for result in results], folder / "vectors.parquet")
+    return await join_parquet([part for result in results for part in result.vectors], folder / "vectors.parquet")
 
 
 async def corpus_path(corpus: str) -> Path:

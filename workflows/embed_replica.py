@@ -20,7 +20,8 @@ import os
 import socket
 import tempfile
 import time
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import flyte.errors
@@ -30,6 +31,7 @@ from flyteplugins_batcher.batch_api import encode_vector, error_code
 from images import embed_image
 from workflows.embeddings import EMBED_STATS, Embedding, embed, load_model, model_name, model_reference
 from workflows.environments import ReplicaPool
+from workflows.reruns import ItemOutcomes
 from workflows.schema import ReplicaSnapshot
 
 EMBED_POOL = ReplicaPool.from_environment("EMBED", replicas=2, concurrency=8)
@@ -47,49 +49,71 @@ class DocumentChunk:
     texts: list[str]
     cache_salt: str = ""  # a fresh value makes the chunk run again instead of reusing an earlier run's vectors
 
+    def only(self, positions: list[int]) -> DocumentChunk:
+        """This chunk with only the documents at `positions` (a rerun's retry of the documents that failed)."""
+        return replace(self, ids=[self.ids[p] for p in positions], texts=[self.texts[p] for p in positions])
+
 
 @dataclass
-class ChunkVectors:
-    """A chunk's vectors (a Parquet file of `id`, `vector`), its failures, and its replica's batching."""
+class DocumentResult:
+    """One document's outcome: embedded (its vector is in its chunk's Parquet files), or an error."""
+
+    error_code: str = ""
+    error_message: str = ""
+    truncated: bool = False  # cut at the model's max_seq_length
+
+
+@dataclass
+class ChunkVectors(ItemOutcomes):
+    """A chunk's vectors (Parquet files of `id`, `vector`), each document's outcome, and its replica's batching.
+
+    `finished_at` and `fresh` as in `ChunkOutcome`; an outcome that merges a rerun's retry holds the
+    earlier run's Parquet file and the retry's.
+    """
 
     index: int
-    vectors: File
-    failed_ids: list[str]
-    failures: list[str]
+    vectors: list[File]
+    results: list[DocumentResult]
     documents_per_s: float
     avg_batch_size: float
     padding_efficiency: float
-    truncated: int  # documents of this chunk cut at the model's max_seq_length
     model_seconds: float
+    finished_at: float = 0.0
+    fresh: list[int] | None = None
+
+    @property
+    def truncated(self) -> int:
+        """Documents of this chunk cut at the model's max_seq_length."""
+        return sum(result.truncated for result in self.results)
+
+    def with_retried(self, positions: Sequence[int], retried: ChunkVectors, started: float) -> ChunkVectors:
+        merged = super().with_retried(positions, retried, started)
+        return replace(merged, vectors=[*self.vectors, *retried.vectors])
 
 
 @embed_env.task(retries=EMBED_RETRIES, cache="auto")
 async def embed_chunk(chunk: DocumentChunk) -> ChunkVectors:
     """Embed one chunk through the replica's shared, length-aware `@batched` function."""
     outcomes = await embed_texts(chunk.texts)
-    ids, vectors, failed_ids, failures = [], [], [], []
-    truncated = 0
+    ids, vectors, results = [], [], []
     for doc_id, outcome in zip(chunk.ids, outcomes, strict=True):
         if isinstance(outcome, ValueError):
-            failed_ids.append(doc_id)
-            failures.append(str(outcome))
+            results.append(DocumentResult(error_code(outcome), str(outcome)))
         else:
             ids.append(doc_id)
             vectors.append(outcome.vector)
-            truncated += outcome.truncated
+            results.append(DocumentResult(truncated=outcome.truncated))
     path = Path(tempfile.mkdtemp(prefix="embed-chunk-")) / f"chunk-{chunk.index:06d}.parquet"
     await asyncio.to_thread(write_parquet, path, ids, vectors)
-    stats = embed.stats
     return ChunkVectors(
         index=chunk.index,
-        vectors=await File.from_local(str(path)),
-        failed_ids=failed_ids,
-        failures=failures,
+        vectors=[await File.from_local(str(path))],
+        results=results,
         documents_per_s=EMBED_STATS.documents_per_s,
-        avg_batch_size=stats.avg_batch_size,
+        avg_batch_size=embed.stats.avg_batch_size,
         padding_efficiency=EMBED_STATS.padding_efficiency,
-        truncated=truncated,
         model_seconds=EMBED_STATS.generate_time_s,
+        finished_at=time.time(),
     )
 
 
@@ -124,6 +148,10 @@ class EmbeddingChunk:
     index: int
     items: list[EmbeddingItem]
 
+    def only(self, positions: list[int]) -> EmbeddingChunk:
+        """This chunk with only the requests at `positions` (a rerun's retry of the requests that failed)."""
+        return EmbeddingChunk(self.index, [self.items[position] for position in positions])
+
 
 @dataclass
 class EmbeddingResult:
@@ -141,13 +169,17 @@ class EmbeddingResult:
 
 
 @dataclass
-class EmbeddingOutcome:
-    """What one `embed_requests` call returns: an `EmbeddingResult` per request, in order, and its replica's state."""
+class EmbeddingOutcome(ItemOutcomes):
+    """What one `embed_requests` call returns: an `EmbeddingResult` per request, in order, and its replica's state.
+
+    `finished_at` and `fresh` as in `ChunkOutcome`.
+    """
 
     index: int
     results: list[EmbeddingResult]
     replica: ReplicaSnapshot
-    finished_at: float = 0.0  # epoch seconds; a chunk reused from an earlier run finished before this one began
+    finished_at: float = 0.0
+    fresh: list[int] | None = None
 
 
 @embed_env.task(retries=EMBED_RETRIES, cache="auto")

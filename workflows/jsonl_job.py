@@ -80,7 +80,8 @@ class Job:
         self.progress = Progress(f"Batch job {input_path.name}", total=0, total_known=False)
         self._seen = SeenIds(folder)
         self._in_flight: dict[str, ParsedRequest] = {}  # requests of the chunks outstanding, by custom_id
-        self._started = time.time()
+        self.started = time.time()
+        """When the job started (epoch seconds): a chunk that finished before was reused from an earlier run."""
 
     async def chunks(self, chunk_size: int, embedding_chunk_texts: int = 128) -> AsyncIterator[JobChunk]:
         """Chunks of valid requests, read from the file as they are needed; bad lines go to the errors file.
@@ -134,22 +135,22 @@ class Job:
 
     async def on_chunk(self, chunk: JobChunk, outcome: JobOutcome | None, reason: str) -> None:
         """Write a finished chunk's result lines and error lines (`None`: the chunk failed, for `reason`)."""
-        reused = outcome is not None and outcome.finished_at < self._started
         for position, item in enumerate(chunk.items):
             request = self._in_flight.pop(item.key)
             result = outcome.results[position] if outcome is not None else None
             if result is None:
                 result = ItemResult(item.key, error_code="inference_failed", error_message=reason)
+            retried = outcome is not None and outcome.was_retried(position)
             if result.error_code:
                 failure = RequestLineError(
                     result.error_code, result.error_message, line=request.line, custom_id=request.custom_id
                 )
-                self._fail(failure)
+                self._fail(failure, retried=retried)
                 continue
             self.results.write(self._response_line(request, result))
             tokens = result.completion_tokens if isinstance(result, ItemResult) else 0
-            self.counts.count(failed=False, completion_tokens=tokens, fresh=not reused)
-        self.counts.reused_chunks += reused
+            fresh = outcome is None or outcome.computed_since(position, self.started)
+            self.counts.count(failed=False, completion_tokens=tokens, fresh=fresh, retried=retried)
         await self.progress.update(self.counts.done, self.counts.failed)
 
     def _response_line(self, request: ParsedRequest, result: ItemResult | EmbeddingResult) -> dict[str, Any]:
@@ -165,9 +166,9 @@ class Job:
         assert isinstance(request, BatchRequest) and isinstance(result, ItemResult)
         return response_line(request, result.completion(), model=self.served_model, request_number=request.line)
 
-    def _fail(self, error: RequestLineError) -> None:
+    def _fail(self, error: RequestLineError, *, retried: bool = False) -> None:
         self.errors.write(error_line(error, request_number=error.line))
-        self.counts.count(failed=True, completion_tokens=0, fresh=True)
+        self.counts.count(failed=True, completion_tokens=0, retried=retried)
 
     def close(self) -> None:
         self.results.close()

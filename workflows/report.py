@@ -118,13 +118,18 @@ def final_html(result: RunSummary, replicas: Sequence[ReplicaSnapshot], warning:
         ("model load", f"{result.load_time_s:.1f}s"),
         ("inference", f"{result.inference_s:.1f}s"),
     ]
-    if result.occupancy:
+    if result.occupancy is not None:
         cards.append(("engine occupancy", f"{result.occupancy:.0%}"))
     if result.scored:
         cards.insert(
             0, ("accuracy", f"{result.accuracy:.1%} ({round(result.accuracy * result.scored)}/{result.scored})")
         )
-    reused = f"<p>{result.reused_chunks} chunks were reused from an earlier run.</p>" if result.reused_chunks else ""
+    reused = (
+        f"<p>{result.reused} requests were answered by an earlier run; {result.retried} that it had failed were "
+        "sent to the engine again.</p>"
+        if result.reused or result.retried
+        else ""
+    )
     return "".join(
         [
             STYLE,

@@ -13,6 +13,7 @@ from flyte.io import File
 
 from flyteplugins_batcher import BatchStats
 from flyteplugins_batcher.engines import Completion, EngineStats, GenerationConfig, Request, ResponseFormat, Sample
+from workflows.reruns import ItemOutcomes
 
 
 @dataclass(frozen=True)
@@ -157,6 +158,10 @@ class RequestChunk:
     index: int
     items: list[RequestItem]
 
+    def only(self, positions: list[int]) -> RequestChunk:
+        """This chunk with only the items at `positions` (a rerun's retry of the items that failed)."""
+        return RequestChunk(self.index, [self.items[position] for position in positions])
+
 
 @dataclass
 class SampleResult:
@@ -234,7 +239,7 @@ class ReplicaSnapshot:
     engine_steps: int = 0  # steps of an engine that schedules sequences itself (vLLM, simulated); 0 for others
     running_seqs: int = 0  # sequences running in each step, summed over the steps
     max_num_seqs: int = 0  # the engine's capacity (0 where it has none)
-    occupancy: float = 0.0  # mean running sequences per step over max_num_seqs, since the replica started
+    occupancy: float | None = None  # running sequences per step over max_num_seqs since it started; None: no steps
     engine_busy_s: float = 0.0  # seconds with at least one request in the engine
 
     def engine_counts(self) -> EngineStats:
@@ -256,7 +261,7 @@ class ReplicaSnapshot:
             "engine_steps": stats.steps,
             "running_seqs": stats.running_seqs,
             "max_num_seqs": stats.max_num_seqs,
-            "occupancy": stats.occupancy,
+            "occupancy": stats.occupancy if stats.steps else None,
             "engine_busy_s": stats.generate_time_s,
         }
 
@@ -279,13 +284,19 @@ class ReplicaSnapshot:
 
 
 @dataclass
-class ChunkOutcome:
-    """What one `infer_chunk` call returns: an `ItemResult` per prompt, in order, and its replica's state."""
+class ChunkOutcome(ItemOutcomes):
+    """What one `infer_chunk` call returns: an `ItemResult` per prompt, in order, and its replica's state.
+
+    `finished_at` (epoch seconds) tells a chunk reused from an earlier run (it finished before this run
+    began); `fresh` is set on an outcome that merges an earlier run's answers with this run's retry of
+    its failures (`workflows/reruns.py`).
+    """
 
     index: int
     results: list[ItemResult]
     replica: ReplicaSnapshot
-    finished_at: float = 0.0  # epoch seconds; a chunk reused from an earlier run finished before this one began
+    finished_at: float = 0.0
+    fresh: list[int] | None = None
 
 
 @dataclass
@@ -293,15 +304,18 @@ class RunSummary:
     """What a batch LLM run prints: counts, accuracy where there is gold, throughput, and where the rest is.
 
     Throughput counts inference only: `load_time_s` (the slowest replica's model load) is excluded.
+    `reused`: requests answered by an earlier run of the same job (Flyte's cache); `retried`: requests
+    an earlier run failed, which this run sent to the engine again.
     `occupancy` says how full the engines were: running sequences per engine step over
-    `max_num_seqs`, across the replicas (0 for an engine without steps, such as Transformers).
+    `max_num_seqs`, across the replicas; `None` for engines without continuous batching (Transformers),
+    which have no occupancy.
     """
 
     source: str
     requests: int
     answered: int
     failed: int
-    reused_chunks: int
+    reused: int
     accuracy: float
     scored: int
     load_time_s: float
@@ -310,4 +324,5 @@ class RunSummary:
     output_tokens_per_s: float
     results: File
     errors: File
-    occupancy: float = 0.0
+    occupancy: float | None = None
+    retried: int = 0

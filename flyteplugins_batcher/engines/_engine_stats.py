@@ -52,9 +52,15 @@ class EngineStats:
     step_time_s: float = 0.0
 
     @property
-    def occupancy(self) -> float:
-        """Mean running sequences per step, as a share of `max_num_seqs` (0.0 before any step)."""
-        return self.running_seqs / (self.steps * self.max_num_seqs) if self.steps and self.max_num_seqs else 0.0
+    def occupancy(self) -> float | None:
+        """Mean running sequences per step, as a share of `max_num_seqs`.
+
+        `None` for an engine without continuous batching (no `max_num_seqs`: Transformers), which has
+        no occupancy; 0.0 before its first step for one that has.
+        """
+        if not self.max_num_seqs:
+            return None
+        return self.running_seqs / (self.steps * self.max_num_seqs) if self.steps else 0.0
 
     @property
     def padding_efficiency(self) -> float:

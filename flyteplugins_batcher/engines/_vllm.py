@@ -24,6 +24,7 @@ import logging
 import multiprocessing.connection
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -64,6 +65,9 @@ collection of their large heaps, so every `close()` waited the full 5 s and ende
 What the process still holds when it is killed (memory, device memory, its workers) goes with it;
 on CPU, one shared-memory segment of vLLM's worker queue (about 40 KiB in use) stays until this
 process exits, when Python's resource tracker removes it."""
+
+DEATH_REPORT_WAIT_S = 2.0
+"""Longest a failing record waits for the watch thread to read how the engine process ended (its exit code)."""
 
 _ASSUMED_MAX_NUM_SEQS = 256
 """vLLM's long-standing default for `max_num_seqs`, used for batcher settings before `load()`."""
@@ -133,6 +137,8 @@ class VLLMSupport(Engine):
         self._verified: dict[GenerationConfig, str | None] = {}  # settings vLLM was asked to verify: its complaint
         self._dead = threading.Event()
         self._death = ""  # how the engine process ended, once it died (its exit code)
+        self._death_known = threading.Event()  # set once the watch thread has read how the process ended
+        self._watching = False  # a watch thread reads how the engine process ends (vLLM's internals allowed it)
         self._closing = threading.Event()  # set while closing: the engine process ending then is no death
 
     def _default_model_name(self) -> str:
@@ -158,6 +164,7 @@ class VLLMSupport(Engine):
         self._counters.set_capacity(self._limits.max_num_seqs)
         self._dead.clear()
         self._death = ""
+        self._death_known.clear()
         self._closing.clear()
         # A process that ends with the engine loaded (a Flyte task returning, a script finishing)
         # shuts it down first, so its engine process is not reported as having died.
@@ -190,7 +197,12 @@ class VLLMSupport(Engine):
     def _engine_died(self, how: str) -> None:
         """The engine-core process ended while loaded (`how`: its exit code), as the watch thread saw it."""
         self._death = how
+        self._death_known.set()
         self._dead.set()
+
+    def _watch(self, engine: Any) -> None:
+        """Watch vLLM's engine-core process (`_engine_died` when it ends while loaded)."""
+        self._watching = watch_engine_process(engine, self._closing, self.name, self._engine_died)
 
     def _dead_error(self, context: str = "") -> EngineDeadError:
         """The error every pending and later record fails with once the engine process died.
@@ -199,6 +211,11 @@ class VLLMSupport(Engine):
         traceback of it is dropped (`quiet_engine_death_tracebacks`).
         """
         self._dead.set()
+        if self._watching and not self._closing.is_set():
+            # vLLM may notice the death a moment before the watch thread has read the exit code: wait for it
+            # (briefly: the process has ended), so that every record's error says how the process ended.
+            self._death_known.wait(DEATH_REPORT_WAIT_S)
+            self._death_known.set()  # waited once: later records do not wait again for a code that never came
         how = f" ({self._death})" if self._death else ""
         return EngineDeadError(f"{self.name}: the vLLM engine process died{how}{context}")
 
@@ -254,7 +271,7 @@ class VLLMEngine(VLLMSupport, BatchEngine):
         if not args["disable_log_stats"]:
             record_offline_steps(self._llm, self._counters.count_step)
         loaded = self._started(self._llm.get_tokenizer(), self._llm.llm_engine.vllm_config)
-        watch_engine_process(self._llm, self._closing, self.name, self._engine_died)
+        self._watch(self._llm)
         return loaded
 
     def _close(self) -> None:
@@ -382,7 +399,7 @@ def engine_core_client(engine: Any) -> Any:
     return getattr(llm_engine, "engine_core", None)
 
 
-def watch_engine_process(engine: Any, closing: threading.Event, owner: str, on_death: Callable[[str], None]) -> None:
+def watch_engine_process(engine: Any, closing: threading.Event, owner: str, on_death: Callable[[str], None]) -> bool:
     """Notice the engine-core process dying, call `on_death` with its exit codes, and unblock a waiting batch.
 
     vLLM's own monitor marks the client dead but leaves `LLM.generate` blocked forever on an
@@ -395,7 +412,7 @@ def watch_engine_process(engine: Any, closing: threading.Event, owner: str, on_d
     sentinels = getattr(manager, "sentinels", None)
     if not callable(sentinels):
         logger.warning("%s: cannot watch the vLLM engine process (unknown vLLM internals)", owner)
-        return
+        return False
     watched = list(sentinels())
 
     def wait_for_death() -> None:
@@ -410,6 +427,7 @@ def watch_engine_process(engine: Any, closing: threading.Event, owner: str, on_d
             outputs.put_nowait(VLLMEngineDeadError())
 
     threading.Thread(target=wait_for_death, daemon=True, name=f"{owner}-engine-watch").start()
+    return True
 
 
 def _exit_codes(processes: Any, ended: list[Any]) -> str:
@@ -417,9 +435,22 @@ def _exit_codes(processes: Any, ended: list[Any]) -> str:
     codes = []
     for process in processes:
         if getattr(process, "sentinel", None) in ended:
-            process.join(timeout=1.0)  # its sentinel fires a moment before the process can be reaped
-            codes.append(f"{process.name} exit code {process.exitcode}")
+            codes.append(f"{process.name} exit code {_exit_code(process)}")
     return ", ".join(codes)
+
+
+def _exit_code(process: Any, timeout_s: float = 1.0) -> int | None:
+    """The exit code of a process whose sentinel fired, once it is known (`None` after `timeout_s`).
+
+    The sentinel fires a moment before the process can be reaped. vLLM's own monitor thread reaps it
+    too: when it wins the race, this thread's `join` returns with no code, and the code appears once
+    vLLM's thread has stored it on the process object.
+    """
+    deadline = time.monotonic() + timeout_s
+    process.join(timeout=timeout_s)
+    while process.exitcode is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return process.exitcode
 
 
 class _EngineDeathTraceback(logging.Filter):

@@ -26,7 +26,6 @@ from flyteplugins_batcher.engines._vllm import (
     quiet_engine_death_tracebacks,
     release_cuda_memory,
     sampling_params,
-    watch_engine_process,
 )
 
 
@@ -73,7 +72,7 @@ class VLLMStreamEngine(VLLMSupport, StreamingEngine):
             raise
         self._engine_loop = loop
         loaded = self._started(self._async_llm.get_tokenizer(), self._async_llm.vllm_config)
-        watch_engine_process(self._async_llm, self._closing, self.name, self._engine_died)
+        self._watch(self._async_llm)
         quiet_engine_death_tracebacks()
         return loaded
 

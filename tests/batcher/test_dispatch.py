@@ -206,6 +206,30 @@ async def test_submit_blocks_exactly_where_flyte_extras_does(impl):
         assert await asyncio.gather(*futures) == [*range(13), 99]
 
 
+async def test_a_full_queue_refuses_at_once_when_the_caller_will_not_wait():
+    release = asyncio.Event()
+
+    async def gated(batch: list[int]) -> list[int]:
+        await release.wait()
+        return batch
+
+    async with ours.DynamicBatcher(process_fn=gated, max_queue_size=5, max_batch_size=2) as batcher:
+        futures = [await batcher.submit(i) for i in range(13)]  # the capacity, as above
+        await asyncio.sleep(0.01)
+        with pytest.raises(ours.QueueFullError, match="the queue is full") as refused:
+            await batcher.submit(99, wait_for_room=False)
+        assert refused.value.queue_depth == 7 and refused.value.retry_after_s >= 1  # assembling (2) + queued (5)
+        assert batcher.stats.total_submitted == 13  # the refused record was never taken
+        waiting = asyncio.ensure_future(batcher.submit(100))
+        await asyncio.sleep(0.01)
+        with pytest.raises(ours.QueueFullError):  # no jumping ahead of a producer that waits for room
+            await batcher.submit(101, wait_for_room=False)
+        release.set()
+        futures.append(await asyncio.wait_for(waiting, timeout=1.0))
+        await asyncio.gather(*futures)
+        assert await (await batcher.submit(102, wait_for_room=False)) == 102
+
+
 @pytest.mark.parametrize(
     "bad",
     [

@@ -90,3 +90,38 @@ async def test_records_count_as_completed_when_they_resolve_not_when_their_batch
     # split into [1, 2] and [0, 3], then [0] and [3]: each call saw the records already resolved
     assert seen_while_running == [0, 2, 3]
     assert batcher.stats.total_completed == 4 and batcher.stats.total_failed == 1
+
+
+async def test_an_observer_sees_every_batch_and_every_settled_record_and_one_that_raises_is_dropped(caplog):
+    class Seen:
+        def __init__(self) -> None:
+            self.batches: list[tuple[int, int, str, int]] = []
+            self.settled: list[tuple[str, int, int]] = []
+
+        def on_dispatch(self, size, cost, reason, queue_waits_s) -> None:
+            self.batches.append((size, cost, reason, len(queue_waits_s)))
+
+        def on_settled(self, outcome, latencies_s, failed) -> None:
+            self.settled.append((outcome, len(latencies_s), failed))
+
+    class Broken(Seen):
+        def on_dispatch(self, size, cost, reason, queue_waits_s) -> None:
+            raise RuntimeError("the exporter is down")
+
+    def half_fail(batch: list[int]) -> list[int | Exception]:
+        return [ValueError("odd") if record % 2 else record for record in batch]
+
+    seen, broken = Seen(), Broken()
+    async with ours.DynamicBatcher(half_fail, max_batch_size=4, default_cost=2) as batcher:
+        batcher.add_observer(seen)
+        batcher.add_observer(broken)
+        results = await batcher.run(range(8), return_exceptions=True)
+
+    assert [isinstance(result, ValueError) for result in results] == [False, True] * 4
+    assert [(size, cost) for size, cost, _, _ in seen.batches] == [(4, 8), (4, 8)]
+    assert all(waits == size for size, _, _, waits in seen.batches)
+    reasons = batcher.stats.batches_by_reason
+    assert sorted(reason for _, _, reason, _ in seen.batches) == sorted(r for r, n in reasons.items() for _ in range(n))
+    assert sum(count for _, count, _ in seen.settled) == 8 and sum(failed for _, _, failed in seen.settled) == 4
+    assert {outcome for outcome, _, _ in seen.settled} == {"completed"}
+    assert broken.batches == [] and caplog.text.count("is no longer called") == 1

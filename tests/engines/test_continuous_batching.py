@@ -128,7 +128,8 @@ def test_occupancy_is_running_sequences_per_step_over_capacity_and_windows_subtr
 
     window = after.since(before)
 
-    assert before.occupancy == 7 / 8 and EngineStats().occupancy == 0.0
+    assert before.occupancy == 7 / 8 and EngineStats(max_num_seqs=2).occupancy == 0.0
+    assert EngineStats().occupancy is None  # no capacity: no continuous batching, no occupancy
     assert (window.steps, window.running_seqs, window.records, window.max_num_seqs) == (6, 12, 6, 2)
     assert window.occupancy == 1.0 and window.step_time_s == pytest.approx(5.55) and window.load_time_s == 2.0
     assert after.as_dict()["occupancy"] == 19 / 20

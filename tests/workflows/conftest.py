@@ -10,6 +10,7 @@ import flyte
 import pytest
 
 from flyteplugins_batcher import TokenBatcher
+from flyteplugins_batcher.engines import InvalidResponseFormatError
 from workflows.llm_replica import LLMReplica, set_process_replica
 
 
@@ -71,12 +72,25 @@ def close_on_its_loop(replica: LLMReplica) -> None:
 
 
 class CountingBatcher:
-    """Wraps the replica's batcher factory to count what reaches the engine, and to inject faults."""
+    """Wraps the replica's batcher factory to count what reaches the engine, and to inject faults.
 
-    def __init__(self, fail_when: Callable[[str], bool] | None = None, error: type[Exception] = RuntimeError) -> None:
+    Args:
+        fail_when: A batch holding a prompt for which it is true fails as a whole (`error` is raised).
+        error: What such a batch raises.
+        refuse_when: A prompt for which it is true fails alone, with an `invalid_request` error in its
+            slot, as a record that needs a missing package does.
+    """
+
+    def __init__(
+        self,
+        fail_when: Callable[[str], bool] | None = None,
+        error: type[Exception] = RuntimeError,
+        refuse_when: Callable[[str], bool] | None = None,
+    ) -> None:
         self.prompts: list[str] = []
         self.fail_when = fail_when or (lambda _text: False)
         self.error = error
+        self.refuse_when = refuse_when or (lambda _text: False)
 
     def make(self, engine: Any, settings: Any) -> Any:
         real = engine.generate
@@ -86,7 +100,10 @@ class CountingBatcher:
             if any(self.fail_when(text) for text in texts):
                 raise self.error("the GPU fell off the bus")
             self.prompts.extend(texts)
-            return real(records)
+            runnable = [record for record, text in zip(records, texts, strict=True) if not self.refuse_when(text)]
+            answers = iter(real(runnable) if runnable else [])
+            refusal = InvalidResponseFormatError("response_format needs xgrammar: pip install xgrammar")
+            return [refusal if self.refuse_when(text) else next(answers) for text in texts]
 
         return TokenBatcher(
             inference_fn=generate, token_estimator=engine.estimate_tokens, on_error="split", max_batch_size=16

@@ -128,6 +128,29 @@ def test_a_rerun_after_a_crash_recomputes_only_the_unfinished_chunks(run_locally
     replicas.use(LLMReplica(healthy.make))
     summary: RunSummary = run_locally(batch_jsonl.main, cache=True, input=request_file, chunk_size=3, max_new_tokens=4)
 
-    assert (summary.answered, summary.failed, summary.reused_chunks) == (12, 0, 3)
+    assert (summary.answered, summary.failed, summary.reused, summary.retried) == (12, 0, 9, 0)
     assert sorted(healthy.prompts) == sorted(f"Count to {n} ({marker})" for n in (9, 10, 11))  # one chunk of four
     assert sorted(line["custom_id"] for line in read_lines(summary.results.path)) == sorted(f"r{n}" for n in range(12))
+
+
+def test_a_rerun_reuses_the_answered_lines_and_sends_the_failed_ones_again(run_locally, replicas, tmp_path: Path):
+    marker = uuid.uuid4().hex[:8]
+    request_file = write(tmp_path, [{"custom_id": f"r{n}", "prompt": f"Count to {n} ({marker})"} for n in range(6)])
+    refusing = CountingBatcher(refuse_when=lambda text: "Count to 4 " in text)  # say, xgrammar was missing
+    replicas.use(LLMReplica(refusing.make))
+    with pytest.raises(flyte.errors.RuntimeUserError, match="1 of 6 requests failed"):
+        run_locally(batch_jsonl.main, cache=True, input=request_file, chunk_size=3, max_new_tokens=4)
+
+    fixed = CountingBatcher()
+    replicas.use(LLMReplica(fixed.make))
+    summary: RunSummary = run_locally(batch_jsonl.main, cache=True, input=request_file, chunk_size=3, max_new_tokens=4)
+
+    assert fixed.prompts == [f"Count to 4 ({marker})"]  # the failed line only, not its chunk or the other chunk
+    assert (summary.answered, summary.failed, summary.reused, summary.retried) == (6, 0, 5, 1)
+    assert sorted(line["custom_id"] for line in read_lines(summary.results.path)) == [f"r{n}" for n in range(6)]
+    assert read_lines(summary.errors.path) == []
+
+    again = CountingBatcher()
+    replicas.use(LLMReplica(again.make))
+    third: RunSummary = run_locally(batch_jsonl.main, cache=True, input=request_file, chunk_size=3, max_new_tokens=4)
+    assert again.prompts == [] and (third.answered, third.reused, third.retried) == (6, 6, 0)  # the retry is cached

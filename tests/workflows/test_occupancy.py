@@ -60,7 +60,7 @@ async def test_the_replica_snapshot_carries_the_engines_steps_and_occupancy(fres
 
 def state(name: str, records: int, steps: int, running: int, capacity: int = 256) -> ReplicaSnapshot:
     return ReplicaSnapshot(
-        replica=name, records=records, engine_steps=steps, running_seqs=running, max_num_seqs=capacity, occupancy=0.0
+        replica=name, records=records, engine_steps=steps, running_seqs=running, max_num_seqs=capacity
     )
 
 
@@ -115,7 +115,7 @@ def test_an_engine_that_counted_no_steps_gets_no_warning() -> None:
     no_steps.record(ChunkOutcome(0, [], state("a", 8, 0, 0), finished_at=2e9), started=1e9)
     no_steps.record(ChunkOutcome(1, [], state("a", 16, 0, 0), finished_at=2e9), started=1e9)
 
-    assert no_steps.occupancy(while_waiting=True) == 0.0
+    assert no_steps.occupancy(while_waiting=True) is None and no_steps.occupancy() is None
     assert occupancy_warning(no_steps, RunOptions(), POOL) == ""
 
 
@@ -131,6 +131,17 @@ def test_the_summary_line_says_how_full_the_engines_were(tmp_path) -> None:
     summary = RunSummary("f", 10, 10, 0, 0, 0.0, 0, 1.0, 2.0, 5.0, 100.0, empty, empty, occupancy=0.874)
 
     assert "100 output tokens/s, engines 87% full (inference 2.0 s" in summary_line(summary, "requests")
+
+
+def test_an_engine_without_continuous_batching_has_no_occupancy_in_the_outputs_or_the_summary(tmp_path) -> None:
+    transformers = FanOutStats()
+    transformers.record(ChunkOutcome(0, [], state("a", 8, 0, 0, capacity=0), finished_at=2e9), started=1e9)
+    empty = File(path=str(tmp_path / "x.jsonl"))
+    summary = RunSummary("f", 10, 10, 0, 0, 0.0, 0, 1.0, 2.0, 5.0, 100.0, empty, empty, transformers.occupancy())
+
+    assert summary.occupancy is None and transformers.replicas[0].occupancy is None
+    assert "full" not in summary_line(summary, "requests")
+    assert '<div class="k">engine occupancy</div>' not in final_html(summary, [])
 
 
 def test_the_report_gives_each_replicas_occupancy_and_none_for_an_engine_without_steps(tmp_path) -> None:
