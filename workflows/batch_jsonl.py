@@ -27,10 +27,11 @@ from workflows.driver import RunOptions, fan_out, finish_run
 from workflows.embed_replica import EmbeddingChunk, embed_env, embed_requests
 from workflows.embeddings import model_name as embedding_model_name
 from workflows.environments import driver_environment
-from workflows.jsonl_job import Job, JobChunk, JobOutcome
+from workflows.jsonl_job import Job
 from workflows.llm_replica import LLM_POOL, LLM_SIZING, gpu_env, infer_chunk
 from workflows.options import task_with_options
 from workflows.outputs import Destination, WorkFolder
+from workflows.request_lines import JobChunk, JobOutcome
 from workflows.reruns import retrying_reused_failures
 from workflows.schema import EngineSettings, RunSummary
 

@@ -117,16 +117,25 @@ async def embed_chunk(chunk: DocumentChunk) -> ChunkVectors:
     )
 
 
-async def embed_texts(texts: list[str]) -> list[Embedding | ValueError]:
+async def embed_texts(
+    texts: list[str], *, priority: int = 0, wait_for_room: bool = True
+) -> list[Embedding | ValueError]:
     """Each text's embedding through the replica's shared `@batched` function (the model loads on first use).
 
     A text that has no embedding (an empty one) gets its `ValueError`.
+
+    Args:
+        texts: The texts.
+        priority: Their priority in the shared batcher (a server puts online requests ahead of batch lines).
+        wait_for_room: `False`: raise `QueueFullError` at once when the batcher's queue is full.
 
     Raises:
         Exception: Anything else that failed, which is not the text's fault (Flyte retries the chunk).
     """
     await asyncio.to_thread(load_model, model_reference())  # once per replica, off the event loop
-    outcomes = await asyncio.gather(*(embed(text) for text in texts), return_exceptions=True)
+    outcomes = await asyncio.gather(
+        *(embed(text, priority=priority, wait_for_room=wait_for_room) for text in texts), return_exceptions=True
+    )
     for outcome in outcomes:
         if isinstance(outcome, BaseException) and not isinstance(outcome, ValueError):
             raise outcome
@@ -197,7 +206,17 @@ async def embed_requests(chunk: EmbeddingChunk, model: str, cache_salt: str = ""
             f"the driver answers with embedding model {model!r} but this replica serves {model_name()!r}: "
             "set EMBED_MODEL alike for both"
         )
-    outcomes = iter(await embed_texts([text for item in chunk.items for text in item.inputs]))
+    return await embed_request_chunk(chunk)
+
+
+async def embed_request_chunk(chunk: EmbeddingChunk, *, priority: int = 0) -> EmbeddingOutcome:
+    """Each request's vectors through this process's `@batched` function: the body of `embed_requests`, without Flyte.
+
+    Raises:
+        Exception: Anything that failed and is not a text's own fault.
+    """
+    texts = [text for item in chunk.items for text in item.inputs]
+    outcomes = iter(await embed_texts(texts, priority=priority))
     results = [request_result(item, [next(outcomes) for _ in item.inputs]) for item in chunk.items]
     return EmbeddingOutcome(chunk.index, results, replica_snapshot(), finished_at=time.time())
 

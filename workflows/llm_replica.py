@@ -152,6 +152,8 @@ def make_batcher(engine: Engine, settings: EngineSettings) -> TokenBatcher:
         overrides["target_batch_tokens"] = settings.target_batch_tokens
     if settings.max_batch_size:
         overrides["max_batch_size"] = settings.max_batch_size
+    if settings.max_queue_size:
+        overrides["max_queue_size"] = settings.max_queue_size
     return engine.batcher(**overrides)
 
 

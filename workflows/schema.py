@@ -48,6 +48,8 @@ class EngineSettings:
         target_batch_tokens: Token budget per batch (0: the engine's default).
         max_batch_size: Records per batch (0: the engine's default).
         batch_timeout_s: Longest a prompt waits for its batch to fill.
+        max_queue_size: Prompts that may wait in the replica's queue (0: the batcher's default, 5000); a
+            server answers 429 past it.
     """
 
     engine: str = "auto"
@@ -68,6 +70,7 @@ class EngineSettings:
     target_batch_tokens: int = 0
     max_batch_size: int = 0
     batch_timeout_s: float = 0.05
+    max_queue_size: int = 0
 
     def generation(self) -> GenerationConfig:
         """The run's default generation settings (requests may set their own).

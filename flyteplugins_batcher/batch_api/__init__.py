@@ -95,9 +95,16 @@ from flyteplugins_batcher.batch_api._requests import (
     Endpoint,
     ModelMismatch,
     ParsedRequest,
+    parse_request,
     parse_request_line,
 )
-from flyteplugins_batcher.batch_api._responses import embedding_response_line, encode_vector, response_line
+from flyteplugins_batcher.batch_api._responses import (
+    completion_body,
+    embedding_response_line,
+    embeddings_body,
+    encode_vector,
+    response_line,
+)
 from flyteplugins_batcher.batch_api._results import error_line, output_line
 
 __all__ = [
@@ -117,11 +124,14 @@ __all__ = [
     "RequestLine",
     "RequestLineError",
     "SeenIds",
+    "completion_body",
     "embedding_response_line",
+    "embeddings_body",
     "encode_vector",
     "error_code",
     "error_line",
     "output_line",
+    "parse_request",
     "parse_request_line",
     "read_request_lines",
     "response_line",

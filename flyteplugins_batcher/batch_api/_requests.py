@@ -123,6 +123,37 @@ def parse_request_line(
         ) from None
     if not isinstance(data, dict):
         raise RequestLineError("invalid_json", f"a request must be a JSON object, got {type(data).__name__}", line=line)
+    return parse_request(
+        data,
+        line,
+        served_model=served_model,
+        served_embedding_model=served_embedding_model,
+        model_mismatch=model_mismatch,
+        endpoints=endpoints,
+    )
+
+
+def parse_request(
+    data: Mapping[str, Any],
+    line: int,
+    *,
+    served_model: str | None = None,
+    served_embedding_model: str | None = None,
+    model_mismatch: ModelMismatch = "error",
+    endpoints: Collection[str] = GENERATION_ENDPOINTS,
+) -> ParsedRequest:
+    """Parse and validate one request already decoded from JSON (a line's object; an HTTP request's, say).
+
+    Takes the same arguments as `parse_request_line`, and checks the same things.
+
+    Example:
+        ```python
+        request = parse_request({"custom_id": "r1", "url": "/v1/chat/completions", "body": body}, 0)
+        ```
+
+    Raises:
+        RequestLineError: Naming the line, the field as the request wrote it, and what is wrong.
+    """
     if "url" in data or "body" in data or "method" in data:
         served = served_embedding_model if data.get("url") == EMBEDDINGS_ENDPOINT else served_model
         return _parse_openai(data, line, served, model_mismatch, endpoints)
@@ -130,7 +161,11 @@ def parse_request_line(
 
 
 def _parse_openai(
-    data: dict[str, Any], line: int, served_model: str | None, model_mismatch: ModelMismatch, endpoints: Collection[str]
+    data: Mapping[str, Any],
+    line: int,
+    served_model: str | None,
+    model_mismatch: ModelMismatch,
+    endpoints: Collection[str],
 ) -> ParsedRequest:
     custom_id = _custom_id(data, line, required=True)
     checks = FieldChecks("body.", line, custom_id)
@@ -162,7 +197,7 @@ def _parse_openai(
     return BatchRequest(line, custom_id, url, prompt, settings, model, raw_prompt=url == "/v1/completions")
 
 
-def _parse_plain(data: dict[str, Any], line: int) -> BatchRequest:
+def _parse_plain(data: Mapping[str, Any], line: int) -> BatchRequest:
     custom_id = _custom_id(data, line, required=False)
     checks = FieldChecks("", line, custom_id)
     if "messages" in data:

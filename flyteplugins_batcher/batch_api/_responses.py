@@ -24,6 +24,16 @@ if TYPE_CHECKING:
 def response_line(request: BatchRequest, completion: Completion, *, model: str, request_number: int) -> dict[str, Any]:
     """The output line for a chat or completion request that succeeded (`response.status_code` 200).
 
+    Its body is `completion_body`'s, with an id numbered by `request_number`.
+    """
+    prefix = "chatcmpl" if request.endpoint == "/v1/chat/completions" else "cmpl"
+    body = completion_body(request, completion, model=model, response_id=f"{prefix}-{request_number}")
+    return output_line(request.custom_id, request_number, body)
+
+
+def completion_body(request: BatchRequest, completion: Completion, *, model: str, response_id: str) -> dict[str, Any]:
+    """A `chat.completion` or `text_completion` object, as the OpenAI API answers the request.
+
     One choice per sample (`choices[0..n-1]`, each with its own `finish_reason`): chat requests
     get `choices[i].message.content`, completion requests `choices[i].text`. `usage` counts the
     prompt once and every sample's tokens.
@@ -31,14 +41,14 @@ def response_line(request: BatchRequest, completion: Completion, *, model: str, 
     chat = request.endpoint == "/v1/chat/completions"
     choices: list[dict[str, Any]] = []
     for index, sample in enumerate(completion.samples):
-        choice: dict[str, Any] = {"index": index, "finish_reason": sample.finish_reason}
+        choice: dict[str, Any] = {"index": index, "finish_reason": sample.finish_reason, "logprobs": None}
         if chat:
             choice["message"] = {"role": "assistant", "content": sample.text}
         else:
             choice["text"] = sample.text
         choices.append(choice)
-    body = {
-        "id": f"{'chatcmpl' if chat else 'cmpl'}-{request_number}",
+    return {
+        "id": response_id,
         "object": "chat.completion" if chat else "text_completion",
         "created": int(time.time()),
         "model": model,
@@ -49,7 +59,6 @@ def response_line(request: BatchRequest, completion: Completion, *, model: str, 
             "total_tokens": completion.prompt_tokens + completion.completion_tokens,
         },
     }
-    return output_line(request.custom_id, request_number, body)
 
 
 def embedding_response_line(
@@ -76,19 +85,30 @@ def embedding_response_line(
     Raises:
         ValueError: The number of vectors is not the number of texts.
     """
+    body = embeddings_body(request, vectors, prompt_tokens=prompt_tokens, model=model)
+    return output_line(request.custom_id, request_number, body)
+
+
+def embeddings_body(
+    request: EmbeddingRequest, vectors: Sequence[Sequence[float]], *, prompt_tokens: int, model: str
+) -> dict[str, Any]:
+    """The embeddings `list` object the OpenAI API answers with (see `embedding_response_line`).
+
+    Raises:
+        ValueError: The number of vectors is not the number of texts.
+    """
     if len(vectors) != len(request.inputs):
         raise ValueError(f"{request.custom_id}: {len(request.inputs)} texts but {len(vectors)} vectors")
     data = [
         {"object": "embedding", "index": index, "embedding": encode_vector(vector, request.encoding_format)}
         for index, vector in enumerate(vectors)
     ]
-    body = {
+    return {
         "object": "list",
         "data": data,
         "model": model,
         "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
     }
-    return output_line(request.custom_id, request_number, body)
 
 
 def encode_vector(vector: Sequence[float], encoding_format: EncodingFormat) -> list[float] | str:

@@ -9,7 +9,7 @@ import pytest
 
 from flyteplugins_batcher.batch_api import ENDPOINTS, parse_request_line
 from flyteplugins_batcher.engines import Completion, GenerationConfig, ResponseFormat, Sample
-from workflows.jsonl_job import ChunkCutter, to_item
+from workflows.request_lines import ChunkCutter, to_item
 from workflows.schema import ChatMessage, EngineSettings, ItemResult, RequestChunk, RequestItem
 
 DEFAULTS = EngineSettings(max_new_tokens=64, temperature=0.2, top_p=0.8, seed=5).generation()

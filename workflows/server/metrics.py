@@ -1,0 +1,231 @@
+"""What `/metrics` exports, in Prometheus' text format, with `prometheus-client`.
+
+Named the way Prometheus users expect (base units, `_total` counters, `_seconds` histograms) and
+anchored on the names they know: Ray Serve's `serve_batch_*` for the batcher, vLLM's `vllm:*` for
+the engine. Every batcher metric carries a `batcher` label (`llm`, `embeddings`).
+
+| metric | type | anchor |
+|---|---|---|
+| `batcher_queue_length` | gauge | Ray Serve `serve_batch_queue_length` |
+| `batcher_batch_size` | histogram | Ray Serve `serve_actual_batch_size` |
+| `batcher_batch_cost` | histogram | (tokens, for the LLM) |
+| `batcher_batch_wait_seconds` | histogram | Ray Serve `serve_batch_wait_time_ms`, vLLM `request_queue_time_seconds` |
+| `batcher_request_latency_seconds` | histogram | vLLM `e2e_request_latency_seconds` |
+| `batcher_batches_total{reason}` | counter | Ray Serve `serve_batches_processed_total` |
+| `batcher_records_total{outcome}` | counter | processed (went through the model), cancelled, expired |
+| `batcher_record_errors_total` | counter | records whose result was an error |
+| `batcher_device_busy_seconds_total` | counter | busy time measured where the model runs |
+| `batcher_engine_steps_total`, `batcher_engine_running_sequences_total` | counters | vLLM `iteration_tokens_total` |
+| `batcher_engine_max_num_seqs`, `batcher_engine_occupancy_ratio` | gauges | vLLM `num_requests_running` |
+| `batcher_engine_prompt_tokens_total`, `batcher_engine_generation_tokens_total` | counters | vLLM's, same names |
+| `batcher_http_requests_total{endpoint,outcome}` | counter | |
+| `batcher_http_request_duration_seconds{endpoint}` | histogram | |
+| `batcher_batch_jobs{status}` | gauge | Batch API jobs by status |
+
+Occupancy over a window is `rate(batcher_engine_running_sequences_total[1m]) /
+rate(batcher_engine_steps_total[1m]) / batcher_engine_max_num_seqs`; the gauge is since the engine
+started.
+"""
+
+from __future__ import annotations
+
+from collections import Counter as Tally
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from flyteplugins_batcher import BatchStats, DispatchReason, SettledOutcome
+from flyteplugins_batcher.engines import EngineStats
+
+SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+COST_BUCKETS = tuple(2**power for power in range(4, 22, 2))  # 16 to 1M
+
+
+class BatcherHistograms:
+    """A `BatchObserver` that feeds the batcher histograms of one batcher (its `batcher` label)."""
+
+    def __init__(self, metrics: ServerMetrics, name: str) -> None:
+        self._size = metrics.batch_size.labels(name)
+        self._cost = metrics.batch_cost.labels(name)
+        self._wait = metrics.batch_wait.labels(name)
+        self._latency = metrics.latency.labels(name)
+
+    def on_dispatch(self, size: int, cost: int, reason: DispatchReason, queue_waits_s: Sequence[float]) -> None:
+        self._size.observe(size)
+        self._cost.observe(cost)
+        for wait in queue_waits_s:
+            self._wait.observe(wait)
+
+    def on_settled(self, outcome: SettledOutcome, latencies_s: Sequence[float], failed: int) -> None:
+        if outcome == "completed":
+            for latency in latencies_s:
+                self._latency.observe(latency)
+
+
+class ServerMetrics:
+    """The server's registry: histograms fed as things happen, and the rest read from the stats when scraped.
+
+    Args:
+        batchers: `{label: stats}` of the batchers to read at scrape time (each returns `None` before it starts).
+        engine: The LLM engine's stats, or `None` before it loads.
+        batch_jobs: The Batch API jobs' statuses.
+
+    Example:
+        ```python
+        metrics = ServerMetrics(batchers={"llm": lambda: batcher.stats}, engine=lambda: engine.stats)
+        batcher.add_observer(metrics.observer("llm"))
+        body = metrics.render()
+        ```
+    """
+
+    def __init__(
+        self,
+        *,
+        batchers: dict[str, Callable[[], BatchStats | None]],
+        engine: Callable[[], EngineStats | None],
+        batch_jobs: Callable[[], Sequence[str]] = tuple,
+    ) -> None:
+        self.registry = CollectorRegistry()
+        labels = ["batcher"]
+        self.batch_size = Histogram(
+            "batcher_batch_size", "Records per batch", labels, registry=self.registry, buckets=SIZE_BUCKETS
+        )
+        self.batch_cost = Histogram(
+            "batcher_batch_cost",
+            "Estimated cost per batch, in the batcher's unit (tokens for the LLM)",
+            labels,
+            registry=self.registry,
+            buckets=COST_BUCKETS,
+        )
+        self.batch_wait = Histogram(
+            "batcher_batch_wait_seconds",
+            "Time a record waited from submit to its batch's dispatch",
+            labels,
+            registry=self.registry,
+            buckets=SECONDS_BUCKETS,
+        )
+        self.latency = Histogram(
+            "batcher_request_latency_seconds",
+            "Time from submit to a record's result",
+            labels,
+            registry=self.registry,
+            buckets=SECONDS_BUCKETS,
+        )
+        self.http_requests = Counter(
+            "batcher_http_requests",
+            "HTTP requests by endpoint and outcome",
+            ["endpoint", "outcome"],
+            registry=self.registry,
+        )
+        self.http_duration = Histogram(
+            "batcher_http_request_duration_seconds",
+            "HTTP request handling time",
+            ["endpoint"],
+            registry=self.registry,
+            buckets=SECONDS_BUCKETS,
+        )
+        self.registry.register(_StatsCollector(batchers, engine, batch_jobs))
+
+    def observer(self, batcher: str) -> BatcherHistograms:
+        """The observer to add to the batcher labelled `batcher`."""
+        return BatcherHistograms(self, batcher)
+
+    def request_done(self, endpoint: str, status: int, seconds: float) -> None:
+        """Count one HTTP request by its outcome (`ok`, `client_error`, `rate_limited`, `server_error`)."""
+        self.http_requests.labels(endpoint, _outcome(status)).inc()
+        self.http_duration.labels(endpoint).observe(seconds)
+
+    def render(self) -> bytes:
+        """The exposition text."""
+        return generate_latest(self.registry)
+
+
+def _outcome(status: int) -> str:
+    if status == 429:
+        return "rate_limited"
+    if status >= 500:
+        return "server_error"
+    return "client_error" if status >= 400 else "ok"
+
+
+class _StatsCollector(Collector):
+    """The gauges and counters that the batchers' and the engine's own statistics hold, read at scrape time."""
+
+    def __init__(
+        self,
+        batchers: dict[str, Callable[[], BatchStats | None]],
+        engine: Callable[[], EngineStats | None],
+        batch_jobs: Callable[[], Sequence[str]],
+    ) -> None:
+        self._batchers = batchers
+        self._engine = engine
+        self._batch_jobs = batch_jobs
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._batcher_metrics()
+        engine = self._engine()
+        if engine is not None:
+            yield from _engine_metrics(engine)
+        jobs = GaugeMetricFamily("batcher_batch_jobs", "Batch API jobs by status", labels=["status"])
+        for status, count in sorted(Tally(self._batch_jobs()).items()):
+            jobs.add_metric([status], count)
+        yield jobs
+
+    def _batcher_metrics(self) -> Iterator[Metric]:
+        queue = GaugeMetricFamily("batcher_queue_length", "Records waiting for a batch", labels=["batcher"])
+        batches = CounterMetricFamily("batcher_batches", "Batches dispatched, by reason", labels=["batcher", "reason"])
+        records = CounterMetricFamily(
+            "batcher_records",
+            "Records that left the batcher: processed, cancelled or expired",
+            labels=["batcher", "outcome"],
+        )
+        errors = CounterMetricFamily("batcher_record_errors", "Records whose result was an error", labels=["batcher"])
+        busy = CounterMetricFamily(
+            "batcher_device_busy_seconds",
+            "Seconds with a batch inside the model, timed where it runs",
+            labels=["batcher"],
+        )
+        for name, read in self._batchers.items():
+            stats = read()
+            if stats is None:
+                continue
+            queue.add_metric([name], stats.queue_depth)
+            for reason, count in stats.batches_by_reason.items():
+                batches.add_metric([name, reason], count)
+            for outcome, count in (
+                ("processed", stats.total_completed),
+                ("cancelled", stats.total_cancelled),
+                ("expired", stats.total_expired),
+            ):
+                records.add_metric([name, outcome], count)
+            errors.add_metric([name], stats.total_failed)
+            busy.add_metric([name], stats.busy_time_s)
+        yield from (queue, batches, records, errors, busy)
+
+
+def _engine_metrics(stats: EngineStats) -> Iterator[Metric]:
+    counters: dict[str, tuple[str, Any]] = {
+        "batcher_engine_steps": ("Engine steps (scheduler iterations)", stats.steps),
+        "batcher_engine_running_sequences": (
+            "Sequences running in each step, summed over the steps",
+            stats.running_seqs,
+        ),
+        "batcher_engine_prompt_tokens": ("Prompt tokens read", stats.prompt_tokens),
+        "batcher_engine_generation_tokens": ("Tokens generated", stats.completion_tokens),
+    }
+    for name, (documentation, value) in counters.items():
+        yield CounterMetricFamily(name, documentation, value=value)
+    if stats.max_num_seqs:
+        yield GaugeMetricFamily(
+            "batcher_engine_max_num_seqs", "Sequences the engine runs at once", value=stats.max_num_seqs
+        )
+        occupancy = stats.occupancy or 0.0
+        yield GaugeMetricFamily(
+            "batcher_engine_occupancy_ratio",
+            "Running sequences per step over max_num_seqs, since load",
+            value=occupancy,
+        )
