@@ -19,6 +19,9 @@ from workflows.server.errors import APIError, install_error_handlers
 from workflows.server.service import Service
 from workflows.server.settings import ServerSettings
 
+MULTIPART_OVERHEAD = 64 * 1024
+"""Room for the multipart framing and the other fields of an upload, beyond the file itself."""
+
 
 def create_app(settings: ServerSettings | None = None) -> FastAPI:
     """The server's app; `settings=None` reads them from the environment when the app starts.
@@ -65,20 +68,29 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
 
 
 async def _checked_and_counted(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-    """Check the API key on `/v1` requests (when one is set), and count each `/v1` request by its outcome.
+    """Refuse what must not be read (`_refusal`), and count each `/v1` request by its outcome.
 
     `/health` and `/metrics` stay open, for probes and scrapers.
     """
     service: Service | None = getattr(request.app.state, "service", None)
     started = time.perf_counter()
-    if service is not None and not _authorized(request, service.settings.api_key):
-        response: Response = APIError(401, "Incorrect API key provided.", code="invalid_api_key").response()
-    else:
-        response = await call_next(request)
+    refusal = _refusal(request, service) if service is not None else None
+    response = refusal.response() if refusal is not None else await call_next(request)
     if service is not None and request.url.path.startswith("/v1"):
         endpoint = _endpoint(request)
         service.metrics.request_done(endpoint, response.status_code, time.perf_counter() - started)
     return response
+
+
+def _refusal(request: Request, service: Service) -> APIError | None:
+    """Why a request is refused before it is read: a wrong API key (401), or an upload over the limit (413)."""
+    if not _authorized(request, service.settings.api_key):
+        return APIError(401, "Incorrect API key provided.", code="invalid_api_key")
+    declared = int(request.headers.get("content-length") or 0)
+    if request.url.path == "/v1/files" and declared > service.files.max_bytes + MULTIPART_OVERHEAD:
+        limit = service.settings.max_upload_mb
+        return APIError(413, f"The file is larger than the limit of {limit} MiB.", code="file_too_large")
+    return None
 
 
 def _authorized(request: Request, api_key: str) -> bool:

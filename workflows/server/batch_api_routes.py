@@ -17,22 +17,14 @@ from workflows.server.store import Page
 
 router = APIRouter(prefix="/v1")
 
-MULTIPART_OVERHEAD = 64 * 1024
-"""Room for the multipart framing and the other fields, beyond the file itself."""
-
 
 @router.post("/files")
 async def upload(
-    request: Request,
     service: ServiceDep,
     file: UploadFile,
     purpose: Annotated[str, Form()],
 ) -> dict[str, Any]:
-    """Keep an uploaded JSONL file (`purpose="batch"`); 413 over the size limit."""
-    declared = int(request.headers.get("content-length") or 0)
-    if declared > service.files.max_bytes + MULTIPART_OVERHEAD:
-        limit = service.settings.max_upload_mb
-        raise APIError(413, f"The file is larger than the limit of {limit} MiB.", code="file_too_large")
+    """Keep an uploaded JSONL file (`purpose="batch"`); 413 over the size limit (refused unread when declared)."""
     row = await asyncio.to_thread(
         service.files.save_upload, file.file, filename=file.filename or "upload.jsonl", purpose=purpose
     )
