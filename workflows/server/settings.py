@@ -73,8 +73,8 @@ class ServerSettings:
 
     def environment(self) -> dict[str, str]:
         """These settings as `BATCH_SERVE_*` variables (what `from_environment` reads back)."""
-        values = {**dataclasses.asdict(self.engine), **dataclasses.asdict(self)}
-        del values["engine"]
+        server = {item.name: getattr(self, item.name) for item in dataclasses.fields(self) if item.name != "engine"}
+        values = {**server, **dataclasses.asdict(self.engine)}  # the engine's `engine` field is BATCH_SERVE_ENGINE
         return {f"{PREFIX}{name.upper()}": _text(value) for name, value in values.items() if value is not None}
 
 

@@ -1,0 +1,113 @@
+"""The server's state without a server: settings from the environment, batch transitions, the store, stream events."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from workflows.schema import EngineSettings
+from workflows.server.batch_jobs import TRANSITIONS, checked_metadata, moved, new_batch, window_seconds
+from workflows.server.errors import APIError
+from workflows.server.settings import ServerSettings
+from workflows.server.store import LineRecord, Store
+from workflows.server.streaming import stream_events
+
+INPUT = {"id": "file-1", "purpose": "batch"}
+
+
+def test_settings_come_from_batch_serve_variables_engine_fields_included() -> None:
+    settings = ServerSettings.from_environment(
+        {
+            "BATCH_SERVE_PORT": "9001",
+            "BATCH_SERVE_EMBEDDINGS": "false",
+            "BATCH_SERVE_ENGINE": "vllm",
+            "BATCH_SERVE_MAX_NEW_TOKENS": "512",
+            "BATCH_SERVE_SEED": "",
+            "BATCH_SERVE_DATA_DIR": "/tmp/x",
+        }
+    )
+
+    assert (settings.port, settings.embeddings, settings.data_dir) == (9001, False, Path("/tmp/x"))
+    assert settings.engine == EngineSettings(engine="vllm", max_new_tokens=512, seed=None)
+    assert ServerSettings.from_environment(settings.environment()) == settings  # what the CLI sets is read back
+    with pytest.raises(ValueError, match="BATCH_SERVE_PORT='eighty'"):
+        ServerSettings.from_environment({"BATCH_SERVE_PORT": "eighty"})
+
+
+def test_a_batch_moves_only_along_its_transitions_stamping_each_status() -> None:
+    batch = new_batch({"endpoint": "/v1/completions", "metadata": {"k": "v"}}, input_file=INPUT, model="m")
+
+    running = moved(batch, "in_progress")
+    cancelling = moved(running, "cancelling")
+
+    assert batch["status"] == "validating" and batch["expires_at"] - batch["created_at"] == 24 * 3600
+    assert running["in_progress_at"] and cancelling["cancelling_at"] and moved(cancelling, "cancelled")["cancelled_at"]
+    with pytest.raises(ValueError, match="cannot go from cancelling to completed"):
+        moved(cancelling, "completed")
+    assert all(final not in TRANSITIONS for final in ("completed", "failed", "expired", "cancelled"))
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"endpoint": "/v1/moderations"}, "endpoint"),
+        ({"endpoint": "/v1/completions", "completion_window": "1 day"}, "completion_window"),
+        ({"endpoint": "/v1/completions", "metadata": {"k": 7}}, "metadata"),
+        ({"endpoint": "/v1/completions", "metadata": {f"k{n}": "v" for n in range(17)}}, "metadata"),
+    ],
+)
+def test_a_bad_batch_request_is_a_400_naming_its_field(body: dict, param: str) -> None:
+    with pytest.raises(APIError) as refused:
+        new_batch(body, input_file=INPUT, model="m")
+    assert refused.value.status == 400 and refused.value.param == param
+
+
+def test_completion_windows_and_metadata_as_the_api_allows_them() -> None:
+    assert [window_seconds(w) for w in ("24h", "90m", "5s")] == [86_400, 5_400, 5]
+    assert checked_metadata(None) is None and checked_metadata({"a": "b"}) == {"a": "b"}
+
+
+def test_a_line_recorded_twice_is_kept_and_counted_once(tmp_path: Path) -> None:
+    store = Store(tmp_path / "server.db")
+    store.insert_batch(new_batch({"endpoint": "/v1/completions"}, input_file=INPUT, model="m") | {"id": "b1"})
+    first = [LineRecord(1, True, {"n": 1}, 5, 7), LineRecord(2, False, {"n": 2})]
+
+    store.record_lines("b1", first)
+    batch = store.record_lines("b1", [*first, LineRecord(3, True, {"n": 3}, 1, 1)])  # a chunk run again, and one more
+
+    assert batch is not None and batch["request_counts"] == {"total": 0, "completed": 2, "failed": 1}
+    assert (batch["usage"]["input_tokens"], batch["usage"]["output_tokens"], batch["usage"]["total_tokens"]) == (
+        6,
+        8,
+        14,
+    )
+    assert [json.loads(line)["n"] for line in store.outputs("b1", ok=True)] == [1, 3]
+    assert store.answered_lines("b1") == {1, 2, 3}
+    reopened = Store(tmp_path / "server.db")  # what a restarted server reads
+    assert reopened.batch("b1") == batch
+
+
+def test_a_streamed_chat_answer_is_content_then_finish_then_usage_then_done() -> None:
+    body = {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "m",
+        "choices": [
+            {"index": 0, "finish_reason": "stop", "logprobs": None, "message": {"role": "assistant", "content": "4"}}
+        ],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+    }
+
+    events = list(stream_events(body, include_usage=True))
+
+    data = [json.loads(event.removeprefix("data: ")) for event in events[:-1]]
+    assert [event["choices"] for event in data] == [
+        [{"index": 0, "delta": {"role": "assistant", "content": "4"}, "finish_reason": None}],
+        [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+        [],
+    ]
+    assert data[-1]["usage"] == body["usage"] and events[-1] == "data: [DONE]\n\n"
+    assert {event["object"] for event in data} == {"chat.completion.chunk"}
