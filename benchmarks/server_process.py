@@ -18,10 +18,15 @@ START_TIMEOUT_S = 300.0
 
 
 def free_port() -> int:
-    """A port nothing listens on now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    """A port nothing listens on now, and one a Flyte app may use (Flyte reserves a few)."""
+    from flyte.app._app_environment import INVALID_APP_PORTS
+
+    while True:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        if port not in INVALID_APP_PORTS:
+            return port
 
 
 @dataclass

@@ -17,7 +17,9 @@ import os
 import signal
 import sys
 import threading
+import time
 import typing
+from typing import Any
 
 from workflows.schema import EngineSettings
 from workflows.server.settings import PREFIX, ServerSettings
@@ -53,14 +55,28 @@ def main(argv: list[str] | None = None) -> None:
 
     from workflows.serve import app_env
 
-    served = flyte.with_servecontext(mode="local", activate_timeout=ACTIVATE_TIMEOUT_S).serve(app_env)
-    served.activate(wait=True)
+    served = flyte.with_servecontext(mode="local").serve(app_env)
+    served.activate(wait=False)
+    if not _ready(served):
+        raise SystemExit("the server did not start (its log above says why)")
     print(f"serving on {served.endpoint}/v1 (OpenAI-compatible); Ctrl+C stops", flush=True)
     stopped = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stopped.set())
     stopped.wait()
     served.deactivate(wait=True)
+
+
+def _ready(served: Any) -> bool:
+    """Wait until the server answers `/health` (its models loaded), or its thread ended (it failed to start)."""
+    deadline = time.monotonic() + ACTIVATE_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if served.is_active():
+            return True
+        if served.is_deactivated():
+            return False
+        time.sleep(0.5)
+    return False
 
 
 if __name__ == "__main__":

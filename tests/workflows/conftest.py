@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import flyte
+import flyte.errors
 import pytest
 
 from flyteplugins_batcher import TokenBatcher
@@ -53,6 +54,24 @@ def replicas() -> Iterator[Replicas]:
     assert previous is tracker.used[-1]
     for replica in tracker.used:
         close_on_its_loop(replica)
+
+
+@pytest.fixture
+def cached_run(run_locally: Callable[..., Any], replicas: Replicas) -> Callable[..., Any]:
+    """Run a task with Flyte's cache on a fresh replica whose engine calls a `CountingBatcher` sees.
+
+    `cached_run(task, counting, fails="message", **inputs)` expects the run to fail with that message.
+    """
+
+    def run(task: Any, counting: CountingBatcher, *, fails: str | None = None, **inputs: Any) -> Any:
+        replicas.use(LLMReplica(counting.make))
+        if fails is None:
+            return run_locally(task, cache=True, **inputs)
+        with pytest.raises(flyte.errors.RuntimeUserError, match=fails):
+            run_locally(task, cache=True, **inputs)
+        return None
+
+    return run
 
 
 @pytest.fixture

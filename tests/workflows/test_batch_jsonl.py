@@ -12,7 +12,6 @@ from flyte.io import File
 
 from tests.workflows.conftest import CountingBatcher
 from workflows import batch_jsonl
-from workflows.llm_replica import LLMReplica
 from workflows.schema import RunSummary
 
 pytestmark = pytest.mark.slow
@@ -116,34 +115,29 @@ def test_a_model_mismatch_can_be_ignored(run_locally, tmp_path: Path):
     assert line["response"]["body"]["model"] == MODEL  # answered by the served model, which it names
 
 
-def test_a_rerun_after_a_crash_recomputes_only_the_unfinished_chunks(run_locally, replicas, tmp_path: Path):
+def test_a_rerun_after_a_crash_recomputes_only_the_unfinished_chunks(cached_run, tmp_path: Path):
     marker = uuid.uuid4().hex[:8]  # requests no earlier run has cached
     request_file = write(tmp_path, [{"custom_id": f"r{n}", "prompt": f"Count to {n} ({marker})"} for n in range(12)])
-    crashing = CountingBatcher(fail_when=lambda text: "Count to 10 " in text)
-    replicas.use(LLMReplica(crashing.make))
-    with pytest.raises(flyte.errors.RuntimeUserError, match="requests failed"):
-        run_locally(batch_jsonl.main, cache=True, input=request_file, chunk_size=3, max_new_tokens=4)
+    job = {"input": request_file, "chunk_size": 3, "max_new_tokens": 4}
+    cached_run(batch_jsonl.main, CountingBatcher(fail_when=lambda text: "Count to 10 " in text), fails="failed", **job)
 
     healthy = CountingBatcher()
-    replicas.use(LLMReplica(healthy.make))
-    summary: RunSummary = run_locally(batch_jsonl.main, cache=True, input=request_file, chunk_size=3, max_new_tokens=4)
+    summary: RunSummary = cached_run(batch_jsonl.main, healthy, **job)
 
     assert (summary.answered, summary.failed, summary.reused, summary.retried) == (12, 0, 9, 0)
     assert sorted(healthy.prompts) == sorted(f"Count to {n} ({marker})" for n in (9, 10, 11))  # one chunk of four
     assert sorted(line["custom_id"] for line in read_lines(summary.results.path)) == sorted(f"r{n}" for n in range(12))
 
 
-def test_a_rerun_reuses_the_answered_lines_and_sends_the_failed_ones_again(run_locally, replicas, tmp_path: Path):
+def test_a_rerun_reuses_the_answered_lines_and_sends_the_failed_ones_again(cached_run, tmp_path: Path):
     marker = uuid.uuid4().hex[:8]
     request_file = write(tmp_path, [{"custom_id": f"r{n}", "prompt": f"Count to {n} ({marker})"} for n in range(6)])
+    job = {"input": request_file, "chunk_size": 3, "max_new_tokens": 4}
     refusing = CountingBatcher(refuse_when=lambda text: "Count to 4 " in text)  # say, xgrammar was missing
-    replicas.use(LLMReplica(refusing.make))
-    with pytest.raises(flyte.errors.RuntimeUserError, match="1 of 6 requests failed"):
-        run_locally(batch_jsonl.main, cache=True, input=request_file, chunk_size=3, max_new_tokens=4)
+    cached_run(batch_jsonl.main, refusing, fails="1 of 6 requests failed", **job)
 
     fixed = CountingBatcher()
-    replicas.use(LLMReplica(fixed.make))
-    summary: RunSummary = run_locally(batch_jsonl.main, cache=True, input=request_file, chunk_size=3, max_new_tokens=4)
+    summary: RunSummary = cached_run(batch_jsonl.main, fixed, **job)
 
     assert fixed.prompts == [f"Count to 4 ({marker})"]  # the failed line only, not its chunk or the other chunk
     assert (summary.answered, summary.failed, summary.reused, summary.retried) == (6, 0, 5, 1)
@@ -151,6 +145,5 @@ def test_a_rerun_reuses_the_answered_lines_and_sends_the_failed_ones_again(run_l
     assert read_lines(summary.errors.path) == []
 
     again = CountingBatcher()
-    replicas.use(LLMReplica(again.make))
-    third: RunSummary = run_locally(batch_jsonl.main, cache=True, input=request_file, chunk_size=3, max_new_tokens=4)
+    third: RunSummary = cached_run(batch_jsonl.main, again, **job)
     assert again.prompts == [] and (third.answered, third.reused, third.retried) == (6, 6, 0)  # the retry is cached

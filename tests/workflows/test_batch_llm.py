@@ -70,34 +70,28 @@ def test_a_failing_chunk_is_retried_then_reported_and_the_run_exits_non_zero(run
 
 
 @pytest.mark.slow
-def test_a_rerun_after_a_crash_recomputes_only_the_unfinished_chunks(run_locally, replicas, tmp_path: Path):
-    source = questions_file(tmp_path, [f"What is {n} + {n}?" for n in range(8)])
+def test_a_rerun_after_a_crash_recomputes_only_the_unfinished_chunks(cached_run, tmp_path: Path):
+    job = {"source": questions_file(tmp_path, [f"What is {n} + {n}?" for n in range(8)]), "chunk_size": 2}
     crashing = CountingBatcher(fail_when=lambda text: "What is 6 + 6?" in text)
-    replicas.use(LLMReplica(crashing.make))
-    with pytest.raises(flyte.errors.RuntimeUserError, match="failed"):
-        run_locally(batch_llm.main, cache=True, source=source, chunk_size=2, max_new_tokens=4)
+    cached_run(batch_llm.main, crashing, fails="failed", max_new_tokens=4, **job)
     finished = {text for text in crashing.prompts if "6 + 6" not in text and "7 + 7" not in text}
     assert len(finished) == 6  # three of the four chunks finished (and were cached)
 
     healthy = CountingBatcher()
-    replicas.use(LLMReplica(healthy.make))
-    summary: RunSummary = run_locally(batch_llm.main, cache=True, source=source, chunk_size=2, max_new_tokens=4)
+    summary: RunSummary = cached_run(batch_llm.main, healthy, max_new_tokens=4, **job)
 
     assert (summary.answered, summary.reused, summary.retried) == (8, 6, 0)
     assert len(healthy.prompts) == 2 and all("6 + 6" in text or "7 + 7" in text for text in healthy.prompts)
 
 
 @pytest.mark.slow
-def test_a_rerun_sends_the_questions_that_failed_to_the_engine_again(run_locally, replicas, tmp_path: Path):
-    source = questions_file(tmp_path, [f"What is {n} + {n}?" for n in range(4)])
+def test_a_rerun_sends_the_questions_that_failed_to_the_engine_again(cached_run, tmp_path: Path):
+    job = {"source": questions_file(tmp_path, [f"What is {n} + {n}?" for n in range(4)]), "chunk_size": 2}
     refusing = CountingBatcher(refuse_when=lambda text: "What is 1 + 1" in text)
-    replicas.use(LLMReplica(refusing.make))
-    with pytest.raises(flyte.errors.RuntimeUserError, match="1 of 4 questions failed"):
-        run_locally(batch_llm.main, cache=True, source=source, chunk_size=2, max_new_tokens=4)
+    cached_run(batch_llm.main, refusing, fails="1 of 4 questions failed", max_new_tokens=4, **job)
 
     fixed = CountingBatcher()
-    replicas.use(LLMReplica(fixed.make))
-    summary: RunSummary = run_locally(batch_llm.main, cache=True, source=source, chunk_size=2, max_new_tokens=4)
+    summary: RunSummary = cached_run(batch_llm.main, fixed, max_new_tokens=4, **job)
 
     assert len(fixed.prompts) == 1 and "What is 1 + 1" in fixed.prompts[0]
     assert (summary.answered, summary.failed, summary.reused, summary.retried) == (4, 0, 3, 1)
