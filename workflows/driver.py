@@ -351,7 +351,7 @@ async def finish_run(
     print_report_location()
     if unpublished is not None:
         raise unpublished
-    check_failures(summary.failed, summary.requests, run.max_failed_fraction, f"see {summary.errors.path}")
+    check_failures(summary.failed, summary.requests, run.max_failed_fraction, f"see {summary.errors.path}", noun)
     return summary
 
 

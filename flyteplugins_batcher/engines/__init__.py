@@ -49,6 +49,7 @@ from flyteplugins_batcher.engines._factory import (
     vllm_usable,
 )
 from flyteplugins_batcher.engines._model_reference import check_model_reference, model_display_name
+from flyteplugins_batcher.engines._model_thread import ModelThread
 from flyteplugins_batcher.engines._prompts import ChatMessages, PreparedPrompt, PromptRecord, Request
 from flyteplugins_batcher.engines._response_format import ResponseFormat
 from flyteplugins_batcher.engines._simulated import SimulatedEngine
@@ -93,6 +94,7 @@ __all__ = [
     "InvalidResponseFormatError",
     "LoadedModel",
     "ModelNotFoundError",
+    "ModelThread",
     "OfflineRun",
     "OutputLengths",
     "PreparedPrompt",

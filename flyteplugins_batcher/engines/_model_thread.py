@@ -24,17 +24,23 @@ class ModelThread:
     """Runs callables one at a time on a dedicated thread, started on first use.
 
     Calls from several threads queue up, so the model is never used concurrently. A call made
-    from the model thread itself runs inline (no deadlock).
+    from the model thread itself runs inline (no deadlock). Use one for a torch model of your own
+    on CPU that a batcher calls from its worker thread: load it and run it on the same thread, and
+    the process keeps a single OpenMP pool (see the module notes for what two pools cost).
 
     Args:
         name: Thread name, shown in debuggers and thread dumps.
 
     Example:
         ```python
-        thread = ModelThread("my-engine")
-        model = thread.run(load_model)
-        outputs = thread.run(model.generate, inputs)
-        thread.shutdown()
+        thread = ModelThread("my-model")
+        model = thread.run(load_model)  # loaded on the model thread
+
+        def generate(batch: list[str]) -> list[str]:  # the batcher's worker thread calls it
+            return thread.run(model.generate, batch)  # and the model runs on the model thread
+
+        async with TokenBatcher(generate, max_batch_size=16) as batcher:
+            answers = await batcher.run(prompts)
         ```
     """
 

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from benchmarks.structured_cases import Validity, held_out_cases, held_out_requests, invalid_reason
 from flyteplugins_batcher.engines import (
     Completion,
     GenerationConfig,
@@ -14,7 +15,6 @@ from flyteplugins_batcher.engines import (
     Request,
     ResponseFormat,
 )
-from tests.engines.structured_cases import Validity, held_out_cases, held_out_requests, invalid_reason
 
 if TYPE_CHECKING:
     from flyteplugins_batcher.engines import TransformersEngine
@@ -97,11 +97,12 @@ def test_n_samples_with_a_schema_and_top_p_each_follow_it(
             assert invalid_reason(sample.text, schema_format) is None, sample.text
 
 
-@pytest.mark.timeout(900)  # 30 answers of up to 256 tokens on 2 shared CPU cores
+@pytest.mark.timeout(600)  # 10 answers of up to 256 tokens on 2 shared CPU cores
 def test_every_answered_held_out_schema_validates(smollm2_engine: TransformersEngine):
+    # Greedy here; the sampled answers too (30 in all) in `benchmarks/bench_structured.py`, which gives the table.
     validity = Validity()
-    for requests in (held_out_requests(), held_out_requests(temperature=0.7, n=2, seed=0)):
-        validity.add(requests, smollm2_engine.generate(requests))
+    requests = held_out_requests()
+    validity.add(requests, smollm2_engine.generate(requests))
     print(validity.summary("transformers"))
     assert not validity.failures, validity.failures
-    assert validity.answered >= len(held_out_cases())  # most answers finish within the budget
+    assert validity.answered >= len(held_out_cases()) - 2  # most answers finish within the budget

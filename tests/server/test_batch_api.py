@@ -13,8 +13,8 @@ from tests.server.conftest import RunningServer, chat_line, jsonl, openai, simul
 
 pytestmark = pytest.mark.slow
 
-SLOW_ENGINE = simulated(time_scale=0.05, output_lengths={"mean": 40})
-"""A simulated GPU 20 times slower than real time: a line takes a couple of seconds, time enough to cancel."""
+SLOW_ENGINE = simulated(time_scale=0.2, output_lengths={"mean": 40})
+"""A simulated GPU 5 times slower than real time: a line takes about 1.4 s, time enough to cancel."""
 
 
 def upload(client: openai.OpenAI, lines: list) -> str:

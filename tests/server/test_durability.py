@@ -12,7 +12,7 @@ from tests.server.conftest import RunningServer, chat_line, jsonl, simulated, wa
 
 pytestmark = pytest.mark.slow
 
-LINES = 120
+LINES = 60
 ENGINE = [
     *simulated(time_scale=0.2, output_lengths={"mean": 30}),
     "--batch-chunk-size",

@@ -56,7 +56,7 @@ def test_a_failing_chunk_is_retried_then_reported_and_the_run_exits_non_zero(run
     replicas.use(LLMReplica(counting.make))
     source = questions_file(tmp_path, ["What is 2 + 2?", "What is 3 + 5?", "POISON: what is 1 + 1?", "What is 10 - 4?"])
 
-    with pytest.raises(flyte.errors.RuntimeUserError, match=r"2 of 4 requests failed \(50.0%, allowed: 0.0%\)"):
+    with pytest.raises(flyte.errors.RuntimeUserError, match=r"2 of 4 questions failed \(50.0%, allowed: 0.0%\)"):
         run_locally(batch_llm.main, source=source, chunk_size=2, max_new_tokens=8)
 
     summary: RunSummary = run_locally(

@@ -136,3 +136,29 @@ def test_importing_the_images_reads_no_command_line():
     found = probe(("flyte", "run", "--image", "batch-llm-gpu=ghcr.io/me/gpu:v3"), **unset)
     gpu, driver, embedder = "ours:batch-llm-gpu", "ours:batch-llm-driver", "ours:embed-gpu"
     assert found["images"] == [gpu, driver, driver, embedder, driver]
+
+
+def test_the_local_virtualenv_is_neither_part_of_an_images_identity_nor_of_its_build_context(tmp_path):
+    # The images install this project from its folder (`with_uv_project`): without `.dockerignore`, the
+    # local `.venv` (gigabytes) was hashed into every image's name and copied into its build context.
+    before = images.GPU_SPEC.build().uri
+    probe = REPO_ROOT / ".venv" / f"image-identity-probe-{tmp_path.name}"
+    probe.parent.mkdir(exist_ok=True)
+    probe.write_text("not part of any image")
+    try:
+        assert images.GPU_SPEC.build().uri == before
+    finally:
+        probe.unlink()
+
+
+def test_the_server_app_deploys_behind_authentication_on_its_own_image_and_binds_every_address_there():
+    from workflows import serve
+
+    assert serve.app_env.image == images.SERVE_SPEC.build()
+    assert serve.app_env.requires_auth and serve.app_env.get_port().port == 8000
+    assert serve.app_env.env_vars == {"BATCH_SERVE_HOST": "0.0.0.0"}  # in its container; locally 127.0.0.1
+    assert serve.app_env.uvicorn_config.host == "127.0.0.1"
+    assert serve.app_env.scaling.replicas == (1, 1)  # one replica up: the Batch API's jobs live in it
+    assert {"vllm", "fastapi", "uvicorn", "prometheus-client", "sentence-transformers"} <= {
+        Requirement(package).name for package in images.SERVE_SPEC.pip_packages
+    }

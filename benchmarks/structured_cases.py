@@ -18,7 +18,7 @@ import jsonschema
 
 from flyteplugins_batcher.engines import Completion, GenerationConfig, Request, ResponseFormat
 
-CASES_PATH = Path(__file__).resolve().parent.parent / "data" / "held_out_schemas.json"
+CASES_PATH = Path(__file__).resolve().parent.parent / "tests" / "data" / "held_out_schemas.json"
 JSON_OBJECT_PROMPTS = ["Describe your favourite city as a JSON object.", "Give me a JSON object about a cat."]
 STRUCTURED_MAX_TOKENS = 256
 """Enough for SmolLM2 to close every held-out schema's JSON when it does not loop."""
