@@ -7,6 +7,7 @@ import json
 import time
 
 import httpx
+import numpy as np
 import pytest
 
 from tests.server.conftest import RunningServer, chat_line, jsonl, openai, simulated, wait_for_batch
@@ -67,6 +68,32 @@ def test_a_batch_with_bad_lines_answers_the_rest_and_reports_each_bad_line(smoll
         8: "context_length_exceeded",
     }
     assert errors[3]["custom_id"] == "hot" and "temperature must be from 0 to 2" in errors[3]["error"]["message"]
+
+
+def test_an_embeddings_batch_gives_the_vectors_the_online_endpoint_gives(smollm2_server: RunningServer) -> None:
+    client = smollm2_server.client()
+    texts = ["Tea.", "A reusable container keeps the model in memory between tasks."]
+    lines = [
+        {"custom_id": "one", "method": "POST", "url": "/v1/embeddings", "body": {"input": texts[0]}},
+        {"custom_id": "empty", "method": "POST", "url": "/v1/embeddings", "body": {"input": ""}},
+        {"custom_id": "two", "method": "POST", "url": "/v1/embeddings", "body": {"input": [texts[1], texts[0]]}},
+    ]
+
+    input_id = upload(client, lines)
+    created = client.batches.create(input_file_id=input_id, endpoint="/v1/embeddings", completion_window="1h")
+    batch = wait_for_batch(client, created.id)
+    online = client.embeddings.create(model="all-MiniLM-L6-v2", input=texts, encoding_format="float")
+
+    assert batch.status == "completed" and batch.model == "all-MiniLM-L6-v2"
+    assert (batch.request_counts.completed, batch.request_counts.failed) == (2, 1)
+    results = {line["custom_id"]: line["response"]["body"] for line in lines_of(client, batch.output_file_id)}
+    vectors = {name: [item["embedding"] for item in body["data"]] for name, body in results.items()}
+    expected = [item.embedding for item in online.data]
+    assert np.abs(np.asarray(vectors["one"]) - np.asarray(expected[:1])).max() <= 1e-5
+    assert np.abs(np.asarray(vectors["two"]) - np.asarray(expected[::-1])).max() <= 1e-5
+    assert results["two"]["object"] == "list" and results["two"]["usage"]["prompt_tokens"] > 2
+    [error] = lines_of(client, batch.error_file_id)
+    assert error["custom_id"] == "empty" and error["error"]["code"] == "invalid_body"
 
 
 def test_a_batch_whose_every_line_fails_still_completes_with_files(smollm2_server: RunningServer) -> None:

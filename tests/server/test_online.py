@@ -147,12 +147,18 @@ def test_bad_requests_get_openai_error_bodies(smollm2_server: RunningServer) -> 
 def test_models_health_and_metrics_as_their_users_expect(smollm2_server: RunningServer) -> None:
     client = smollm2_server.client()
     client.embeddings.create(model="all-MiniLM-L6-v2", input="warm", encoding_format="float")
+    client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": "Hi"}])
 
     models = [model.id for model in client.models.list()]
+    retrieved = client.models.retrieve("all-MiniLM-L6-v2")
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.models.retrieve("gpt-4o")
     health = httpx.get(f"{smollm2_server.url}/health")
     metrics = smollm2_server.metrics()
 
     assert models == ["SmolLM2-135M-Instruct", "all-MiniLM-L6-v2"]
+    assert retrieved.id == "all-MiniLM-L6-v2" and retrieved.object == "model"
+    assert missing.value.code == "model_not_found" and "'gpt-4o' does not exist" in missing.value.message
     assert health.status_code == 200 and health.json()["status"] == "ok"
     for name in (
         'batcher_queue_length{batcher="llm"}',

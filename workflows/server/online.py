@@ -1,4 +1,4 @@
-"""The online endpoints: `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, `/v1/models`.
+"""The online endpoints: `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, `/v1/models[/{id}]`.
 
 A request body is parsed exactly as a batch line's body is (`flyteplugins_batcher.batch_api`), so
 per-request settings, `response_format` and `n` behave as in batch files and fail with the same
@@ -37,13 +37,28 @@ router = APIRouter(prefix="/v1")
 @router.get("/models")
 async def models(service: ServiceDep) -> dict[str, Any]:
     """The served models: the LLM, and the embedding model when embeddings are served."""
+    return {"object": "list", "data": [_model_object(service, name) for name in _served_models(service)]}
+
+
+@router.get("/models/{model_id:path}")
+async def model(model_id: str, service: ServiceDep) -> dict[str, Any]:
+    """One served model (`client.models.retrieve`); 404 for a model this server does not serve.
+
+    The id may hold slashes (`Qwen/Qwen2.5-7B-Instruct`), as hub ids do.
+    """
+    if model_id not in _served_models(service):
+        message = f"The model {model_id!r} does not exist; this server serves {_served_models(service)}."
+        raise APIError(404, message, code="model_not_found", param="model")
+    return _model_object(service, model_id)
+
+
+def _served_models(service: Service) -> list[str]:
     names = [service.inference.served_model, service.inference.embedding_model]
-    data = [
-        {"id": name, "object": "model", "created": service.started_at, "owned_by": "flyteplugins-batcher"}
-        for name in names
-        if name
-    ]
-    return {"object": "list", "data": data}
+    return [name for name in names if name]
+
+
+def _model_object(service: Service, name: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": service.started_at, "owned_by": "flyteplugins-batcher"}
 
 
 @router.post("/chat/completions", response_model=None)
