@@ -49,8 +49,9 @@ test-fast: install  ## Skip the tests that load SmolLM2 or run the workflow
 bench: install  ## Batcher vs flyte.extras, side by side
 	$(BIN)/python benchmarks/bench_batcher.py
 
-bench-engine: install  ## SmolLM2 on gsm8k: one at a time, fixed batches, flyte.extras, ours
+bench-engine: install  ## SmolLM2 on gsm8k: one at a time, fixed batches, flyte.extras, ours; then a Transformers model of your own
 	$(BIN)/python benchmarks/bench_engine_cpu.py
+	$(BIN)/python benchmarks/bench_own_model_cpu.py
 
 bench-vllm: install  ## real vLLM: its own limit vs flyte.extras vs our batch and stream modes
 	$(BIN)/python benchmarks/bench_vllm.py

@@ -35,6 +35,7 @@ from flyteplugins_batcher._histogram import Distribution
 from flyteplugins_batcher._invoke import BlockingProcessFnWarning
 from flyteplugins_batcher._lifecycle import BatcherState
 from flyteplugins_batcher._observers import BatchObserver, SettledOutcome
+from flyteplugins_batcher._openmp import release_openmp_pool
 from flyteplugins_batcher._records import (
     CostEstimator,
     CostEstimatorFn,
@@ -90,5 +91,6 @@ __all__ = [
     "UnrecoverableError",
     "batched",
     "inference_environment",
+    "release_openmp_pool",
     "size_in_flight",
 ]

@@ -27,6 +27,7 @@ from flyteplugins_batcher._errors import (
     UnrecoverableError,
 )
 from flyteplugins_batcher._invoke import BlockingStepMonitor, is_async_callable
+from flyteplugins_batcher._openmp import release_openmp_pool
 from flyteplugins_batcher._staging import Batch, StagingArea
 from flyteplugins_batcher._stats import BusyClock
 
@@ -126,6 +127,9 @@ class RunnerPool:
             loop.call_soon(self._start_threads, count)
 
     def _start_threads(self, count: int) -> None:
+        # On the loop's thread: a pool of OpenMP workers it kept from warming a model up would make
+        # every pool sleep between parallel regions once the model runs in a worker thread.
+        release_openmp_pool()
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=self._max_runners, thread_name_prefix=self._batcher_name)
         for _ in range(count):

@@ -24,9 +24,10 @@ class ModelThread:
     """Runs callables one at a time on a dedicated thread, started on first use.
 
     Calls from several threads queue up, so the model is never used concurrently. A call made
-    from the model thread itself runs inline (no deadlock). Use one for a torch model of your own
-    on CPU that a batcher calls from its worker thread: load it and run it on the same thread, and
-    the process keeps a single OpenMP pool (see the module notes for what two pools cost).
+    from the model thread itself runs inline (no deadlock). A batcher with one worker thread needs
+    none (it gives its event-loop thread's OpenMP pool up, `release_openmp_pool`); use one for a
+    torch model of your own on CPU that several threads call (`max_concurrent_batches > 1`, threads
+    of your own), and the process keeps a single OpenMP pool (see the module notes for what two cost).
 
     Args:
         name: Thread name, shown in debuggers and thread dumps.
