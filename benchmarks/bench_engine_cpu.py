@@ -1,26 +1,30 @@
-"""CPU engine benchmark: the same gsm8k questions through the bundled SmolLM2, four ways, in one process.
+"""CPU engine benchmark: the same gsm8k questions through the bundled SmolLM2, six ways, in one process.
 
 Modes (greedy, float32, `max_new_tokens` 64 by default):
 
 1. one at a time: `engine.generate([question])` for each question in turn.
-2. fixed batches: `engine.generate(chunk)` over chunks of `--batch-size`, the offline ideal.
+2. fixed batches: `engine.generate(chunk)` over chunks of `--batch-size` in input order, the offline
+   ideal this benchmark's goal is set against.
 3. flyte.extras.TokenBatcher, used as its docs show: `async def inference(batch)` that calls the
    blocking `engine.generate` directly (so the event loop stalls while the model runs).
-4. ours: `flyteplugins_batcher.TokenBatcher(inference_fn=engine.generate, ...)`; the plain `def`
-   runs in a worker thread.
+4. ours: `flyteplugins_batcher.TokenBatcher(inference_fn=engine.generate, ...)` with mode 3's
+   settings; the plain `def` runs in a worker thread.
 5. ours as a plain script writes it: `TokenBatcher(inference_fn=generate, max_batch_size=16,
    target_batch_tokens=2000)` around a plain `def generate(batch)`, with no token estimator
    (each record costs 1, so batches are cut by size alone).
+6. ours as the workflows use it: `engine.batcher(max_batch_size=16)`, the engine's own settings
+   (its token counts, and records of similar length batched together: `grouping="by_cost"`).
 
-In modes 3 and 4, `--producers` concurrent producers share the questions round-robin; each submits
-all of its questions, then awaits its answers. Both batchers get the same settings:
+In modes 3-6, `--producers` concurrent producers share the questions round-robin; each submits
+all of its questions, then awaits its answers. Modes 3 and 4 get the same settings:
 `max_batch_size=--batch-size` (16, the fixed-batch size), `token_estimator=engine.estimate_tokens`
 (the tokenizer's exact prompt count + `max_new_tokens`), and `target_batch_tokens` set so that a
 full batch of the longest question fits (it never binds before `max_batch_size` does). The other
 settings are the defaults (`batch_timeout_s=0.05`, `min_batch_size=1`).
 
-Modes 2-5 take turns for `--rounds` rounds (3 by default), and the table shows each one's median
-round, so that the machine's drift in speed falls on all of them alike.
+Modes 2-6 take turns for `--rounds` rounds (3 by default), and the table shows each one's median
+round, so that the machine's drift in speed falls on all of them alike, and each round's ratio to
+the fixed batches of the same round.
 
 Run from the repository root:
 
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import itertools
 import json
 import os
@@ -157,13 +162,11 @@ def flyte_extras_batcher(
     return asyncio.run(main())
 
 
-def our_batcher(
-    engine: TransformersEngine, questions: list[str], batch_size: int, producers: int
-) -> tuple[list[str], int]:
-    from flyteplugins_batcher import TokenBatcher
+def through_our_batcher(make_batcher: Callable[[], Any], questions: list[str], producers: int) -> tuple[list[str], int]:
+    """The answers and batch count of `questions` through the batcher that `make_batcher` builds."""
 
     async def main() -> tuple[list[str], int]:
-        batcher = TokenBatcher(inference_fn=engine.generate, **batcher_settings(engine, questions, batch_size))
+        batcher = make_batcher()
         await batcher.start()
         answers = await through_producers(batcher, questions, producers, batcher.stop)
         return answers, batcher.stats.total_batches
@@ -171,34 +174,37 @@ def our_batcher(
     return asyncio.run(main())
 
 
-def plain_script_batcher(
-    engine: TransformersEngine, questions: list[str], batch_size: int, producers: int
-) -> tuple[list[str], int]:
+def our_ways(engine: TransformersEngine, questions: list[str], batch_size: int) -> dict[str, Callable[[], Any]]:
+    """Modes 4-6: the batchers of ours that the modes build (see the module notes)."""
     from flyteplugins_batcher import TokenBatcher
 
-    def generate(batch: list[str]) -> list[Completion | Exception]:
+    def generate(batch: list[str]) -> list[Completion | Exception]:  # as a plain script writes it
         return engine.generate(batch)
 
-    async def main() -> tuple[list[str], int]:
-        batcher = TokenBatcher(inference_fn=generate, max_batch_size=batch_size, target_batch_tokens=2000)
-        await batcher.start()
-        answers = await through_producers(batcher, questions, producers, batcher.stop)
-        return answers, batcher.stats.total_batches
+    return {
+        "4. flyteplugins_batcher TokenBatcher": lambda: TokenBatcher(
+            inference_fn=engine.generate, **batcher_settings(engine, questions, batch_size)
+        ),
+        "5. ours, a plain script's TokenBatcher": lambda: TokenBatcher(
+            inference_fn=generate, max_batch_size=batch_size, target_batch_tokens=2000
+        ),
+        "6. ours, the engine's own `engine.batcher()`": lambda: engine.batcher(max_batch_size=batch_size),
+    }
 
-    return asyncio.run(main())
 
-
-def markdown_table(results: list[ModeResult], ideal: ModeResult, flyte: ModeResult, reference: ModeResult) -> str:
+def markdown_table(
+    results: list[ModeResult], ideal: ModeResult, flyte: ModeResult, reference: ModeResult, paired: dict[str, str]
+) -> str:
     lines = [
-        "| mode | questions/s | avg batch | vs fixed batches | vs flyte.extras | padding eff. "
+        "| mode | questions/s | avg batch | vs fixed batches | paired rounds | vs flyte.extras | padding eff. "
         "| answers = one-at-a-time |",
-        "|---|---:|---:|---:|---:|---:|---|",
+        "|---|---:|---:|---:|---|---:|---:|---|",
     ]
     for result in results:
         same = sum(a == b for a, b in zip(result.answers, reference.answers, strict=True))
         lines.append(
             f"| {result.name} | {result.questions_per_s():.2f} | {result.avg_batch_size():.1f} "
-            f"| {result.questions_per_s() / ideal.questions_per_s():.2f}x "
+            f"| {result.questions_per_s() / ideal.questions_per_s():.2f}x | {paired.get(result.name, '')} "
             f"| {result.questions_per_s() / flyte.questions_per_s():.2f}x "
             f"| {result.padding_efficiency:.2f} | {same}/{len(result.answers)} |"
         )
@@ -242,23 +248,26 @@ def main() -> None:
         "3. flyte.extras TokenBatcher": lambda: flyte_extras_batcher(
             engine, questions, args.batch_size, args.producers
         ),
-        "4. flyteplugins_batcher TokenBatcher": lambda: our_batcher(engine, questions, args.batch_size, args.producers),
-        "5. ours, a plain script's TokenBatcher": lambda: plain_script_batcher(
-            engine, questions, args.batch_size, args.producers
-        ),
     }
+    for name, make_batcher in our_ways(engine, questions, args.batch_size).items():
+        ways[name] = functools.partial(through_our_batcher, make_batcher, questions, args.producers)
     runs: dict[str, list[ModeResult]] = {name: [] for name in ways}
     for _ in range(args.rounds):
         for name, run in ways.items():
             runs[name].append(measure(name, engine, run))
-    ideal, flyte, ours, plain = (sorted(rounds, key=lambda r: r.seconds)[len(rounds) // 2] for rounds in runs.values())
+    medians = [sorted(rounds, key=lambda r: r.seconds)[len(rounds) // 2] for rounds in runs.values()]
+    fixed_rounds = next(iter(runs.values()))
+    paired = {
+        name: " / ".join(f"{base.seconds / mine.seconds:.2f}" for base, mine in zip(fixed_rounds, rounds, strict=True))
+        for name, rounds in runs.items()
+    }
     print()
     print(
         f"SmolLM2-135M-Instruct float32 on CPU, {args.threads} threads, greedy, max_new_tokens "
         f"{args.max_new_tokens}, {len(questions)} gsm8k questions, {args.producers} producers; "
-        f"modes 2-5: median of {args.rounds} rounds\n"
+        f"modes 2-6: median of {args.rounds} rounds\n"
     )
-    print(markdown_table([reference, ideal, flyte, ours, plain], ideal, flyte, reference))
+    print(markdown_table([reference, *medians], medians[0], medians[1], reference, paired))
 
 
 if __name__ == "__main__":

@@ -189,12 +189,17 @@ class TransformersEngine(BatchEngine):
         return [by_index[prompt.index] for prompt in prompts]
 
     def batcher_defaults(self) -> BatcherSettings:
-        """Batches of up to 16 rows on CPU (64 on GPU), with a token budget that admits them."""
+        """Batches of up to 16 rows on CPU (64 on GPU), with a token budget that admits them, grouped by length.
+
+        A padded batch costs its longest row, so records of similar token counts go together
+        (`grouping="by_cost"`; the oldest waiting record always goes in the next batch).
+        """
         on_cpu = torch_device(self.device_request).type == "cpu"
         batch_size = _CPU_BATCH_SIZE if on_cpu else _GPU_BATCH_SIZE
         return BatcherSettings(
             max_batch_size=batch_size,
             target_batch_cost=batch_size * (_TYPICAL_PROMPT_TOKENS + self.generation.max_new_tokens),
+            grouping="by_cost",
         )
 
     def _generate_all(self, prompts: list[PreparedPrompt]) -> list[tuple[int, Outcome]]:

@@ -378,3 +378,26 @@ async def test_bad_records_fail_only_their_own_futures_in_the_batcher(
         assert fragment in str(outcomes[index])
     assert batcher.stats.total_batches == 1
     assert batcher.stats.total_failed == 3
+
+
+@pytest.mark.slow
+async def test_its_batcher_puts_prompts_of_similar_length_together(smollm2_engine: TransformersEngine) -> None:
+    short = [Request(text, GenerationConfig(max_new_tokens=2)) for text in ("Hi.", "Name a color.")]
+    long = [Request(PROMPTS[6] + " " + PROMPTS[7], GenerationConfig(max_new_tokens=2)) for _ in range(2)]
+    batch_costs: list[int] = []
+
+    class BatchCosts:
+        def on_dispatch(self, size: int, cost: int, reason: object, queue_waits_s: object) -> None:
+            batch_costs.append(cost)
+
+        def on_settled(self, outcome: object, latencies_s: object, failed: int) -> None:
+            pass
+
+    async with smollm2_engine.batcher(max_batch_size=2) as batcher:
+        batcher.add_observer(BatchCosts())
+        outcomes = await asyncio.gather(*await batcher.submit_batch([short[0], long[0], short[1], long[1]]))
+
+    assert all(isinstance(outcome, Completion) for outcome in outcomes)
+    # A padded batch costs its longest row: in arrival order each batch would hold a long prompt.
+    pairs = [short, long]
+    assert batch_costs == [sum(smollm2_engine.estimate_tokens(record) for record in pair) for pair in pairs]
