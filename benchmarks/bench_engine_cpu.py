@@ -211,18 +211,21 @@ def markdown_table(
     return "\n".join(lines)
 
 
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+def workload_parser(description: str) -> argparse.ArgumentParser:
+    """The flags of the CPU LLM benchmarks: the questions, the generation, the batches, the rounds."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="gsm8k test.jsonl")
     parser.add_argument("--questions", type=int, default=32)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--producers", type=int, default=4)
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
-    parser.add_argument(
-        "--rounds", type=int, default=3, help="rounds of modes 2-4, taken in turn; each mode's median round is shown"
-    )
-    return parser.parse_args()
+    parser.add_argument("--rounds", type=int, default=3, help="rounds, the ways taken in turn; medians are shown")
+    return parser
+
+
+def parse_args() -> argparse.Namespace:
+    return workload_parser(__doc__.split("\n", 1)[0]).parse_args()
 
 
 def main() -> None:

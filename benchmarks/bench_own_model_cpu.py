@@ -38,7 +38,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from benchmarks._tables import markdown_table
-from benchmarks.bench_engine_cpu import DEFAULT_DATA, SYSTEM_PROMPT, load_questions
+from benchmarks.bench_engine_cpu import SYSTEM_PROMPT, load_questions, workload_parser
 from flyteplugins_batcher.engines import bundled_smollm2_path
 
 
@@ -125,15 +125,7 @@ def ways(model: OwnModel, questions: list[str], size: int, producers: int) -> di
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="gsm8k test.jsonl")
-    parser.add_argument("--questions", type=int, default=32)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--producers", type=int, default=4)
-    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds, the ways taken in turn; medians are shown")
-    return parser.parse_args()
+    return workload_parser(__doc__.split("\n", 1)[0]).parse_args()
 
 
 def main() -> None:
