@@ -79,3 +79,9 @@ def test_the_model_thread_holds_the_only_openmp_pool() -> None:
     assert switches["plain thread"] > REGIONS // 4, switches
     assert switches["batcher"] < REGIONS // 20, switches
     assert switches["runtimes released"] == switches["runtimes loaded"] >= 1, switches
+
+
+def test_a_process_without_gnu_openmp_has_nothing_to_release() -> None:
+    script = "import sys, flyteplugins_batcher as b; print(b.release_openmp_pool(), 'torch' in sys.modules)"
+    finished = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert finished.stdout.split() == ["0", "False"], finished.stderr
