@@ -47,7 +47,7 @@ import numpy as np  # noqa: E402
 
 import flyteplugins_batcher as ours  # noqa: E402
 from benchmarks._tables import markdown_table  # noqa: E402
-from workflows.embeddings import load_model, model_reference  # noqa: E402
+from flyteplugins_batcher.jobs._embeddings import load_model, model_reference  # noqa: E402
 
 DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "gsm8k" / "test.jsonl"
 BATCH = 64

@@ -1,8 +1,9 @@
 """Scale, measured the way a GPU cluster behaves: the real driver, R replica processes, a GPU-timed engine.
 
-The real JSONL job (`workflows/jsonl_job.py`'s chunks through `workflows/driver.py`'s `fan_out`,
-results written to `results.jsonl`) runs against R replica processes (spawned), each running the
-real replica code path (`workflows.llm_replica.run_chunk`: the shared batcher, the engine's
+The real JSONL job (`flyteplugins_batcher/jobs/_jsonl_job.py`'s chunks through
+`flyteplugins_batcher/jobs/_driver.py`'s `fan_out`, results written to `results.jsonl`) runs against R
+replica processes (spawned), each running the real replica code path
+(`flyteplugins_batcher.jobs._llm_replica.run_chunk`: the shared batcher, the engine's
 `TokenBatcher` settings, stream mode) around `SimulatedEngine`: vLLM's continuous batching with an
 H100's step times, sleeping instead of computing. A router in the driver queues calls as Flyte
 does (FIFO; a call goes to any replica with one of its `concurrency` slots free) with a one-way
@@ -58,7 +59,7 @@ from benchmarks.scale_harness import (  # noqa: E402
 )
 from flyteplugins_batcher import InFlight, size_in_flight  # noqa: E402
 from flyteplugins_batcher.engines import OutputLengths, SimulatedEngine, SimulatedGpu  # noqa: E402
-from workflows.schema import EngineSettings  # noqa: E402
+from flyteplugins_batcher.jobs._schema import EngineSettings  # noqa: E402
 
 DEFAULT_QUESTIONS = REPO_ROOT.parent / "shared" / "data" / "gsm8k" / "test.jsonl"
 BEFORE = InFlight(chunk_size=32, concurrency=10, chunks_in_flight=16, requests_per_replica=320)

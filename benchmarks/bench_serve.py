@@ -6,7 +6,7 @@ answer the same gsm8k chat requests:
 
 - **straight to the engine**: every request in one `engine.generate(all)` call, in this process:
   the engine's own limit, with no HTTP and no server;
-- **ours**: `make serve`'s server (`python -m workflows.serve_cli --engine simulated`), a process of
+- **ours**: `make serve`'s server (`python -m flyteplugins_batcher.cli._serve --engine simulated`), a process of
   its own, driven by N closed-loop clients over HTTP on 127.0.0.1 (each sends its next request when
   its answer arrives), at 8, 32 (half load) and 64 clients, and 128 (twice the slots);
 - **flyte.extras pattern**: flyte-sdk's example app (`benchmarks/flyte_extras_app.py`: a FastAPI app

@@ -54,7 +54,7 @@ from flyteplugins_batcher.engines import (  # noqa: E402
     create_engine,
     parse_engine_args,
 )
-from flyteplugins_batcher.engines._vllm_args import running_on_cpu, with_device_defaults  # noqa: E402
+from flyteplugins_batcher.engines.vllm._args import running_on_cpu, with_device_defaults  # noqa: E402
 
 DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "gsm8k" / "test.jsonl"
 SYSTEM_PROMPT = "You are a careful math tutor. Solve the problem step by step, then give the final number."

@@ -1,16 +1,17 @@
 """A fleet of replica processes behind a router that queues calls the way Flyte does, fed by the real JSONL job.
 
 - `ReplicaProcess`: one spawned process running the real replica code path
-  (`workflows.llm_replica.run_chunk`: the shared batcher, the engine's `TokenBatcher` settings,
+  (`flyteplugins_batcher.jobs._llm_replica.run_chunk`: the shared batcher, the engine's `TokenBatcher` settings,
   stream mode) around whichever engine the settings name (the simulated GPU, or real vLLM).
   Calls and their results travel over pipes; `kill()` ends it with SIGKILL.
 - `Router`: Flyte's queue in front of reusable replicas. A call waits (FIFO) until any live
   replica has one of its `concurrency` slots free, travels there for `latency_s`, runs, and its
   result travels back for `latency_s` (the slot frees when the replica finishes). A call whose
   replica died is retried on the others, as Flyte retries a chunk whose task died.
-- `run_job`: the real driver (`workflows.driver.fan_out` over `workflows.jsonl_job.Job`'s chunks,
-  results written to `results.jsonl` by the job) through a `Router`, optionally killing one
-  replica halfway; it returns what happened, with every replica state the chunks brought back.
+- `run_job`: the real driver (`flyteplugins_batcher.jobs._driver.fan_out` over
+  `flyteplugins_batcher.jobs._jsonl_job.Job`'s chunks, results written to `results.jsonl` by the job)
+  through a `Router`, optionally killing one replica halfway; it returns what happened, with every replica state
+  the chunks brought back.
 """
 
 from __future__ import annotations
@@ -36,10 +37,17 @@ from typing import Any
 from flyteplugins_batcher import BlockingProcessFnWarning
 from flyteplugins_batcher.batch_api import parse_request_line
 from flyteplugins_batcher.engines import Request
-from workflows.driver import fan_out
-from workflows.jsonl_job import Job
-from workflows.request_lines import to_item
-from workflows.schema import ChatMessage, ChunkOutcome, EngineSettings, ReplicaSnapshot, RequestChunk, RequestItem
+from flyteplugins_batcher.jobs._driver import fan_out
+from flyteplugins_batcher.jobs._jsonl_job import Job
+from flyteplugins_batcher.jobs._request_lines import to_item
+from flyteplugins_batcher.jobs._schema import (
+    ChatMessage,
+    ChunkOutcome,
+    EngineSettings,
+    ReplicaSnapshot,
+    RequestChunk,
+    RequestItem,
+)
 
 _STOP_TIMEOUT_S = 20.0
 
@@ -102,7 +110,7 @@ def serve_replica(calls: multiprocessing.connection.Connection, answers: multipr
 
 
 async def _serve(calls: multiprocessing.connection.Connection, answers: multiprocessing.connection.Connection) -> None:
-    from workflows.llm_replica import process_replica
+    from flyteplugins_batcher.jobs._llm_replica import process_replica
 
     loop = asyncio.get_running_loop()
     inbox: asyncio.Queue[Any] = asyncio.Queue()
@@ -127,7 +135,7 @@ async def _serve(calls: multiprocessing.connection.Connection, answers: multipro
 
 
 async def _answer(message: tuple[str, int, Any], answers: multiprocessing.connection.Connection) -> None:
-    from workflows.llm_replica import process_replica, run_chunk
+    from flyteplugins_batcher.jobs._llm_replica import process_replica, run_chunk
 
     kind, call_id, payload = message
     try:

@@ -13,7 +13,7 @@ from typing import Any
 from benchmarks._tables import markdown_table
 from benchmarks.scale_harness import JobRun, ReplicaProcess, request_items
 from flyteplugins_batcher.engines import SimulatedGpu
-from workflows.schema import EngineSettings, RequestChunk
+from flyteplugins_batcher.jobs._schema import EngineSettings, RequestChunk
 
 GOALS = {"occupancy": 0.95, "makespan_x_ideal": 1.05, "scaling": 7.6, "long_makespan_x_ideal": 1.10}
 
@@ -223,8 +223,9 @@ def header(result: dict[str, Any], args: argparse.Namespace) -> str:
         else "size_in_flight(max_num_seqs, replicas): the workflows' defaults"
     )
     return (
-        f"{source}\nThe real JSONL job and fan_out against R replica processes running workflows.llm_replica."
-        f"run_chunk (shared TokenBatcher, stream mode); calls wait FIFO for a free replica slot, {args.latency:g} s "
+        f"{source}\nThe real JSONL job and fan_out against R replica processes running "
+        "flyteplugins_batcher.jobs._llm_replica.run_chunk (shared TokenBatcher, stream mode); "
+        f"calls wait FIFO for a free replica slot, {args.latency:g} s "
         f"each way. In-flight work: {defaults}. Occupancy: while work remains (until the last call leaves the driver), "
         "running sequences per step over max_num_seqs x the share of time the engine had work; run occupancy: per "
         "step over the whole run, the end's drain included, beside the ideal's own. Tail: from the first replica "

@@ -99,9 +99,17 @@ def start(command: list[str], *, port: int, log: Path, environment: dict[str, st
 
 
 def our_server(data_dir: Path, *arguments: str, port: int | None = None) -> ServerProcess:
-    """`make serve`'s server (`python -m workflows.serve_cli`) on `data_dir`, with more flags."""
+    """`make serve`'s server (`python -m flyteplugins_batcher.cli._serve`) on `data_dir`, with more flags."""
     port = port or free_port()
-    command = [sys.executable, "-m", "workflows.serve_cli", "--port", str(port), "--data-dir", str(data_dir)]
+    command = [
+        sys.executable,
+        "-m",
+        "flyteplugins_batcher.cli._serve",
+        "--port",
+        str(port),
+        "--data-dir",
+        str(data_dir),
+    ]
     log = data_dir.parent / f"server-{port}-{time.time_ns()}.log"
     data_dir.parent.mkdir(parents=True, exist_ok=True)
     return start([*command, *arguments], port=port, log=log)

@@ -50,6 +50,7 @@ from flyteplugins_batcher._shared import SharedBatcher
 from flyteplugins_batcher._sizing import InFlight, size_in_flight
 from flyteplugins_batcher._stats import BatchStats, DispatchReason
 from flyteplugins_batcher._token_batcher import TokenBatcher
+from flyteplugins_batcher._version import __version__
 
 __all__ = [
     "BatchObserver",
@@ -89,6 +90,7 @@ __all__ = [
     "TokenEstimator",
     "TokenEstimatorFn",
     "UnrecoverableError",
+    "__version__",
     "batched",
     "inference_environment",
     "release_openmp_pool",

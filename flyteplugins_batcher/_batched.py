@@ -32,6 +32,7 @@ class BatchedFunction(Generic[RecordT, ResultT]):
         **batcher_options: Any,
     ) -> None:
         functools.update_wrapper(self, fn)  # type: ignore[arg-type]
+        self._definition = (fn, batcher_class, batcher_options)  # what a pickled copy is rebuilt from
         # Validated here, at decoration time, rather than inside the first task. A TokenBatcher's
         # costs are tokens: a record's length in characters is no stand-in for them.
         options = BatcherOptions.for_batched(batcher_options, length_costs=not issubclass(batcher_class, TokenBatcher))
@@ -50,6 +51,20 @@ class BatchedFunction(Generic[RecordT, ResultT]):
         self._shared: SharedBatcher[Any, DynamicBatcher[RecordT, ResultT]] = SharedBatcher(
             load=functools.partial(_identity, fn), make_batcher=make_batcher, name=name
         )
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled as its function and settings, not as its batcher's threads and locks.
+
+        A module-level `@batched` function is reachable from the tasks that call it, and
+        `flyte deploy` (deriving a version) or a remote `flyte run` pickles those tasks. The copy
+        starts a batcher of its own on first use, in the process that unpickled it; observers
+        are this process's and stay here.
+        """
+        fn, batcher_class, batcher_options = self._definition
+        return {"fn": fn, "batcher_class": batcher_class, "batcher_options": batcher_options}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["fn"], state["batcher_class"], **state["batcher_options"])  # type: ignore[misc]
 
     async def __call__(self, record: RecordT, **options: Unpack[SubmitOptions]) -> ResultT:
         """Process one record in whatever batch it joins; returns its result.

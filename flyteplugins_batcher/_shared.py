@@ -91,6 +91,18 @@ class SharedBatcher(Generic[ModelT, BatcherT]):
         self.loads = 0
         self.batchers_built = 0
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled as its settings: a copy in another process loads its own model and starts its own batcher.
+
+        A module-level `SharedBatcher` is reachable from the tasks that use it, and `flyte deploy`
+        (deriving a version) or a remote `flyte run` pickles those tasks; its lock, model and
+        running batchers belong to this process and cannot travel.
+        """
+        return {"load": self._load, "make_batcher": self._make_batcher, "name": self.name}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["load"], state["make_batcher"], name=state["name"])  # type: ignore[misc]
+
     @property
     def loaded_model(self) -> ModelT | None:
         """The model loaded in this process, if any."""

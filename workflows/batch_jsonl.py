@@ -1,105 +1,15 @@
-"""Batch jobs on your own data: an OpenAI-batch (or plain) JSONL file in, results and errors out.
+"""Batch jobs on your own data: an OpenAI-batch JSONL file in, results and errors out.
 
-    flyte run --local workflows/batch_jsonl.py main --input requests.jsonl
+    flyte run --local workflows/batch_jsonl.py main --input requests.jsonl --output_dir out/
     flyte run workflows/batch_jsonl.py main --input s3://bucket/requests.jsonl --output_dir s3://bucket/out
+    flyte deploy workflows/batch_jsonl.py driver_env
 
-Each input line is a request (`flyteplugins_batcher.batch_api` says what is accepted); a bad line
-fails alone, with a line in the errors file naming its code and the reason, and every other line
-still runs. Chat and completion lines run on the LLM replicas (`infer_chunk`), embedding lines on
-the embedding replicas (`embed_requests`); a file may mix them, and a run loads only the models its
-lines need. The driver streams the file (`workflows/jsonl_job.py`): it parses a line at a time,
-keeps at most `max_chunks_in_flight` chunks outstanding (by default every LLM replica's slots:
-replicas x concurrency, sized to the engine by `size_in_flight`), and writes results as chunks
-finish, so its memory does not grow with the file. Finished chunks are cached by content and settings:
-re-running a job after a crash recomputes only what had not finished. The run exits non-zero when
-more requests failed than `max_failed_fraction` allows, after writing everything that did finish.
+The same job runs without Flyte's CLI: `flyteplugins-batcher run-batch -i requests.jsonl -o out/`.
+Chat and completion lines run on the LLM replicas, embedding lines on the embedding replicas; a bad
+line fails alone, in `errors.jsonl`.
 """
 
-from __future__ import annotations
+from flyteplugins_batcher.jobs import jsonl_driver_env as driver_env
+from flyteplugins_batcher.jobs import run_batch_file as main
 
-from collections.abc import Awaitable
-from pathlib import Path
-
-from flyte.io import File
-
-from flyteplugins_batcher.engines import model_display_name
-from workflows.driver import RunOptions, fan_out, finish_run
-from workflows.embed_replica import EmbeddingChunk, embed_env, embed_requests
-from workflows.embeddings import model_name as embedding_model_name
-from workflows.environments import driver_environment
-from workflows.jsonl_job import Job
-from workflows.llm_replica import LLM_POOL, LLM_SIZING, gpu_env, infer_chunk
-from workflows.options import task_with_options
-from workflows.outputs import Destination, WorkFolder
-from workflows.request_lines import JobChunk, JobOutcome
-from workflows.reruns import retrying_reused_failures
-from workflows.schema import EngineSettings, RunSummary
-
-driver_env = driver_environment("batch_jsonl_driver", gpu_env, embed_env)
-
-OUTPUT_FILES = ("results.jsonl", "errors.jsonl")
-
-
-@task_with_options(driver_env, report=True)
-async def main(
-    input: File,
-    model_mismatch: str = "error",
-    embedding_chunk_size: int = 128,
-    run: RunOptions = RunOptions(chunk_size=LLM_SIZING.chunk_size),
-    settings: EngineSettings = EngineSettings(),
-) -> RunSummary:
-    """Run every request of a JSONL file; write OpenAI-batch result lines and error lines.
-
-    Args:
-        input: The requests, one JSON object per line (OpenAI batch lines, or plain
-            `{"custom_id"?, "prompt" | "messages"}` lines).
-        model_mismatch: A request whose `body.model` is not the served model: "error" (its line
-            fails) or "ignore" (it runs on the served model).
-        embedding_chunk_size: Texts per chunk of embedding requests (a request's texts stay together).
-        run: How the job is chunked, resumed and written.
-        settings: The engine, generation and batcher settings (a request's own settings win).
-    """
-    if model_mismatch not in ("error", "ignore"):
-        raise ValueError(f"model_mismatch must be 'error' or 'ignore', got {model_mismatch!r}")
-    destination = Destination.check(run.output_dir, OUTPUT_FILES)  # before any inference
-    local_input = Path(await input.download())
-    work = WorkFolder("batch-jsonl-", destination)
-    job = Job(
-        local_input,
-        work.path,
-        served_model=model_display_name(settings.model or None),
-        served_embedding_model=embedding_model_name(),
-        model_mismatch=model_mismatch,  # type: ignore[arg-type]
-        defaults=settings.generation(),
-    )
-
-    def infer(chunk: JobChunk, cache_salt: str) -> Awaitable[JobOutcome]:
-        if isinstance(chunk, EmbeddingChunk):
-            return embed_requests(chunk, job.served_embedding_model, cache_salt)
-        return infer_chunk(chunk, settings, cache_salt)
-
-    fanned = None
-    try:
-        fanned = await fan_out(
-            job.chunks(run.chunk_size, embedding_chunk_size),
-            retrying_reused_failures(infer, salt=run.cache_salt(), started=job.started),
-            job.on_chunk,
-            max_in_flight=run.chunks_in_flight(LLM_POOL),
-        )
-    finally:
-        job.close()
-        if fanned is None or not job.counts.done:
-            work.discard()  # the run failed as a whole (its error says why), or had nothing to do
-    if not job.counts.done:
-        raise ValueError(f"{input.path}: the file has no requests (it is empty, or every line is blank)")
-    return await finish_run(
-        source=str(input.path),
-        counts=job.counts,
-        fanned=fanned,
-        work=work,
-        results=job.results.path,
-        errors=job.errors.path,
-        run=run,
-        pool=LLM_POOL,
-        progress=job.progress,
-    )
+__all__ = ["driver_env", "main"]

@@ -94,6 +94,7 @@ def parse_request_line(
     served_embedding_model: str | None = None,
     model_mismatch: ModelMismatch = "error",
     endpoints: Collection[str] = GENERATION_ENDPOINTS,
+    model_aliases: Collection[str] = (),
 ) -> ParsedRequest:
     """Parse and validate one input line (see the `batch_api` notes for what is accepted).
 
@@ -107,6 +108,8 @@ def parse_request_line(
         endpoints: The urls the job serves; an OpenAI line for another one fails as `invalid_url`.
             By default chat and completions (`GENERATION_ENDPOINTS`); a job that also embeds passes
             `ENDPOINTS`.
+        model_aliases: Other names a chat or completion line may give the served model: the model
+            reference as the user gave it (a path, say), as `vllm run-batch --model PATH` accepts it.
 
     Returns:
         A `BatchRequest` for chat and completion lines, an `EmbeddingRequest` for embedding lines
@@ -130,6 +133,7 @@ def parse_request_line(
         served_embedding_model=served_embedding_model,
         model_mismatch=model_mismatch,
         endpoints=endpoints,
+        model_aliases=model_aliases,
     )
 
 
@@ -141,6 +145,7 @@ def parse_request(
     served_embedding_model: str | None = None,
     model_mismatch: ModelMismatch = "error",
     endpoints: Collection[str] = GENERATION_ENDPOINTS,
+    model_aliases: Collection[str] = (),
 ) -> ParsedRequest:
     """Parse and validate one request already decoded from JSON (a line's object; an HTTP request's, say).
 
@@ -155,8 +160,9 @@ def parse_request(
         RequestLineError: Naming the line, the field as the request wrote it, and what is wrong.
     """
     if "url" in data or "body" in data or "method" in data:
-        served = served_embedding_model if data.get("url") == EMBEDDINGS_ENDPOINT else served_model
-        return _parse_openai(data, line, served, model_mismatch, endpoints)
+        embedding = data.get("url") == EMBEDDINGS_ENDPOINT
+        served = served_embedding_model if embedding else served_model
+        return _parse_openai(data, line, served, model_mismatch, endpoints, () if embedding else model_aliases)
     return _parse_plain(data, line)
 
 
@@ -166,6 +172,7 @@ def _parse_openai(
     served_model: str | None,
     model_mismatch: ModelMismatch,
     endpoints: Collection[str],
+    model_aliases: Collection[str] = (),
 ) -> ParsedRequest:
     custom_id = _custom_id(data, line, required=True)
     checks = FieldChecks("body.", line, custom_id)
@@ -180,7 +187,8 @@ def _parse_openai(
     if not isinstance(body, dict):
         raise checks.fail("invalid_body", "body must be a JSON object")
     model = body.get("model")
-    if model is not None and served_model is not None and model != served_model and model_mismatch == "error":
+    names = {served_model, *model_aliases}
+    if model is not None and served_model is not None and model not in names and model_mismatch == "error":
         raise checks.fail(
             "model_mismatch",
             f"body.model {model!r} is not the served model {served_model!r} (set model_mismatch='ignore' to run it "

@@ -22,13 +22,6 @@ from __future__ import annotations
 from flyteplugins_batcher.engines._base import BatchEngine, Engine, LoadedModel, StreamingEngine
 from flyteplugins_batcher.engines._completion import Completion, FinishReason, Sample, trim_at_stop
 from flyteplugins_batcher.engines._config import MAX_SAMPLES, GenerationConfig
-from flyteplugins_batcher.engines._continuous_batching import (
-    ContinuousBatchScheduler,
-    OfflineRun,
-    SequenceJob,
-    StepResult,
-    run_all_at_once,
-)
 from flyteplugins_batcher.engines._engine_errors import (
     ContextLengthExceededError,
     EngineConfigError,
@@ -52,8 +45,6 @@ from flyteplugins_batcher.engines._model_reference import check_model_reference,
 from flyteplugins_batcher.engines._model_thread import ModelThread
 from flyteplugins_batcher.engines._prompts import ChatMessages, PreparedPrompt, PromptRecord, Request
 from flyteplugins_batcher.engines._response_format import ResponseFormat
-from flyteplugins_batcher.engines._simulated import SimulatedEngine
-from flyteplugins_batcher.engines._simulated_gpu import OutputLengths, SimulatedGpu
 from flyteplugins_batcher.engines._smollm2 import (
     BUNDLED_MODEL_NAME,
     CACHE_DIR_ENV,
@@ -62,10 +53,18 @@ from flyteplugins_batcher.engines._smollm2 import (
     cache_root,
     publish_directory,
 )
-from flyteplugins_batcher.engines._transformers import TransformersEngine
-from flyteplugins_batcher.engines._vllm import ENGINE_EXIT_GRACE_S, VLLMEngine
-from flyteplugins_batcher.engines._vllm_args import parse_engine_args
-from flyteplugins_batcher.engines._vllm_stream import VLLMStreamEngine
+from flyteplugins_batcher.engines.simulated import (
+    ContinuousBatchScheduler,
+    OfflineRun,
+    OutputLengths,
+    SequenceJob,
+    SimulatedEngine,
+    SimulatedGpu,
+    StepResult,
+    run_all_at_once,
+)
+from flyteplugins_batcher.engines.transformers import TransformersEngine
+from flyteplugins_batcher.engines.vllm import ENGINE_EXIT_GRACE_S, VLLMEngine, VLLMStreamEngine, parse_engine_args
 
 __all__ = [
     "BUNDLED_MODEL_NAME",

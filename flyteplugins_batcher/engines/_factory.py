@@ -59,12 +59,12 @@ def create_engine(
         raise ValueError(f"unknown engine {engine!r}; choose one of {', '.join(map(repr, ENGINE_NAMES))}")
     chosen = ("vllm" if vllm_usable() else "transformers") if engine == "auto" else engine
     if chosen == "simulated":
-        from flyteplugins_batcher.engines._simulated import SimulatedEngine
+        from flyteplugins_batcher.engines.simulated._engine import SimulatedEngine
 
         return SimulatedEngine(generation=generation, system_prompt=system_prompt, model_name=model, **engine_kwargs)
     if chosen == "vllm":
         return _create_vllm_engine(model, generation=generation, system_prompt=system_prompt, **engine_kwargs)
-    from flyteplugins_batcher.engines._transformers import TransformersEngine
+    from flyteplugins_batcher.engines.transformers._engine import TransformersEngine
 
     return TransformersEngine(model, generation=generation, system_prompt=system_prompt, **engine_kwargs)
 
@@ -90,8 +90,8 @@ def _create_vllm_engine(
     if mode not in ("batch", "stream"):
         raise ValueError(f"mode must be 'batch' or 'stream', got {mode!r}")
     from flyteplugins_batcher.engines._model_reference import check_model_reference
-    from flyteplugins_batcher.engines._vllm import VLLMEngine
-    from flyteplugins_batcher.engines._vllm_stream import VLLMStreamEngine
+    from flyteplugins_batcher.engines.vllm._engine import VLLMEngine
+    from flyteplugins_batcher.engines.vllm._stream import VLLMStreamEngine
 
     if model is None:
         from flyteplugins_batcher.engines._smollm2 import BUNDLED_MODEL_NAME, bundled_smollm2_path

@@ -99,7 +99,7 @@ def test_a_completions_prompt_reaches_the_model_as_written(smollm2_server: Runni
 
 def test_embeddings_equal_the_model_run_alone(smollm2_server: RunningServer) -> None:
     pytest.importorskip("sentence_transformers", reason="needs the embed extra")
-    from workflows.embeddings import encode_batch
+    from flyteplugins_batcher.jobs._embeddings import encode_batch
 
     client = smollm2_server.client()
     texts = ["Tea.", "A reusable container keeps the model in memory between tasks.", "Blue."]

@@ -46,7 +46,15 @@ def test_vllm_serves_concurrent_clients_and_batches_in_stream_mode(start) -> Non
 
 
 def test_a_server_whose_model_cannot_load_exits_at_once_saying_why(tmp_path: Path) -> None:
-    command = [sys.executable, "-m", "workflows.serve_cli", "--port", str(free_port()), "--data-dir", str(tmp_path)]
+    command = [
+        sys.executable,
+        "-m",
+        "flyteplugins_batcher.cli._serve",
+        "--port",
+        str(free_port()),
+        "--data-dir",
+        str(tmp_path),
+    ]
 
     finished = subprocess.run(
         [*command, "--model", str(tmp_path / "no-such-model"), "--no-embeddings"],

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from workflows.schema import EngineSettings
-from workflows.server.batch_jobs import TRANSITIONS, checked_metadata, moved, new_batch, window_seconds
-from workflows.server.errors import APIError
-from workflows.server.settings import ServerSettings
-from workflows.server.store import LineRecord, Store
-from workflows.server.streaming import stream_events
+from flyteplugins_batcher.jobs._schema import EngineSettings
+from flyteplugins_batcher.server._batch_jobs import TRANSITIONS, checked_metadata, moved, new_batch, window_seconds
+from flyteplugins_batcher.server._errors import APIError
+from flyteplugins_batcher.server._settings import ServerSettings
+from flyteplugins_batcher.server._store import LineRecord, Store
+from flyteplugins_batcher.server._streaming import stream_events
 
 INPUT = {"id": "file-1", "purpose": "batch"}
 

@@ -12,7 +12,7 @@ import pytest
 
 from flyteplugins_batcher import TokenBatcher
 from flyteplugins_batcher.engines import InvalidResponseFormatError
-from workflows.llm_replica import LLMReplica, set_process_replica
+from flyteplugins_batcher.jobs._llm_replica import LLMReplica, set_process_replica
 
 
 @pytest.fixture(scope="session")

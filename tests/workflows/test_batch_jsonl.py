@@ -10,9 +10,9 @@ import flyte.errors
 import pytest
 from flyte.io import File
 
+from flyteplugins_batcher.jobs import _batch_jsonl as batch_jsonl
+from flyteplugins_batcher.jobs._schema import RunSummary
 from tests.workflows.conftest import CountingBatcher
-from workflows import batch_jsonl
-from workflows.schema import RunSummary
 
 pytestmark = pytest.mark.slow
 

@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 from flyte.io import File
 
+from flyteplugins_batcher.jobs import _batch_jsonl as batch_jsonl
+from flyteplugins_batcher.jobs._embeddings import EMBED_STATS, embed, encode_batch, load_model
+from flyteplugins_batcher.jobs._schema import RunSummary
 from tests.workflows.test_batch_jsonl import chat, read_lines, write
-from workflows import batch_jsonl
-from workflows.embeddings import EMBED_STATS, embed, encode_batch, load_model
-from workflows.schema import RunSummary
 
 pytestmark = pytest.mark.slow
 
@@ -176,8 +176,8 @@ def test_a_bom_is_accepted_and_bad_bytes_and_out_of_range_settings_fail_their_li
 def test_publishing_that_fails_at_the_end_prints_the_summary_and_where_the_files_are(
     run_locally, replicas, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ):
+    from flyteplugins_batcher.jobs._llm_replica import LLMReplica
     from tests.workflows.conftest import CountingBatcher
-    from workflows.llm_replica import LLMReplica
 
     out = tmp_path / "out"
 

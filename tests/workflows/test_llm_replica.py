@@ -7,8 +7,8 @@ import json
 import pytest
 
 from flyteplugins_batcher.engines import EngineConfigError, SimulatedEngine
-from workflows.llm_replica import engine_kwargs, load_engine, vllm_default_max_num_seqs
-from workflows.schema import EngineSettings
+from flyteplugins_batcher.jobs._llm_replica import engine_kwargs, load_engine, vllm_default_max_num_seqs
+from flyteplugins_batcher.jobs._schema import EngineSettings
 
 
 def test_the_simulated_engine_takes_its_options_from_engine_args() -> None:

@@ -8,11 +8,11 @@ from dataclasses import replace
 
 from flyte.io import File
 
-from workflows.driver import FanOutStats, RunOptions, fan_out, occupancy_warning, summary_line
-from workflows.environments import ReplicaPool
-from workflows.llm_replica import LLMReplica, run_chunk
-from workflows.report import final_html
-from workflows.schema import (
+from flyteplugins_batcher.jobs._driver import FanOutStats, RunOptions, fan_out, occupancy_warning, summary_line
+from flyteplugins_batcher.jobs._environments import ReplicaPool
+from flyteplugins_batcher.jobs._llm_replica import LLMReplica, run_chunk
+from flyteplugins_batcher.jobs._report import final_html
+from flyteplugins_batcher.jobs._schema import (
     ChatMessage,
     ChunkOutcome,
     EngineSettings,

@@ -13,10 +13,11 @@ from pathlib import Path
 import flyte
 import pytest
 
-from workflows import batch_jsonl, batch_llm
-from workflows.driver import RunOptions
-from workflows.options import option_help, spread_options, task_with_options
-from workflows.schema import EngineSettings
+from flyteplugins_batcher.jobs import _batch_jsonl as batch_jsonl
+from flyteplugins_batcher.jobs import _batch_llm as batch_llm
+from flyteplugins_batcher.jobs._driver import RunOptions
+from flyteplugins_batcher.jobs._options import option_help, spread_options, task_with_options
+from flyteplugins_batcher.jobs._schema import EngineSettings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LLM_WORKFLOWS = {"workflows/batch_llm.py": batch_llm, "workflows/batch_jsonl.py": batch_jsonl}
@@ -118,14 +119,6 @@ def test_the_cli_help_lists_every_shared_option_with_its_help(path: str):
     for option_set in SHARED_OPTION_SETS:
         for name, help_text in option_help(option_set).items():
             assert f"--{name}: {help_text.replace('`', '')}" in shown
-
-
-def test_the_embedding_workflow_builds_no_llm_replica():
-    script = "import sys, workflows.embed; print(sorted(m for m in sys.modules if m.startswith('workflows')))"
-    result = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
-    loaded = json.loads(result.stdout.strip().splitlines()[-1].replace("'", '"'))
-    assert "workflows.embed_replica" in loaded
-    assert not {"workflows.llm_replica", "workflows.batch_llm", "workflows.batch_jsonl"} & set(loaded)
 
 
 @pytest.mark.slow

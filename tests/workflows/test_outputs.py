@@ -12,8 +12,9 @@ import flyte.errors
 import pytest
 from flyte.io import File
 
-from workflows import batch_jsonl, batch_llm
-from workflows.outputs import Destination, OutputDirError, PublishError, WorkFolder
+from flyteplugins_batcher.jobs import _batch_jsonl as batch_jsonl
+from flyteplugins_batcher.jobs import _batch_llm as batch_llm
+from flyteplugins_batcher.jobs._outputs import Destination, OutputDirError, PublishError, WorkFolder
 
 NAMES = ("results.jsonl", "errors.jsonl")
 

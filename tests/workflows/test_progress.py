@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from workflows.progress import ProgressLine, ProgressState, format_duration
+from flyteplugins_batcher.jobs._progress import ProgressLine, ProgressState, format_duration
 
 
 class Terminal(io.StringIO):

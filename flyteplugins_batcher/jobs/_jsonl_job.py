@@ -1,0 +1,132 @@
+"""The JSONL batch job on the driver: requests read from a file lazily, cut into chunks, results written as they come.
+
+`Job` knows where the lines come from and where their answers go (a results file and an errors
+file, with running counts and a progress line), and nothing of where chunks run:
+`fan_out(job.chunks(n, m), infer, job.on_chunk, ...)` runs them with any `infer` callable that
+takes both kinds of chunk. What a line becomes on its way is `flyteplugins_batcher/jobs/_request_lines.py`'s.
+
+**Mixed files.** Chat and completion lines become `RequestChunk`s (for the LLM replicas), embedding
+lines `EmbeddingChunk`s (for the embedding replicas); a chunk holds one kind only. Both come out of
+one pass over the file, as one stream, in the order they fill up, and share the driver's cap on
+chunks in flight: kinds that are interleaved in the file run side by side, and a file sorted by kind
+runs one kind after the other. The driver holds at most the chunks in flight and one unfinished
+chunk of each kind, whatever the file's size.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+from flyteplugins_batcher.batch_api import ModelMismatch, ParsedRequest, RequestLineError, SeenIds, error_line
+from flyteplugins_batcher.engines import GenerationConfig
+from flyteplugins_batcher.jobs._driver import Counts, JsonLines
+from flyteplugins_batcher.jobs._report import Progress
+from flyteplugins_batcher.jobs._request_lines import (
+    ChunkCutter,
+    JobChunk,
+    JobOutcome,
+    LineRules,
+    chunk_answers,
+    read_requests,
+)
+
+
+class Job:
+    """One JSONL job on the driver: reads requests lazily, writes results and errors as they come.
+
+    Args:
+        input_path: The request file.
+        folder: Where the results, errors and the table of seen ids are written.
+        served_model: The LLM's name (chat and completion lines are answered by it).
+        served_embedding_model: The embedding model's name.
+        model_mismatch: What to do with a line naming another model ("error" or "ignore").
+        defaults: The run's generation settings (a request's own win).
+        model_aliases: Other names a line may give the LLM (the model reference as the user gave it).
+
+    Example:
+        ```python
+        job = Job(path, folder, served_model="m", served_embedding_model="e", model_mismatch="error", defaults=config)
+        await fan_out(job.chunks(8), infer, job.on_chunk, max_in_flight=16)
+        job.close()
+        ```
+    """
+
+    def __init__(
+        self,
+        input_path: Path,
+        folder: Path,
+        *,
+        served_model: str,
+        served_embedding_model: str,
+        model_mismatch: ModelMismatch,
+        defaults: GenerationConfig,
+        model_aliases: tuple[str, ...] = (),
+    ) -> None:
+        self.input_path = input_path
+        self.rules = LineRules(
+            served_model, served_embedding_model, model_mismatch, defaults, model_aliases=model_aliases
+        )
+        self.results = JsonLines(folder / "results.jsonl")
+        self.errors = JsonLines(folder / "errors.jsonl")
+        self.counts = Counts()
+        self.progress = Progress(f"Batch job {input_path.name}", total=0, total_known=False)
+        self.started = time.time()
+        """When the job started (epoch seconds): a chunk that finished before was reused from an earlier run."""
+        self._seen = SeenIds(folder)
+        self._in_flight: dict[str, ParsedRequest] = {}  # requests of the chunks outstanding, by custom_id
+
+    @property
+    def served_embedding_model(self) -> str:
+        return self.rules.served_embedding_model
+
+    async def chunks(self, chunk_size: int, embedding_chunk_texts: int = 128) -> AsyncIterator[JobChunk]:
+        """Chunks of valid requests, read from the file as they are needed; bad lines go to the errors file.
+
+        Args:
+            chunk_size: Chat and completion requests per LLM chunk.
+            embedding_chunk_texts: Texts per embedding chunk (a request is never split, so a chunk may hold more).
+        """
+        cutter = ChunkCutter(chunk_size, embedding_chunk_texts)
+        for request in self._requests():
+            self._in_flight[request.custom_id] = request
+            chunk = cutter.add(request)
+            if chunk is not None:
+                yield chunk
+                await asyncio.sleep(0)  # let finished chunks write out between reads
+        self.progress.total_known = True
+        for chunk in cutter.rest():
+            yield chunk
+
+    def _requests(self) -> Iterator[ParsedRequest]:
+        with self.input_path.open("rb") as lines:
+            for _, request in read_requests(lines, self.rules, self._seen):
+                self.progress.total += 1
+                if isinstance(request, RequestLineError):
+                    self._fail(request)
+                else:
+                    yield request
+
+    async def on_chunk(self, chunk: JobChunk, outcome: JobOutcome | None, reason: str) -> None:
+        """Write a finished chunk's result lines and error lines (`None`: the chunk failed, for `reason`)."""
+        requests = {item.key: self._in_flight.pop(item.key) for item in chunk.items}
+        for position, answer in enumerate(chunk_answers(self.rules, chunk, outcome, reason, requests)):
+            retried = outcome is not None and outcome.was_retried(position)
+            if answer.failure is not None:
+                self._fail(answer.failure, retried=retried)
+                continue
+            self.results.write(answer.output)
+            fresh = outcome is None or outcome.computed_since(position, self.started)
+            self.counts.count(failed=False, completion_tokens=answer.completion_tokens, fresh=fresh, retried=retried)
+        await self.progress.update(self.counts.done, self.counts.failed)
+
+    def _fail(self, error: RequestLineError, *, retried: bool = False) -> None:
+        self.errors.write(error_line(error, request_number=error.line))
+        self.counts.count(failed=True, completion_tokens=0, retried=retried)
+
+    def close(self) -> None:
+        self.results.close()
+        self.errors.close()
+        self._seen.close()

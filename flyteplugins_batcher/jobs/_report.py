@@ -1,0 +1,210 @@
+"""The workflow's Flyte report (HTML): live progress while chunks complete, then the results; and where it is."""
+
+from __future__ import annotations
+
+import html
+import logging
+import time
+from collections.abc import Sequence
+
+import flyte
+import flyte.report
+
+from flyteplugins_batcher.jobs._progress import ProgressLine, format_duration
+from flyteplugins_batcher.jobs._schema import ReplicaSnapshot, RunSummary
+
+logger = logging.getLogger("flyteplugins_batcher.jobs._report")
+
+STYLE = """
+<style>
+  .bl { font-family: system-ui, sans-serif; color: #1f2933; max-width: 980px; }
+  .bl h2 { margin: 0.2em 0 0.6em; }
+  .bl .cards { display: flex; gap: 12px; flex-wrap: wrap; margin-bottom: 16px; }
+  .bl .card { border: 1px solid #d9e2ec; border-radius: 8px; padding: 10px 14px; min-width: 130px; }
+  .bl .card .v { font-size: 1.5em; font-weight: 600; }
+  .bl .card .k { color: #627d98; font-size: 0.85em; }
+  .bl .bar { background: #e4e7eb; border-radius: 6px; height: 18px; overflow: hidden; }
+  .bl .bar > div { background: #2f80ed; height: 100%; }
+  .bl table { border-collapse: collapse; margin: 8px 0 16px; font-size: 0.9em; }
+  .bl td, .bl th { border-bottom: 1px solid #e4e7eb; padding: 4px 10px; text-align: left; vertical-align: top; }
+  .bl .ok { color: #1e7b34; } .bl .bad { color: #b42318; }
+</style>
+"""
+
+
+class Progress:
+    """A run's progress while chunks complete: the live report, and one line on the terminal (`ProgressLine`).
+
+    Both are throttled: each report flush rewrites the report, and the line follows `ProgressLine`'s rules.
+
+    Args:
+        title: What the run does.
+        total: Requests in the run (or read so far, while `total_known` is False).
+        min_interval_s: Least time between two report flushes.
+        noun: What the run counts, for the line.
+        total_known: Whether `total` is final (set it once a streamed input has been read through).
+    """
+
+    def __init__(
+        self, title: str, total: int, min_interval_s: float = 0.5, noun: str = "requests", total_known: bool = True
+    ) -> None:
+        self.title = title
+        self.total = total
+        self.total_known = total_known
+        self.line = ProgressLine(noun)
+        self._min_interval_s = min_interval_s
+        self._last_flush = 0.0
+        self._done = self._failed = 0
+
+    async def update(self, done: int, failed: int, note: str = "") -> None:
+        """Show how far the run is (at most every `min_interval_s`, and always at the end)."""
+        self._done, self._failed = done, failed
+        self.line.show(done, failed, self.total, self.total_known)
+        now = time.monotonic()
+        if now - self._last_flush < self._min_interval_s and done < self.total:
+            return
+        self._last_flush = now
+        state = self.line.state(done, failed, self.total, self.total_known)
+        percent = 100 * done / self.total if self.total else 100
+        eta = state.eta_s()
+        cards = [("done", f"{done}/{self.total}"), ("failed", str(failed)), ("per second", f"{state.rate:.2f}")]
+        if eta is not None:
+            cards.append(("ETA", format_duration(eta)))
+        if note:
+            cards.append(("", note))
+        await _replace(
+            f'{STYLE}<div class="bl"><h2>{html.escape(self.title)}: {done}/{self.total}</h2>'
+            f'<div class="bar"><div style="width:{percent:.1f}%"></div></div>{cards_html(cards)}</div>'
+        )
+
+    async def finish(self, final: str) -> None:
+        """Show the final view, and end the terminal line."""
+        self.line.close(self._done, self._failed, self.total)
+        await _replace(final)
+
+
+def report_location() -> str:
+    """Where flyte writes this task's report: `report.html` in the task's output folder (a file, in `--local` runs).
+
+    Empty outside a Flyte task.
+    """
+    context = flyte.ctx()
+    if context is None or not context.output_path:
+        return ""
+    return f"{context.output_path.rstrip('/')}/report.html"
+
+
+def print_report_location() -> None:
+    """Print the line that says where the report is (nothing outside a Flyte task)."""
+    where = report_location()
+    if where:
+        print(f"report: {where}", flush=True)
+
+
+async def _replace(page: str) -> None:
+    try:
+        await flyte.report.replace.aio(page, do_flush=True)
+    except Exception as exc:  # the report is a view; it must never fail the run
+        logger.warning("could not update the report: %s", exc)
+
+
+def final_html(result: RunSummary, replicas: Sequence[ReplicaSnapshot], warning: str = "") -> str:
+    """The final view: headline numbers, where the results are, each replica's batching and device, and a warning."""
+    cards = [
+        ("answered", f"{result.answered}/{result.requests}"),
+        ("failed", str(result.failed)),
+        ("per second (inference)", f"{result.requests_per_s:.2f}"),
+        ("output tokens/s", f"{result.output_tokens_per_s:.0f}"),
+        ("model load", f"{result.load_time_s:.1f}s"),
+        ("inference", f"{result.inference_s:.1f}s"),
+    ]
+    if result.occupancy is not None:
+        cards.append(("engine occupancy", f"{result.occupancy:.0%}"))
+    if result.scored:
+        cards.insert(
+            0, ("accuracy", f"{result.accuracy:.1%} ({round(result.accuracy * result.scored)}/{result.scored})")
+        )
+    reused = (
+        f"<p>{result.reused} requests were answered by an earlier run; {result.retried} that it had failed were "
+        "sent to the engine again.</p>"
+        if result.reused or result.retried
+        else ""
+    )
+    return "".join(
+        [
+            STYLE,
+            '<div class="bl"><h2>Batch inference: results</h2>',
+            f"<p>Data: {html.escape(result.source)}</p>",
+            cards_html(cards),
+            f'<p class="bad">{html.escape(warning)}</p>' if warning else "",
+            reused,
+            f"<p>Results: <code>{html.escape(str(result.results.path))}</code><br>"
+            f"Errors: <code>{html.escape(str(result.errors.path))}</code></p>",
+            "<h3>Replicas</h3>",
+            _utilization_chart(replicas),
+            _replica_table(replicas),
+            "</div>",
+        ]
+    )
+
+
+def cards_html(items: Sequence[tuple[str, str]]) -> str:
+    cards = "".join(
+        f'<div class="card"><div class="v">{html.escape(value)}</div><div class="k">{html.escape(key)}</div></div>'
+        for key, value in items
+    )
+    return f'<div class="cards">{cards}</div>'
+
+
+def _utilization_chart(replicas: Sequence[ReplicaSnapshot]) -> str:
+    """Horizontal bars: each replica's device utilization, labelled with its average batch size."""
+    if not replicas:
+        return "<p>No replica reported statistics.</p>"
+    row_height, label_width, bar_width = 26, 220, 420
+    height = row_height * len(replicas) + 10
+    rows = []
+    for position, replica in enumerate(replicas):
+        y = 5 + position * row_height
+        width = max(replica.utilization, 0.0) * bar_width
+        rows.append(
+            f'<text x="0" y="{y + 15}" font-size="12">{html.escape(replica.replica[:32])}</text>'
+            f'<rect x="{label_width}" y="{y}" width="{bar_width}" height="18" fill="#e4e7eb" rx="4"/>'
+            f'<rect x="{label_width}" y="{y}" width="{width:.1f}" height="18" fill="#2f80ed" rx="4"/>'
+            f'<text x="{label_width + bar_width + 8}" y="{y + 14}" font-size="12">'
+            f"{replica.utilization:.0%} busy ({_device(replica)}), avg batch {replica.avg_batch_size:.1f}</text>"
+        )
+    return (
+        f'<svg width="{label_width + bar_width + 220}" height="{height}" role="img" '
+        f'aria-label="utilization per replica">{"".join(rows)}</svg>'
+    )
+
+
+def _replica_table(replicas: Sequence[ReplicaSnapshot]) -> str:
+    header = (
+        "<tr><th>replica</th><th>model</th><th>load</th><th>records</th><th>batches</th><th>avg batch</th>"
+        "<th>avg tokens</th><th>busy (batcher)</th><th>GPU (NVML)</th><th>latency p50 / p99</th>"
+        "<th>padding eff.</th><th>engine occupancy</th><th>batches by reason</th></tr>"
+    )
+    rows = "".join(
+        f"<tr><td>{html.escape(r.replica)}</td><td>{html.escape(r.model)}</td><td>{r.load_time_s:.1f}s</td>"
+        f"<td>{r.records}</td><td>{r.batches}</td>"
+        f"<td>{r.avg_batch_size:.1f}</td><td>{r.avg_batch_tokens:.0f}</td><td>{r.utilization:.1%}</td>"
+        f"<td>{html.escape(_device(r))}</td>"
+        f"<td>{r.latency_p50_s:.2f}s / {r.latency_p99_s:.2f}s</td><td>{r.padding_efficiency:.0%}</td>"
+        f"<td>{_occupancy(r)}</td>"
+        f"<td>{html.escape(', '.join(f'{k} {v}' for k, v in r.batches_by_reason.items() if v))}</td></tr>"
+        for r in replicas
+    )
+    return f"<table>{header}{rows}</table>"
+
+
+def _occupancy(replica: ReplicaSnapshot) -> str:
+    if not replica.max_num_seqs or not replica.engine_steps:
+        return "n/a"
+    return f"{replica.occupancy:.0%} of {replica.max_num_seqs} seqs over {replica.engine_steps} steps"
+
+
+def _device(replica: ReplicaSnapshot) -> str:
+    if replica.device_utilization >= 0:
+        return f"GPU {replica.device_utilization:.0%}"
+    return f"GPU utilization {replica.device_note}" if replica.device_note else "GPU utilization not available"

@@ -1,0 +1,34 @@
+"""An OpenAI-compatible server around the replica's engine and shared batchers, as a Flyte app.
+
+Many clients send requests at once; one process batches them into the model. It serves the online
+endpoints (`/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, `/v1/models`), the Batch
+API (`/v1/files`, `/v1/batches`) with its jobs kept in SQLite so that they survive a `kill -9`,
+`/health` and Prometheus `/metrics`. `BatcherAppEnvironment` is the Flyte app; `create_app`
+builds the FastAPI app it serves; `flyteplugins-batcher serve` runs it.
+
+The way of a request, one module per step:
+
+- `_settings`: what the server is told (`ServerSettings`, `BATCH_SERVE_*`, or `serve`'s flags).
+- `_online`: an HTTP request is parsed as a batch line would be (`flyteplugins_batcher.batch_api`)
+  and becomes one record in the replica's shared batcher (`_inference`), ahead of batch lines.
+- `_files`, `_batch_jobs`, `_batch_runner`: an uploaded file, a batch over it, and the runner that
+  sends its lines through the JSONL job's code (`flyteplugins_batcher/jobs/_request_lines.py`),
+  recording each answered line in `_store` before it counts.
+- `_errors`: every failure in OpenAI's error shape; `_metrics`: what `/metrics` exports.
+
+Example:
+    ```python
+    from flyteplugins_batcher.jobs import EngineSettings
+    from flyteplugins_batcher.server import BatcherAppEnvironment, ServerSettings
+
+    app_env = BatcherAppEnvironment(settings=ServerSettings(engine=EngineSettings(model="Qwen/Qwen2.5-7B-Instruct")))
+    ```
+"""
+
+from __future__ import annotations
+
+from flyteplugins_batcher.server._app import create_app
+from flyteplugins_batcher.server._app_env import BatcherAppEnvironment, default_app_environment
+from flyteplugins_batcher.server._settings import ServerSettings
+
+__all__ = ["BatcherAppEnvironment", "ServerSettings", "create_app", "default_app_environment"]

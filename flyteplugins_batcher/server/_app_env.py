@@ -1,0 +1,91 @@
+"""The OpenAI-compatible batch server as a Flyte app environment, configured from its settings."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import flyte
+import flyte.app
+import rich.repr
+from flyte.app.extras import FastAPIAppEnvironment
+
+from flyteplugins_batcher.server._settings import ServerSettings
+
+DEFAULT_APP_NAME = "batcher-openai"
+DEFAULT_GPU = "L4:1"
+DEPLOYED_HOST = "0.0.0.0"
+"""Inside its container the server binds every address, so that the cluster's ingress reaches it."""
+
+
+@rich.repr.auto
+@dataclass(kw_only=True, repr=True)
+class BatcherAppEnvironment(FastAPIAppEnvironment):
+    """The OpenAI-compatible batch server as a Flyte app: online endpoints and the Batch API over one engine.
+
+    One process holds the engine and the shared batchers; every request and batch line is a record
+    in them. `settings` decides what it serves and its limits; `BATCH_SERVE_*` variables in the
+    process that builds the environment override them (`flyteplugins-batcher serve` sets them from
+    its flags). The port comes from `settings.port`, and a deployment binds 0.0.0.0 behind Union's
+    authenticated ingress (`requires_auth=True`).
+
+    Args:
+        settings: The server's settings (engine, model, limits, data folder).
+        app: The FastAPI app; `None` (the default) builds the server's app from `settings`.
+        image: The container image; "auto" (the default) is `flyteplugins_batcher.images.serve_image`.
+        resources: Per replica; `None`: 4 CPUs, 32 GiB and one L4.
+
+    Example:
+        ```python
+        from flyteplugins_batcher.jobs import EngineSettings
+        from flyteplugins_batcher.server import BatcherAppEnvironment, ServerSettings
+
+        app_env = BatcherAppEnvironment(
+            name="qwen-batch",
+            settings=ServerSettings(engine=EngineSettings(engine="vllm", model="Qwen/Qwen2.5-7B-Instruct")),
+            resources=flyte.Resources(cpu=8, memory="64Gi", gpu="H100:1"),
+        )
+        ```
+    """
+
+    name: str = DEFAULT_APP_NAME
+    settings: ServerSettings = field(default_factory=ServerSettings)
+    app: Any = None
+    type: str = "flyteplugins-batcher"
+    image: str | flyte.Image | Literal["auto"] = "auto"
+    # Always one replica up: the engine takes minutes to load, and the Batch API's jobs live in one data folder.
+    scaling: flyte.app.Scaling = field(default_factory=lambda: flyte.app.Scaling(replicas=(1, 1)))
+
+    def __post_init__(self) -> None:
+        import uvicorn
+
+        from flyteplugins_batcher.server._app import create_app
+
+        self.settings = ServerSettings.from_environment(base=self.settings)
+        if self.app is None:
+            self.app = create_app(self.settings)
+        if self.image is None or self.image == "auto":
+            from flyteplugins_batcher.images import serve_image
+
+            self.image = serve_image
+        if self.resources is None:
+            self.resources = flyte.Resources(cpu=4, memory="32Gi", gpu=DEFAULT_GPU)
+        self.env_vars = {"BATCH_SERVE_HOST": DEPLOYED_HOST, **(self.env_vars or {})}
+        self.port = self.settings.port
+        self.uvicorn_config = uvicorn.Config(self.app, host=self.settings.host, port=self.settings.port)
+        super().__post_init__()
+
+
+def default_app_environment() -> BatcherAppEnvironment:
+    """The server as `flyteplugins-batcher serve` and `workflows/serve.py` run it, sized from `BATCH_SERVE_*`.
+
+    `BATCH_SERVE_GPU` (`L4:1`; `none` for CPU) and `BATCH_SERVE_REPLICAS` (1) size the deployment;
+    every server setting is a `BATCH_SERVE_*` variable too (`ServerSettings`).
+    """
+    gpu = os.environ.get("BATCH_SERVE_GPU", DEFAULT_GPU)
+    replicas = int(os.environ.get("BATCH_SERVE_REPLICAS", "1"))
+    return BatcherAppEnvironment(
+        resources=flyte.Resources(cpu=4, memory="32Gi", gpu=None if gpu.lower() == "none" else gpu),
+        scaling=flyte.app.Scaling(replicas=(replicas, replicas)),
+    )

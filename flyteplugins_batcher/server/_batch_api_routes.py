@@ -1,0 +1,111 @@
+"""The Batch API's endpoints: `/v1/files` and `/v1/batches`, in OpenAI's shapes."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Form, Query, Request, UploadFile
+from fastapi.responses import FileResponse
+
+from flyteplugins_batcher.server._batch_jobs import ACTIVE, new_batch
+from flyteplugins_batcher.server._errors import APIError
+from flyteplugins_batcher.server._files import file_object
+from flyteplugins_batcher.server._online import json_body
+from flyteplugins_batcher.server._service import ServiceDep
+from flyteplugins_batcher.server._store import Page
+
+router = APIRouter(prefix="/v1")
+
+
+@router.post("/files")
+async def upload(
+    service: ServiceDep,
+    file: UploadFile,
+    purpose: Annotated[str, Form()],
+) -> dict[str, Any]:
+    """Keep an uploaded JSONL file (`purpose="batch"`); 413 over the size limit (refused unread when declared)."""
+    row = await asyncio.to_thread(
+        service.files.save_upload, file.file, filename=file.filename or "upload.jsonl", purpose=purpose
+    )
+    return file_object(row)
+
+
+@router.get("/files")
+async def list_files(
+    service: ServiceDep,
+    purpose: str | None = None,
+    after: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000,
+    order: Annotated[str, Query(pattern="^(asc|desc)$")] = "desc",
+) -> dict[str, Any]:
+    page = service.store.files(purpose=purpose, after=after, limit=limit, newest_first=order == "desc")
+    return _list([file_object(row) for row in page.rows], page)
+
+
+@router.get("/files/{file_id}")
+async def get_file(file_id: str, service: ServiceDep) -> dict[str, Any]:
+    return file_object(service.files.get(file_id))
+
+
+@router.get("/files/{file_id}/content")
+async def file_content(file_id: str, service: ServiceDep) -> FileResponse:
+    row = service.files.get(file_id)
+    return FileResponse(service.files.path(file_id), media_type="application/jsonl", filename=row["filename"])
+
+
+@router.delete("/files/{file_id}")
+async def delete_file(file_id: str, service: ServiceDep) -> dict[str, Any]:
+    users = service.store.batches_reading(file_id, ACTIVE)
+    if users:
+        message = f"File {file_id} is the input of batch {users[0]}, which has not finished."
+        raise APIError(400, message, param="file_id")
+    service.files.delete(file_id)
+    return {"id": file_id, "object": "file", "deleted": True}
+
+
+@router.post("/batches")
+async def create_batch(request: Request, service: ServiceDep) -> dict[str, Any]:
+    """A batch over an uploaded file; it runs in the background, from `validating` on."""
+    body = await json_body(request)
+    input_file = service.files.get(str(body.get("input_file_id")))
+    endpoint = body.get("endpoint")
+    embeddings = endpoint == "/v1/embeddings"
+    if embeddings and service.inference.embedding_model is None:
+        raise APIError(400, "This server does not serve embeddings.", param="endpoint")
+    model = service.inference.embedding_model if embeddings else service.inference.served_model
+    batch = new_batch(body, input_file=input_file, model=model or "")
+    service.store.insert_batch(batch)
+    service.runner.start(batch["id"])
+    return batch
+
+
+@router.get("/batches")
+async def list_batches(
+    service: ServiceDep,
+    after: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+) -> dict[str, Any]:
+    """The batches, newest first, `limit` at a time after the batch `after`."""
+    page = service.store.batches(after=after, limit=limit)
+    return _list(page.rows, page)
+
+
+@router.get("/batches/{batch_id}")
+async def get_batch(batch_id: str, service: ServiceDep) -> dict[str, Any]:
+    return service.runner.get(batch_id)
+
+
+@router.post("/batches/{batch_id}/cancel")
+async def cancel_batch(batch_id: str, service: ServiceDep) -> dict[str, Any]:
+    return service.runner.cancel(batch_id)
+
+
+def _list(data: list[dict[str, Any]], page: Page) -> dict[str, Any]:
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": page.has_more,
+    }

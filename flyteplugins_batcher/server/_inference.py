@@ -1,0 +1,144 @@
+"""The models the server answers with: this process's LLM replica and embedding function.
+
+They are the singletons the workflows' replicas use (`flyteplugins_batcher/jobs/_llm_replica.py`'s `LLMReplica`
+around a `SharedBatcher`, `flyteplugins_batcher/jobs/_embeddings.py`'s `@batched` `embed`), so an online request
+and a batch line are records in the same batchers, batched with every other request in flight.
+Online requests are submitted with a higher priority than batch lines: when the queue backs up,
+a user waiting on an answer goes first, and a waiting batch line gains a priority level per
+`priority_aging_s`, so batches are slowed, not starved. An online request never waits for room
+in the queue: a full queue is a `QueueFullError`, which the server answers with 429.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from flyteplugins_batcher import BatchObserver, BatchStats, TokenBatcher
+from flyteplugins_batcher.batch_api import BatchRequest, EmbeddingRequest
+from flyteplugins_batcher.engines import Completion, Engine
+from flyteplugins_batcher.jobs._embed_replica import EmbeddingChunk, embed_request_chunk, embed_texts
+from flyteplugins_batcher.jobs._embeddings import Embedding, embed, load_model, model_reference
+from flyteplugins_batcher.jobs._embeddings import model_name as embedding_model_name
+from flyteplugins_batcher.jobs._llm_replica import LLMReplica, make_batcher, run_chunk, set_process_replica
+from flyteplugins_batcher.jobs._request_lines import JobChunk, JobOutcome, to_item
+from flyteplugins_batcher.jobs._schema import EngineSettings
+
+ONLINE_PRIORITY = 1
+"""Online requests' priority in the shared batchers; batch lines have 0."""
+
+
+class Inference:
+    """This process's LLM and embedding model, as the server's endpoints and batch runner use them.
+
+    Args:
+        engine: The LLM engine's settings.
+        embeddings: Whether to serve embeddings (the embedding model loads with `load`).
+        llm_observers: Told of every batch of the LLM's batcher (the metrics).
+        embedding_observers: Told of every batch of the embedding batcher.
+
+    Example:
+        ```python
+        inference = Inference(EngineSettings(engine="simulated"), embeddings=False)
+        await inference.load()
+        completion = await inference.complete(request)
+        ```
+    """
+
+    def __init__(
+        self,
+        engine: EngineSettings,
+        *,
+        embeddings: bool,
+        llm_observers: Sequence[BatchObserver] = (),
+        embedding_observers: Sequence[BatchObserver] = (),
+    ) -> None:
+        self.engine_settings = engine
+        self.embeddings = embeddings
+        self._llm_observers = list(llm_observers)
+        self._embedding_observers = list(embedding_observers)
+        self.replica = LLMReplica(make_batcher=self._observed_batcher)
+
+    @property
+    def engine(self) -> Engine | None:
+        """The loaded LLM engine, if one is."""
+        return self.replica.shared.loaded_model
+
+    @property
+    def llm_stats(self) -> BatchStats | None:
+        """The LLM batcher's statistics, once it runs."""
+        batcher = self.replica.shared.batcher
+        return batcher.stats if batcher is not None else None
+
+    @property
+    def embedding_stats(self) -> BatchStats | None:
+        """The embedding batcher's statistics, once it runs."""
+        return embed.stats if self.embeddings and embed.batcher is not None else None
+
+    @property
+    def served_model(self) -> str:
+        """The LLM's name, as requests name it and answers carry it."""
+        engine = self.engine
+        return engine.model_name if engine is not None else ""
+
+    @property
+    def embedding_model(self) -> str | None:
+        """The embedding model's name, or `None` when embeddings are not served."""
+        return embedding_model_name() if self.embeddings else None
+
+    async def load(self) -> None:
+        """Load the LLM (and the embedding model), and start the LLM's batcher on this event loop.
+
+        This process's chunks (`flyteplugins_batcher.jobs._llm_replica.run_chunk`) run on this replica from now on.
+        """
+        set_process_replica(self.replica)
+        await self.replica.shared.get(self.engine_settings)
+        if self.embeddings:
+            await asyncio.to_thread(load_model, model_reference())
+            for observer in self._embedding_observers:
+                embed.add_observer(observer)
+
+    async def complete(self, request: BatchRequest) -> Completion:
+        """One online request's completion, batched with everything else in flight.
+
+        Raises:
+            QueueFullError: The batcher's queue is full (answer 429).
+            InvalidPromptError: The request cannot run (too long, a schema that does not compile, ...).
+            Exception: The engine failed (it died, say).
+        """
+        batcher = await self.replica.shared.get(self.engine_settings)
+        record = to_item(request).engine_request(self.engine_settings.generation())
+        future = await batcher.submit(record, priority=ONLINE_PRIORITY, wait_for_room=False)
+        return await future
+
+    async def embed(self, request: EmbeddingRequest) -> list[Embedding]:
+        """One online request's vectors, each text batched with everything else in flight.
+
+        Raises:
+            QueueFullError: The embedding batcher's queue is full (answer 429).
+            ValueError: A text has no embedding.
+        """
+        outcomes = await embed_texts(list(request.inputs), priority=ONLINE_PRIORITY, wait_for_room=False)
+        for outcome in outcomes:
+            if isinstance(outcome, ValueError):
+                raise outcome
+        return outcomes  # type: ignore[return-value]
+
+    async def run_chunk(self, chunk: JobChunk) -> JobOutcome:
+        """A chunk of a batch job's lines, exactly as the workflows' replicas run one."""
+        if isinstance(chunk, EmbeddingChunk):
+            return await embed_request_chunk(chunk)
+        return await run_chunk(chunk, self.engine_settings)
+
+    async def aclose(self) -> None:
+        """Stop the batchers and close the models."""
+        await self.replica.aclose()
+        if self.embeddings:
+            await embed.aclose()
+        set_process_replica(None)
+
+    def _observed_batcher(self, engine: Engine, settings: EngineSettings) -> TokenBatcher:
+        batcher = make_batcher(engine, settings)
+        for observer in self._llm_observers:
+            batcher.add_observer(observer)
+        return batcher

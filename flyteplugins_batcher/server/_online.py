@@ -1,0 +1,141 @@
+"""The online endpoints: `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, `/v1/models[/{id}]`.
+
+A request body is parsed exactly as a batch line's body is (`flyteplugins_batcher.batch_api`), so
+per-request settings, `response_format` and `n` behave as in batch files and fail with the same
+messages, here as 400s. Each request is then one record in the replica's shared batcher, batched
+with every other client's (and with batch lines, behind them).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from flyteplugins_batcher import QueueFullError
+from flyteplugins_batcher.batch_api import (
+    BatchRequest,
+    EmbeddingRequest,
+    ParsedRequest,
+    RequestLineError,
+    completion_body,
+    embeddings_body,
+    error_code,
+    parse_request,
+)
+from flyteplugins_batcher.engines import EngineDeadError, InvalidPromptError
+from flyteplugins_batcher.server._errors import APIError
+from flyteplugins_batcher.server._service import Service, ServiceDep
+from flyteplugins_batcher.server._streaming import stream_events
+
+router = APIRouter(prefix="/v1")
+
+
+@router.get("/models")
+async def models(service: ServiceDep) -> dict[str, Any]:
+    """The served models: the LLM, and the embedding model when embeddings are served."""
+    return {"object": "list", "data": [_model_object(service, name) for name in _served_models(service)]}
+
+
+@router.get("/models/{model_id:path}")
+async def model(model_id: str, service: ServiceDep) -> dict[str, Any]:
+    """One served model (`client.models.retrieve`); 404 for a model this server does not serve.
+
+    The id may hold slashes (`Qwen/Qwen2.5-7B-Instruct`), as hub ids do.
+    """
+    if model_id not in _served_models(service):
+        message = f"The model {model_id!r} does not exist; this server serves {_served_models(service)}."
+        raise APIError(404, message, code="model_not_found", param="model")
+    return _model_object(service, model_id)
+
+
+def _served_models(service: Service) -> list[str]:
+    names = [service.inference.served_model, service.inference.embedding_model]
+    return [name for name in names if name]
+
+
+def _model_object(service: Service, name: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": service.started_at, "owned_by": "flyteplugins-batcher"}
+
+
+@router.post("/chat/completions", response_model=None)
+async def chat_completions(request: Request, service: ServiceDep) -> JSONResponse | StreamingResponse:
+    return await _generate(request, service, "/v1/chat/completions", "chatcmpl-")
+
+
+@router.post("/completions", response_model=None)
+async def completions(request: Request, service: ServiceDep) -> JSONResponse | StreamingResponse:
+    return await _generate(request, service, "/v1/completions", "cmpl-")
+
+
+@router.post("/embeddings")
+async def embeddings(request: Request, service: ServiceDep) -> dict[str, Any]:
+    if service.inference.embedding_model is None:
+        raise APIError(404, "This server does not serve embeddings.", code="model_not_found", param="model")
+    body = await json_body(request)
+    parsed = _parse(body, "/v1/embeddings", service.inference.embedding_model)
+    assert isinstance(parsed, EmbeddingRequest)
+    try:
+        vectors = await service.inference.embed(parsed)
+    except QueueFullError as error:
+        raise APIError.busy(error) from None
+    except ValueError as error:
+        raise APIError(400, str(error), code="invalid_request", param="input") from None
+    tokens = sum(vector.tokens for vector in vectors)
+    model = service.inference.embedding_model
+    return embeddings_body(parsed, [vector.vector for vector in vectors], prompt_tokens=tokens, model=model)
+
+
+async def _generate(request: Request, service: Service, url: str, id_prefix: str) -> JSONResponse | StreamingResponse:
+    body = await json_body(request)
+    parsed = _parse(body, url, service.inference.served_model)
+    assert isinstance(parsed, BatchRequest)
+    try:
+        completion = await service.inference.complete(parsed)
+    except QueueFullError as error:
+        raise APIError.busy(error) from None
+    except InvalidPromptError as error:
+        raise APIError(400, str(error), code=error_code(error)) from None
+    except EngineDeadError as error:
+        raise APIError(503, f"The model is restarting: {error}", code="engine_unavailable") from None
+    model = service.inference.served_model
+    answer = completion_body(parsed, completion, model=model, response_id=f"{id_prefix}{secrets.token_hex(12)}")
+    if body.get("stream"):
+        options = body.get("stream_options") or {}
+        events = stream_events(answer, include_usage=bool(isinstance(options, dict) and options.get("include_usage")))
+        return StreamingResponse(events, media_type="text/event-stream")
+    return JSONResponse(answer)
+
+
+def _parse(body: dict[str, Any], url: str, served_model: str) -> ParsedRequest:
+    """The request in `body`, as a batch line's body would be read; 404 for a model this server does not serve.
+
+    Raises:
+        APIError: 400 naming what is wrong; 404 for another model.
+    """
+    model = body.get("model")
+    if model is not None and model != served_model:
+        message = f"The model {model!r} does not exist; this server serves {served_model!r} (GET /v1/models)."
+        raise APIError(404, message, code="model_not_found", param="model")
+    try:
+        return parse_request({"custom_id": "online", "url": url, "body": body}, 0, endpoints=(url,))
+    except RequestLineError as error:
+        raise APIError.from_line_error(error) from None
+
+
+async def json_body(request: Request) -> dict[str, Any]:
+    """The request's JSON object.
+
+    Raises:
+        APIError: 400 when the body is not a JSON object.
+    """
+    try:
+        body = json.loads(await request.body())
+    except ValueError:
+        raise APIError(400, "We could not parse the JSON body of your request.", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise APIError(400, "The request body must be a JSON object.", code="invalid_json")
+    return body

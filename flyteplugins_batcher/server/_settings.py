@@ -1,0 +1,124 @@
+"""The server's settings, read from the environment (`BATCH_SERVE_*`) when the app starts.
+
+One source for every way the server starts: `make serve` and `python -m flyteplugins_batcher.cli._serve` turn
+their flags into these variables, `flyte serve --local workflows/serve.py app_env` reads them as
+they are (`-e BATCH_SERVE_ENGINE=vllm`), and a deployment sets them on the app. Every field of
+`EngineSettings` is a variable too: `BATCH_SERVE_ENGINE`, `BATCH_SERVE_MODEL`,
+`BATCH_SERVE_VLLM_MODE`, `BATCH_SERVE_MAX_NEW_TOKENS`, `BATCH_SERVE_MAX_QUEUE_SIZE`, ...
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flyteplugins_batcher.jobs._schema import EngineSettings
+
+PREFIX = "BATCH_SERVE_"
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """What the server serves, where it keeps its state, and its limits.
+
+    Attributes:
+        host: The address to bind: 127.0.0.1 (this machine only) unless told otherwise; a
+            deployment binds 0.0.0.0 behind its ingress.
+        port: The port to listen on.
+        data_dir: Where the jobs' database (`server.db`) and the files (`files/`) live.
+        engine: The LLM engine and its generation and batcher settings, as the workflows take them.
+        embeddings: Serve `/v1/embeddings` with the embedding model (`EMBED_MODEL`, by default
+            all-MiniLM-L6-v2), loaded at start.
+        max_upload_mb: Largest file `/v1/files` takes (413 above it); OpenAI's limit for batch files.
+        batch_chunk_size: Requests per chunk of a batch job (a chunk is what is recorded at once).
+        batch_chunks_in_flight: Chunks of one batch job outstanding at once (0: enough to fill the engine).
+        api_key: When set, every `/v1` request must send `Authorization: Bearer <api_key>`.
+
+    Example:
+        ```python
+        settings = ServerSettings.from_environment({"BATCH_SERVE_PORT": "9000", "BATCH_SERVE_ENGINE": "simulated"})
+        ```
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    data_dir: Path = Path(".serve-data")
+    engine: EngineSettings = field(default_factory=EngineSettings)
+    embeddings: bool = True
+    max_upload_mb: int = 200
+    batch_chunk_size: int = 8
+    batch_chunks_in_flight: int = 0
+    api_key: str = ""
+
+    @property
+    def max_upload_bytes(self) -> int:
+        return self.max_upload_mb * 2**20
+
+    @classmethod
+    def from_environment(
+        cls, environ: Mapping[str, str] | None = None, *, base: ServerSettings | None = None
+    ) -> ServerSettings:
+        """The settings in `BATCH_SERVE_*` variables (of `environ`, by default this process's) over `base`.
+
+        Args:
+            environ: The variables; `None`: this process's environment.
+            base: The settings a variable overrides; `None`: the defaults.
+
+        Raises:
+            ValueError: A variable holds a value of the wrong type, naming it.
+        """
+        environ = os.environ if environ is None else environ
+        base = base or cls()
+        engine = dataclasses.replace(base.engine, **_read_fields(EngineSettings, environ, skip=()))
+        return dataclasses.replace(base, engine=engine, **_read_fields(cls, environ, skip=("engine",)))
+
+    def environment(self) -> dict[str, str]:
+        """These settings as `BATCH_SERVE_*` variables (what `from_environment` reads back)."""
+        server = {item.name: getattr(self, item.name) for item in dataclasses.fields(self) if item.name != "engine"}
+        values = {**server, **dataclasses.asdict(self.engine)}  # the engine's `engine` field is BATCH_SERVE_ENGINE
+        return {f"{PREFIX}{name.upper()}": _text(value) for name, value in values.items() if value is not None}
+
+
+def _read_fields(cls: type, environ: Mapping[str, str], *, skip: tuple[str, ...]) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    values: dict[str, Any] = {}
+    for item in dataclasses.fields(cls):
+        variable = f"{PREFIX}{item.name.upper()}"
+        if item.name in skip or variable not in environ:
+            continue
+        values[item.name] = _parse(environ[variable], hints[item.name], variable)
+    return values
+
+
+def _parse(text: str, kind: Any, variable: str) -> Any:
+    """A variable's text as the field's type (`int | None`: empty is `None`)."""
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+        options = [option for option in typing.get_args(kind) if option is not type(None)]
+        return None if not text.strip() else _parse(text, options[0], variable)
+    try:
+        if kind is bool:
+            return _boolean(text)
+        if kind in (int, float, str, Path):
+            return kind(text)
+    except ValueError as error:
+        raise ValueError(f"{variable}={text!r}: {error}") from None
+    raise TypeError(f"{variable}: fields of type {kind} cannot be read from the environment")
+
+
+def _boolean(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError("expected true or false")
+
+
+def _text(value: object) -> str:
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
