@@ -38,7 +38,7 @@ run: install  ## Solve gsm8k locally with the bundled SmolLM2 (offline, CPU)
 PORT     ?= 8000
 DATA_DIR ?= .serve-data
 serve: install  ## OpenAI-compatible server on 127.0.0.1:$(PORT): the bundled SmolLM2 and MiniLM on CPU, jobs under $(DATA_DIR)
-	$(BIN)/python -m flyteplugins_batcher.cli._serve --port $(PORT) --data-dir $(DATA_DIR) $(if $(ENGINE),--engine $(ENGINE)) $(if $(MODEL),--model "$(MODEL)") $(ARGS)
+	$(BIN)/flyteplugins-batcher serve --port $(PORT) --data-dir $(DATA_DIR) $(if $(ENGINE),--engine $(ENGINE)) $(if $(MODEL),--model "$(MODEL)") $(ARGS)
 
 test: install  ## The whole suite, real-model tests included
 	$(BIN)/python -m pytest

@@ -6,7 +6,7 @@ answer the same gsm8k chat requests:
 
 - **straight to the engine**: every request in one `engine.generate(all)` call, in this process:
   the engine's own limit, with no HTTP and no server;
-- **ours**: `make serve`'s server (`python -m flyteplugins_batcher.cli._serve --engine simulated`), a process of
+- **ours**: `make serve`'s server (`python -m flyteplugins_batcher serve --engine simulated`), a process of
   its own, driven by N closed-loop clients over HTTP on 127.0.0.1 (each sends its next request when
   its answer arrives), at 8, 32 (half load) and 64 clients, and 128 (twice the slots);
 - **flyte.extras pattern**: flyte-sdk's example app (`benchmarks/flyte_extras_app.py`: a FastAPI app
@@ -38,6 +38,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks._charts import add_chart_flag, write_chart_data
 from benchmarks._tables import markdown_table
 from benchmarks.server_process import ServerProcess, free_port, our_server, start
 from flyteplugins_batcher.engines import GenerationConfig, Request, SimulatedEngine
@@ -205,6 +206,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--time-scale", type=float, default=2.0, help="the simulated GPU's speed-up over real time")
     parser.add_argument("--max-num-seqs", type=int, default=64, help="the simulated engine's sequence slots")
     parser.add_argument("--time-limit-s", type=float, default=180.0, help="longest one load may run")
+    add_chart_flag(parser)
     return parser.parse_args()
 
 
@@ -274,6 +276,18 @@ def main() -> None:
     print(f"time scale {args.time_scale})\n")
     print(markdown_table(HEADERS, rows(loads, reference)))
     print(f"\n{goals(loads, reference, args.max_num_seqs)}")
+    write_chart_data(
+        args.chart_data,
+        title=f"The server under concurrent clients: {args.requests} gsm8k chat requests",
+        unit="requests/s, higher is better",
+        rows=[
+            (load.way if load is reference else f"{load.way}, {load.clients} clients", load.requests_per_s)
+            for load in loads
+        ],
+        note="Simulated, not measured on a GPU: SimulatedEngine (an 8B model's step times on one H100), "
+        f"max_num_seqs {args.max_num_seqs}, time scale {args.time_scale:g} (benchmarks/bench_serve.py).",
+        digits=1,
+    )
 
 
 if __name__ == "__main__":

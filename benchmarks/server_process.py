@@ -99,12 +99,13 @@ def start(command: list[str], *, port: int, log: Path, environment: dict[str, st
 
 
 def our_server(data_dir: Path, *arguments: str, port: int | None = None) -> ServerProcess:
-    """`make serve`'s server (`python -m flyteplugins_batcher.cli._serve`) on `data_dir`, with more flags."""
+    """`make serve`'s server (`python -m flyteplugins_batcher serve`) on `data_dir`, with more flags."""
     port = port or free_port()
     command = [
         sys.executable,
         "-m",
-        "flyteplugins_batcher.cli._serve",
+        "flyteplugins_batcher",
+        "serve",
         "--port",
         str(port),
         "--data-dir",

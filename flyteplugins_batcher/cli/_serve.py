@@ -1,26 +1,25 @@
-"""`make serve`: the OpenAI-compatible server in the foreground, through flyte's local serving.
+"""`flyteplugins-batcher serve`: the OpenAI-compatible server in the foreground, through flyte's local serving.
 
-    python -m flyteplugins_batcher.cli._serve [--port 8000] [--data-dir .serve-data] [--engine vllm] [--model ID] ...
+    flyteplugins-batcher serve [--port 8000] [--data-dir .serve-data] [--engine vllm] [--model ID] ...
 
-Every setting of the server (`ServerSettings`) and of its engine (`EngineSettings`, as the
-workflows take them) is a flag: `--max-new-tokens 512`, `--vllm-mode batch`, `--max-queue-size 64`,
-`--no-embeddings`, ... It sets the matching `BATCH_SERVE_*` variables, imports the Flyte app
-(`workflows/serve.py`) and serves it on 127.0.0.1 until Ctrl+C or SIGTERM.
+Every setting of the server (`ServerSettings`) and of its engine (`EngineSettings`, as the jobs
+take them) is a flag: `--max-new-tokens 512`, `--vllm-mode batch`, `--max-queue-size 64`,
+`--no-embeddings`, ... It sets the matching `BATCH_SERVE_*` variables, builds the Flyte app
+(`default_app_environment()`) and serves it on 127.0.0.1 until Ctrl+C or SIGTERM.
 """
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import logging
 import os
 import signal
-import sys
 import threading
 import time
-import typing
 from typing import Any
 
+import rich_click as click
+
+from flyteplugins_batcher.cli._options import given_on_command_line, setting_options
 from flyteplugins_batcher.jobs._schema import EngineSettings
 from flyteplugins_batcher.server._settings import PREFIX, ServerSettings
 
@@ -28,27 +27,22 @@ ACTIVATE_TIMEOUT_S = 900.0
 """How long the server may take to load its models before the command gives up (vLLM's start-up on CPU)."""
 
 
-def parser() -> argparse.ArgumentParser:
-    """One flag per setting, from the dataclasses' fields (defaults shown as the server's)."""
-    arguments = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    for cls in (ServerSettings, EngineSettings):
-        hints = typing.get_type_hints(cls)
-        for item in dataclasses.fields(cls):
-            if item.name == "engine" and cls is ServerSettings:
-                continue
-            flag = f"--{item.name.replace('_', '-')}"
-            if hints[item.name] is bool:
-                arguments.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
-            else:
-                arguments.add_argument(flag, default=None, metavar=item.name.upper())
-    return arguments
+@click.command("serve", context_settings={"help_option_names": ["-h", "--help"]})
+@setting_options(ServerSettings, EngineSettings)
+@click.pass_context
+def serve(ctx: click.Context, **options: Any) -> None:
+    """Serve the OpenAI-compatible API (online requests and the Batch API) on this machine, until Ctrl+C.
 
-
-def main(argv: list[str] | None = None) -> None:
-    given = {name: value for name, value in vars(parser().parse_args(argv)).items() if value is not None}
-    for name, value in given.items():
+    Every setting of the server and of its engine is an option; one left out keeps its
+    BATCH_SERVE_* variable, else its default. It serves the Flyte app (`BatcherAppEnvironment`)
+    through flyte's local serving, on 127.0.0.1:8000 unless told otherwise.
+    """
+    for name, value in given_on_command_line(ctx, options).items():
         os.environ[f"{PREFIX}{name.upper()}"] = str(value).lower() if isinstance(value, bool) else str(value)
-    ServerSettings.from_environment()  # a bad value fails here, naming its flag's variable
+    try:
+        ServerSettings.from_environment()  # a bad value fails here, naming its variable
+    except ValueError as error:
+        raise click.ClickException(str(error)) from None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     import flyte
@@ -58,8 +52,8 @@ def main(argv: list[str] | None = None) -> None:
     served = flyte.with_servecontext(mode="local").serve(default_app_environment())
     served.activate(wait=False)
     if not _ready(served):
-        raise SystemExit("the server did not start (its log above says why)")
-    print(f"serving on {served.endpoint}/v1 (OpenAI-compatible); Ctrl+C stops", flush=True)
+        raise click.ClickException("the server did not start (its log above says why)")
+    click.echo(f"serving on {served.endpoint}/v1 (OpenAI-compatible); Ctrl+C stops")
     stopped = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stopped.set())
@@ -77,7 +71,3 @@ def _ready(served: Any) -> bool:
             return False
         time.sleep(0.5)
     return False
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -293,7 +293,7 @@ def check_failures(failed: int, total: int, max_failed_fraction: float, where: s
     if failed == total or fraction > max_failed_fraction:
         raise RuntimeError(
             f"{failed} of {total} {noun} failed ({fraction:.1%}, allowed: {max_failed_fraction:.1%}); {where}. "
-            "Raise --max_failed_fraction to accept failures."
+            "Raise max_failed_fraction (the option of that name) to accept failures."
         )
 
 

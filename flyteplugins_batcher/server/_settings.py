@@ -1,6 +1,6 @@
 """The server's settings, read from the environment (`BATCH_SERVE_*`) when the app starts.
 
-One source for every way the server starts: `make serve` and `python -m flyteplugins_batcher.cli._serve` turn
+One source for every way the server starts: `make serve` and `flyteplugins-batcher serve` turn
 their flags into these variables, `flyte serve --local workflows/serve.py app_env` reads them as
 they are (`-e BATCH_SERVE_ENGINE=vllm`), and a deployment sets them on the app. Every field of
 `EngineSettings` is a variable too: `BATCH_SERVE_ENGINE`, `BATCH_SERVE_MODEL`,

@@ -1,7 +1,7 @@
 """A real server in a process of its own (started as `make serve` starts it), driven over HTTP on 127.0.0.1.
 
 The clients are the official `openai` package with `_strict_response_validation=True`, so every
-response must match OpenAI's own types. Servers are started with `python -m flyteplugins_batcher.cli._serve`,
+response must match OpenAI's own types. Servers are started with `python -m flyteplugins_batcher serve`,
 through flyte's local serving, and stopped (or killed) as a process group.
 """
 

@@ -49,7 +49,8 @@ def test_a_server_whose_model_cannot_load_exits_at_once_saying_why(tmp_path: Pat
     command = [
         sys.executable,
         "-m",
-        "flyteplugins_batcher.cli._serve",
+        "flyteplugins_batcher",
+        "serve",
         "--port",
         str(free_port()),
         "--data-dir",

@@ -1,0 +1,98 @@
+"""Command-line options derived from what the jobs and the server declare: one flag per input or setting.
+
+The jobs declare their inputs once (`flyteplugins_batcher/jobs/_options.py` spreads the option
+dataclasses into a task's signature, with help from their docstrings), and the server its settings
+(`ServerSettings`, `EngineSettings`). The commands read those, so a setting added there is a flag
+of every command that takes it, with the same default and help.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import types
+import typing
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import rich_click as click
+
+OptionDecorator = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+
+def flag_name(name: str) -> str:
+    """`max_model_len` -> `--max-model-len` (vLLM's spelling of its own options)."""
+    return f"--{name.replace('_', '-')}"
+
+
+def option_for(name: str, annotation: Any, default: Any, help_text: str) -> click.Option:
+    """A click option: bools as `--x/--no-x`, `int | None` as an optional int, the rest as typed."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        annotation = next(arg for arg in typing.get_args(annotation) if arg is not type(None))
+    flag, shown = flag_name(name), True if default is not None else "none"
+    if annotation is bool:
+        return click.Option([f"{flag}/--no-{flag[2:]}", name], default=default, help=help_text, show_default=shown)
+    kind = annotation if annotation in (int, float, str) else str
+    return click.Option([flag, name], type=kind, default=default, help=help_text, show_default=shown)
+
+
+def input_options(func: Callable[..., Any], *, skip: Iterable[str] = ()) -> OptionDecorator:
+    """One option per input of `func` (a job's spread task function), less `skip`, with its default."""
+    from flyteplugins_batcher.jobs._options import input_help
+
+    described, hints, skipped = input_help(func), typing.get_type_hints(func), set(skip)
+    return _attach(
+        option_for(parameter.name, hints[parameter.name], parameter.default, described.get(parameter.name, ""))
+        for parameter in inspect.signature(func).parameters.values()
+        if parameter.name not in skipped
+    )
+
+
+def setting_options(*classes: type) -> OptionDecorator:
+    """One option per field of the settings dataclasses, with the field's default and help.
+
+    A field that holds settings of its own (`ServerSettings.engine`) is not an option: pass its
+    class too. Which options the command line gave, `given_on_command_line` tells: the rest keep
+    what the settings read from the environment (`BATCH_SERVE_*`), else their defaults.
+    """
+    from flyteplugins_batcher.jobs._options import option_help
+
+    options = []
+    for cls in classes:
+        hints, described = typing.get_type_hints(cls), option_help(cls)
+        for item in dataclasses.fields(cls):
+            if item.init and not dataclasses.is_dataclass(hints[item.name]):
+                options.append(option_for(item.name, hints[item.name], _field_default(item), described[item.name]))
+    return _attach(options)
+
+
+def given_on_command_line(ctx: click.Context, values: dict[str, Any]) -> dict[str, Any]:
+    """The options the command line set, not those left at their defaults."""
+    return {
+        name: value
+        for name, value in values.items()
+        if ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE
+    }
+
+
+def given(values: dict[str, Any], func: Callable[..., Any]) -> dict[str, Any]:
+    """The options that are inputs of `func` (the job), as its keywords."""
+    names = set(inspect.signature(func).parameters)
+    return {name: value for name, value in values.items() if name in names}
+
+
+def _attach(options: Iterable[click.Option]) -> OptionDecorator:
+    listed = list(options)
+
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        # What `@click.option` does: options gathered on the function, in reverse, for `@click.command`.
+        command.__click_params__ = [*getattr(command, "__click_params__", []), *reversed(listed)]  # type: ignore[attr-defined]
+        return command
+
+    return decorate
+
+
+def _field_default(item: dataclasses.Field[Any]) -> Any:
+    if item.default_factory is not dataclasses.MISSING:
+        return item.default_factory()  # type: ignore[misc]
+    return item.default

@@ -1,0 +1,156 @@
+"""The command line as users run it: `flyteplugins-batcher`, `flyte batcher` and `python -m flyteplugins_batcher`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flyteplugins_batcher.cli._gsm8k import gsm8k
+from flyteplugins_batcher.cli._run_batch import run_batch
+from flyteplugins_batcher.cli._serve import serve
+from flyteplugins_batcher.jobs import run_batch_file, solve_gsm8k
+
+BIN = Path(sys.executable).parent
+SIMULATED = ("--engine", "simulated", "--engine-args", '{"time_scale": 0.05}')
+COMMANDS = ("run-batch", "serve", "gsm8k")
+
+
+def cli(*arguments: str, cwd: Path | None = None, program: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+    command = program or (str(BIN / "flyteplugins-batcher"),)
+    return subprocess.run(
+        [*command, *arguments],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+
+
+def chat(custom_id: str, text: str, **body: object) -> str:
+    request = {"messages": [{"role": "user", "content": text}], "max_tokens": 8, **body}
+    return json.dumps({"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": request})
+
+
+def lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.parametrize(
+    "program",
+    [
+        (str(BIN / "flyteplugins-batcher"),),
+        (str(BIN / "flyte"), "batcher"),
+        (sys.executable, "-m", "flyteplugins_batcher"),
+    ],
+    ids=["console script", "flyte plugin", "python -m"],
+)
+def test_every_way_in_lists_the_same_commands(program: tuple[str, ...]):
+    result = cli("--help", program=program)
+    assert result.returncode == 0, result.stderr
+    for command in COMMANDS:
+        assert command in result.stdout
+    assert cli("run-batch", "--help", program=program).returncode == 0
+
+
+def test_the_group_imports_no_command_until_one_runs():
+    # flyte's CLI loads every plugin's group when it starts: `flyte --help` must not import our jobs or server.
+    probe = (
+        "import sys, flyteplugins_batcher.cli; print(sorted(m for m in sys.modules if '.jobs' in m or '.server' in m))"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    ("command", "job", "own"),
+    [(run_batch, run_batch_file.func, {"input", "output_dir"}), (gsm8k, solve_gsm8k.func, {"output_dir"})],
+    ids=["run-batch", "gsm8k"],
+)
+def test_a_job_command_has_a_flag_for_every_input_of_its_job_with_the_jobs_default(command, job, own):
+    import inspect
+
+    options = {option.name: option for option in command.params}
+    for name, parameter in inspect.signature(job).parameters.items():
+        if name in own:
+            continue
+        assert name in options, f"--{name} is missing"
+        if name != "enforce_eager":  # vLLM's boolean flag; the job takes text
+            assert options[name].default == parameter.default
+    shown = cli(command.name, "--help").stdout
+    for option in command.params:
+        assert option.opts[-1] in shown or option.opts[0] in shown
+    assert shown.count("[default: ") == len([option for option in command.params if not option.required])
+
+
+def test_serve_has_a_flag_for_every_server_and_engine_setting_with_its_default():
+    import dataclasses
+
+    from flyteplugins_batcher.jobs import EngineSettings
+    from flyteplugins_batcher.server import ServerSettings
+
+    options = {option.name: option for option in serve.params}
+    for settings in (ServerSettings(), EngineSettings()):
+        for item in dataclasses.fields(settings):
+            if item.name == "engine" and isinstance(settings, ServerSettings):
+                continue
+            assert options[item.name].default == getattr(settings, item.name)
+
+
+def test_run_batch_writes_results_and_errors_and_exits_non_zero_when_requests_fail(tmp_path: Path):
+    requests = tmp_path / "requests.jsonl"
+    requests.write_text("\n".join([chat("a", "What is 2 + 2?"), chat("b", "Name a prime."), "not json"]) + "\n")
+
+    failed = cli("run-batch", "-i", str(requests), "-o", str(tmp_path / "strict"), *SIMULATED)
+    assert failed.returncode == 1
+    assert "1 of 3 requests failed" in " ".join(failed.stderr.split())
+    assert [line["custom_id"] for line in lines(tmp_path / "strict" / "results.jsonl")] == ["a", "b"]  # still written
+
+    accepted = cli(
+        "run-batch", "--input", str(requests), "--output-dir", str(tmp_path / "out"), "--max-failed-fraction", "0.5"
+    )
+    assert accepted.returncode == 0, accepted.stderr
+    assert "answered 2/3 requests, 1 failed" in accepted.stdout
+    results, errors = lines(tmp_path / "out" / "results.jsonl"), lines(tmp_path / "out" / "errors.jsonl")
+    assert [line["response"]["status_code"] for line in results] == [200, 200]
+    assert [(line["error"]["code"], line["error"]["line"]) for line in errors] == [("invalid_json", 3)]
+
+
+def test_a_file_naming_the_model_as_vllm_run_batch_takes_it_runs_unchanged(tmp_path: Path):
+    # `vllm run-batch --model PATH` answers lines whose body.model is PATH: so do we, and by the name we serve.
+    model = "/models/Qwen2.5-0.5B-Instruct"
+    requests = tmp_path / "requests.jsonl"
+    requests.write_text(
+        "\n".join([chat("path", "hi", model=model), chat("name", "hi", model="Qwen2.5-0.5B-Instruct")]) + "\n"
+    )
+    result = cli("run-batch", "-i", str(requests), "-o", str(tmp_path / "out"), "--model", model, *SIMULATED)
+    assert result.returncode == 0, result.stderr
+    assert {line["custom_id"] for line in lines(tmp_path / "out" / "results.jsonl")} == {"path", "name"}
+
+    renamed = cli(
+        "run-batch", "-i", str(requests), "-o", str(tmp_path / "renamed"), "--model", model,
+        "--served-model-name", "qwen", "--max-failed-fraction", "1", *SIMULATED,
+    )  # fmt: skip
+    assert renamed.returncode == 0, renamed.stderr
+    answered = lines(tmp_path / "renamed" / "results.jsonl")
+    assert [line["response"]["body"]["model"] for line in answered] == ["qwen", "qwen"]  # the served name
+
+
+def test_run_batch_refuses_an_output_file_where_a_folder_is_wanted(tmp_path: Path):
+    requests = tmp_path / "requests.jsonl"
+    requests.write_text(chat("a", "hi") + "\n")
+    result = cli("run-batch", "-i", str(requests), "-o", str(tmp_path / "results.jsonl"))
+    assert result.returncode == 2  # a usage error, before anything runs
+    assert "names a folder here" in " ".join(result.stderr.split())
+
+
+def test_the_gsm8k_command_runs_the_demo(tmp_path: Path):
+    result = cli("gsm8k", "--num-questions", "4", "--source", "sample", "-o", str(tmp_path), *SIMULATED)
+    assert result.returncode == 0, result.stderr
+    assert "answered 4/4 questions" in result.stdout
+    assert len(lines(tmp_path / "answers.jsonl")) == 4
