@@ -70,7 +70,11 @@ def _output_dir(value: Path) -> Path:
     help="Skip vLLM's graph compilation.",
 )
 @click.option(
-    "--max-num-seqs", type=int, default=None, show_default="vLLM's", help="vLLM's sequences per step (into --engine-args)."
+    "--max-num-seqs",
+    type=int,
+    default=None,
+    show_default="vLLM's",
+    help="vLLM's sequences per step (into --engine-args).",
 )
 @input_options(_JOB, skip=("input", "output_dir", *_VLLM_FLAGS))
 def run_batch(
