@@ -75,9 +75,11 @@ def test_the_model_thread_holds_the_only_openmp_pool() -> None:
     assert finished.returncode == 0, finished.stderr
     switches = json.loads(finished.stdout.splitlines()[-1])
 
-    # Without the release: sleeps and wake-ups in most regions (the same work a plain thread does).
+    # Without the release: sleeps and wake-ups in most regions (the same work a plain thread does). Other
+    # processes' load moves both counts (a loaded machine read 4,003 and 139, a quiet one thousands and 7-12):
+    # the signal is their ratio, about 1 without the release.
     assert switches["plain thread"] > REGIONS // 4, switches
-    assert switches["batcher"] < REGIONS // 20, switches
+    assert switches["batcher"] < switches["plain thread"] / 10, switches
     assert switches["runtimes released"] == switches["runtimes loaded"] >= 1, switches
 
 
