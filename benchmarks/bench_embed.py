@@ -46,6 +46,7 @@ if str(REPO_ROOT) not in sys.path:
 import numpy as np  # noqa: E402
 
 import flyteplugins_batcher as ours  # noqa: E402
+from benchmarks._charts import add_chart_flag, write_chart_data  # noqa: E402
 from benchmarks._tables import markdown_table  # noqa: E402
 from flyteplugins_batcher.jobs._embeddings import load_model, model_reference  # noqa: E402
 
@@ -149,6 +150,7 @@ def parse_args() -> argparse.Namespace:
         default="",
         help="comma-separated way numbers to run (e.g. 1,3,4,6; default: all; 1, 3, 3b, 4 always run)",
     )
+    add_chart_flag(parser)
     return parser.parse_args()
 
 
@@ -275,6 +277,14 @@ def main() -> None:
     print(markdown_table(HEADERS, rows))
     if args.json:
         args.json.write_text(json.dumps([dict(zip(HEADERS, row, strict=True)) for row in rows], indent=2, default=str))
+    write_chart_data(
+        args.chart_data,
+        title=f"Embedding {len(texts):,} mixed-length gsm8k texts with all-MiniLM-L6-v2, batches of up to {BATCH}",
+        unit=f"texts/s, higher is better (each way's median of {args.rounds} rounds)",
+        rows=[(row[0], row[1]) for row in rows],
+        note=f"CPU, {args.threads} threads, {PRODUCERS} producers in ways 4-7 (benchmarks/bench_embed.py).",
+        digits=1,
+    )
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ import functools
 import itertools
 import json
 import os
+import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -50,6 +51,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from flyteplugins_batcher.engines import Completion, GenerationConfig, TransformersEngine
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from benchmarks._charts import add_chart_flag, write_chart_data  # noqa: E402
+
 DEFAULT_DATA = REPO_ROOT / ".." / "shared" / "data" / "gsm8k" / "test.jsonl"
 
 SYSTEM_PROMPT = (
@@ -221,6 +227,7 @@ def workload_parser(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--producers", type=int, default=4)
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     parser.add_argument("--rounds", type=int, default=3, help="rounds, the ways taken in turn; medians are shown")
+    add_chart_flag(parser)
     return parser
 
 
@@ -271,6 +278,13 @@ def main() -> None:
         f"modes 2-6: median of {args.rounds} rounds\n"
     )
     print(markdown_table([reference, *medians], medians[0], medians[1], reference, paired))
+    write_chart_data(
+        args.chart_data,
+        title=f"SmolLM2-135M-Instruct on CPU: {len(questions)} gsm8k questions, max_new_tokens {args.max_new_tokens}",
+        unit=f"questions/s, higher is better (modes 2-6: median of {args.rounds} rounds)",
+        rows=[(result.name, result.questions_per_s()) for result in [reference, *medians]],
+        note=f"Greedy, float32, {args.threads} threads, {args.producers} producers (benchmarks/bench_engine_cpu.py).",
+    )
 
 
 if __name__ == "__main__":

@@ -26,6 +26,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+from benchmarks._charts import add_chart_flag, write_chart_data  # noqa: E402
+
 
 def write_requests(path: Path, count: int) -> None:
     with path.open("w") as handle:
@@ -91,6 +93,7 @@ def main() -> None:
     parser.add_argument("--chunk-size", type=int, default=32)
     parser.add_argument("--max-chunks-in-flight", type=int, default=16)
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # internal: measure one size, print JSON
+    add_chart_flag(parser)
     args = parser.parse_args()
     if args.one:
         print(json.dumps(measure(args.one, args.chunk_size, args.max_chunks_in_flight)))
@@ -120,6 +123,15 @@ def main() -> None:
     headers = ["lines", "input MiB", "peak RSS MiB", "x first", "peak Python allocations MiB", "x first", "seconds"]
     print(f"\nJSONL driver, chunks of {args.chunk_size}, at most {args.max_chunks_in_flight} in flight\n")
     print(markdown_table(headers, table))
+    write_chart_data(
+        args.chart_data,
+        title="The JSONL driver's peak memory against the file's size",
+        unit="peak RSS in MiB, each size in a fresh process",
+        rows=[(f"{row['lines']:,} lines ({row['input_mib']:.1f} MiB)", row["peak_rss_mib"]) for row in rows],
+        note=f"A trivial engine that answers at once; chunks of {args.chunk_size}, at most "
+        f"{args.max_chunks_in_flight} in flight (benchmarks/bench_jsonl_memory.py).",
+        digits=0,
+    )
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from benchmarks._charts import write_chart_data
 from benchmarks._tables import markdown_table
 from benchmarks.bench_engine_cpu import SYSTEM_PROMPT, load_questions, workload_parser
 from flyteplugins_batcher.engines import bundled_smollm2_path
@@ -145,6 +146,14 @@ def main() -> None:
         f"\nSmolLM2-135M-Instruct (Transformers' own classes), {args.threads} torch threads, {len(questions)} questions"
     )
     print(table(rounds))
+    fixed = statistics.median(r.seconds for r in next(iter(rounds.values())))
+    write_chart_data(
+        args.chart_data,
+        title=f"A model of your own: SmolLM2 through Transformers' own classes, {len(questions)} gsm8k questions",
+        unit=f"x fixed batches of {args.batch_size}, higher is better (median of {args.rounds} rounds)",
+        rows=[(name, fixed / statistics.median(r.seconds for r in runs)) for name, runs in rounds.items()],
+        note=f"CPU, {args.threads} torch threads, {args.producers} producers (benchmarks/bench_own_model_cpu.py).",
+    )
 
 
 @dataclass(frozen=True)

@@ -41,12 +41,14 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from benchmarks import scale_report  # noqa: E402
+from benchmarks._charts import add_chart_flag, write_chart_data  # noqa: E402
 from benchmarks.scale_harness import (  # noqa: E402
     JobRun,
     ReplicaProcess,
@@ -280,6 +282,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model", default="", help="vllm: the model (a hub id or path)")
     parser.add_argument("--engine-args", default="", help="vllm: engine arguments as a JSON object")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    add_chart_flag(parser)
     args = parser.parse_args(argv)
     if args.engine == "vllm":
         args.replicas = "1"
@@ -295,6 +298,27 @@ def main() -> None:
     print(f"\n(benchmark took {time.perf_counter() - started:.0f} s)")
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2))
+    simulated = args.engine == "simulated"
+    write_chart_data(
+        args.chart_data,
+        title=f"{args.requests:,} gsm8k requests on {args.replicas.replace(',', ', ')} replicas, "
+        + ("with size_in_flight's defaults" if args.defaults == "after" else "with the defaults before size_in_flight"),
+        unit=f"requests/s{' on the virtual clock' if simulated else ''}, higher is better",
+        rows=chart_rows(summary),
+        note=f"{'Simulated, not measured on a GPU: ' if simulated else 'Measured with '}{summary.get('engine', '')} "
+        "(benchmarks/bench_scale.py).",
+        digits=1,
+    )
+
+
+def chart_rows(summary: dict[str, Any]) -> list[tuple[str, float]]:
+    """The chart's rows: each base run's requests/s by replica count, then the long-output and replica-loss runs'."""
+    rows = [(f"R={run['replicas']}", run["requests_per_s"]) for run in summary.get("runs", [])]
+    for key, name in (("long_outputs", "5% long outputs"), ("replica_killed", "one replica killed")):
+        run = summary.get(key)
+        if isinstance(run, dict):
+            rows.append((f"R={run['replicas']}, {name}", run["requests_per_s"]))
+    return rows
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+from benchmarks._charts import add_chart_flag, write_chart_data  # noqa: E402
 from benchmarks._tables import markdown_table  # noqa: E402
 from flyteplugins_batcher.engines import GenerationConfig, OutputLengths, SimulatedEngine  # noqa: E402
 
@@ -157,6 +158,7 @@ def main() -> None:
     parser.add_argument("--mean-output", type=int, default=200, help="mean output tokens of the ordinary requests")
     parser.add_argument("--long-fraction", type=float, default=0.0, help="share of 2,000-token outputs")
     parser.add_argument("--json", type=Path, help="also write the rows here")
+    add_chart_flag(parser)
     args = parser.parse_args()
 
     lengths = OutputLengths(mean=args.mean_output, long_fraction=args.long_fraction, long_tokens=2000)
@@ -174,6 +176,14 @@ def main() -> None:
     print(table(runs))
     if args.json:
         args.json.write_text(json.dumps({"runs": [asdict(run) for run in runs]}, indent=2))
+    write_chart_data(
+        args.chart_data,
+        title=f"The simulated engine at faster clocks: {args.requests:,} requests at once",
+        unit="makespan / the offline ideal's, 1.00 is the ideal",
+        rows=[(run.scale, run.virtual_makespan_s / runs[0].virtual_makespan_s) for run in runs],
+        note="Simulated, not measured on a GPU; engine steps per clock: "
+        f"{' / '.join(f'{run.steps:,}' for run in runs[1:])} (benchmarks/bench_sim_timescale.py).",
+    )
 
 
 if __name__ == "__main__":

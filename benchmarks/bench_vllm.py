@@ -44,6 +44,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+from benchmarks._charts import add_chart_flag, write_chart_data  # noqa: E402
 from benchmarks._tables import markdown_table  # noqa: E402
 from flyteplugins_batcher import TokenBatcher  # noqa: E402
 from flyteplugins_batcher.engines import (  # noqa: E402
@@ -235,6 +236,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--engine-args", default="", help='vLLM engine arguments as JSON, e.g. {"max_model_len": 2048}')
     parser.add_argument("--ways", default="abcd", help="which of a, b, c, d to run")
     parser.add_argument("--json", type=Path, help="also write the rows here")
+    add_chart_flag(parser)
     return parser.parse_args()
 
 
@@ -299,6 +301,15 @@ def main() -> None:
     print(markdown_table(HEADERS, rows))
     if args.json:
         args.json.write_text(json.dumps([dict(zip(HEADERS, row, strict=True)) for row in rows], indent=2, default=str))
+    write_chart_data(
+        args.chart_data,
+        title=f"vLLM engine steps for {args.questions} gsm8k questions, {args.max_new_tokens} new tokens, greedy",
+        unit="engine steps, fewer is better",
+        rows=[(row[0], row[4]) for row in rows if isinstance(row[4], (int, float))],
+        note=f"Real vLLM; (b)-(d) fed in chunks of {args.chunk_size} arriving {args.interval_s:g} s apart "
+        "(benchmarks/bench_vllm.py).",
+        digits=0,
+    )
 
 
 if __name__ == "__main__":

@@ -60,9 +60,8 @@ class DynamicBatcher(RecordStreams[RecordT, ResultT]):
     deadlock, isolates failing records, keeps the next batch staged at the device, supports
     priorities and deadlines, and reports latency percentiles and the device's utilization.
 
-    Type Parameters:
-        RecordT: The record type producers submit.
-        ResultT: The per-record result type of the process function.
+    It is generic in `RecordT`, the record type producers submit, and `ResultT`, the per-record
+    result type of the process function.
 
     Args:
         process_fn: `f(batch: list[RecordT]) -> list[ResultT]`, results in input order. A plain

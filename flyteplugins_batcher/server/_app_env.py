@@ -28,13 +28,13 @@ class BatcherAppEnvironment(FastAPIAppEnvironment):
     in them. `settings` decides what it serves and its limits; `BATCH_SERVE_*` variables in the
     process that builds the environment override them (`flyteplugins-batcher serve` sets them from
     its flags). The port comes from `settings.port`, and a deployment binds 0.0.0.0 behind Union's
-    authenticated ingress (`requires_auth=True`).
+    authenticated ingress (`requires_auth=True`). `resources` are per replica; `None` gives 4 CPUs,
+    32 GiB and one L4.
 
     Args:
         settings: The server's settings (engine, model, limits, data folder).
         app: The FastAPI app; `None` (the default) builds the server's app from `settings`.
         image: The container image; "auto" (the default) is `flyteplugins_batcher.images.serve_image`.
-        resources: Per replica; `None`: 4 CPUs, 32 GiB and one L4.
 
     Example:
         ```python

@@ -1,0 +1,47 @@
+"""Draw the benchmark pages' charts: `docs/benchmarks/data/<bench>.json` -> `docs/benchmarks/charts/<bench>.svg`.
+
+    python benchmarks/render_charts.py                      # every chart, in place
+    python benchmarks/bench_embed.py --chart-data docs/benchmarks/data/embed.json && python benchmarks/render_charts.py
+
+The committed SVGs must equal what this draws from the committed data (`tests/test_docs.py` checks it),
+so a chart cannot go stale against its numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from benchmarks._charts import render_file  # noqa: E402
+
+DATA_DIR = REPO_ROOT / "docs" / "benchmarks" / "data"
+CHART_DIR = REPO_ROOT / "docs" / "benchmarks" / "charts"
+
+
+def render_all(data_dir: Path = DATA_DIR, chart_dir: Path = CHART_DIR) -> list[Path]:
+    """Draw one SVG per JSON file of `data_dir` into `chart_dir`; returns the SVGs' paths, sorted."""
+    chart_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for data_path in sorted(data_dir.glob("*.json")):
+        svg_path = chart_dir / f"{data_path.stem}.svg"
+        render_file(data_path, svg_path)
+        written.append(svg_path)
+    return written
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--data-dir", type=Path, default=DATA_DIR, help="the charts' JSON data")
+    parser.add_argument("--out-dir", type=Path, default=CHART_DIR, help="where the SVGs go")
+    args = parser.parse_args(argv)
+    for path in render_all(args.data_dir, args.out_dir):
+        print(path)
+
+
+if __name__ == "__main__":
+    main()
