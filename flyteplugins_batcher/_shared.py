@@ -16,6 +16,7 @@ batchers would split the traffic and halve the batch sizes). The usual answer is
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import inspect
 import logging
 import threading
@@ -133,6 +134,38 @@ class SharedBatcher(Generic[ModelT, BatcherT]):
             with self._lock:
                 self._unload_locked()
         return await self._started(key)
+
+    def preload(self, key: Hashable = None) -> concurrent.futures.Future[ModelT]:
+        """Start loading the model for `key` in a background thread, so that the first `get(key)` finds it loaded.
+
+        For a process that knows its model before its first call (a command line, a server
+        starting up): the load overlaps whatever else the process does meanwhile. A `get` that
+        comes while the load runs waits for it; a load that fails is tried again by the next
+        `get`, which raises its error where it belongs.
+
+        Returns:
+            The load's future: its model, or its exception.
+
+        Example:
+            ```python
+            llm.preload(settings)  # vLLM starts while the input is read
+            batcher = await llm.get(settings)
+            ```
+        """
+        future: concurrent.futures.Future[ModelT] = concurrent.futures.Future()
+
+        def load() -> None:
+            try:
+                if inspect.iscoroutinefunction(self._load):
+                    future.set_result(asyncio.run(self._load_async(key)))
+                else:
+                    future.set_result(self._load_blocking(key))
+            except BaseException as error:  # the caller's `get` meets it again, where it is reported
+                logger.info("%s: preloading the model for %r failed: %s", self.name, key, error)
+                future.set_exception(error)
+
+        threading.Thread(target=load, name=f"{self.name}-preload", daemon=True).start()
+        return future
 
     async def model(self, key: Hashable = None) -> ModelT:
         """The loaded model for `key`, loading it (once per process) if needed."""

@@ -14,9 +14,11 @@ from typing import Any
 
 import rich_click as click
 
+from flyteplugins_batcher.batch_api import EMBEDDINGS_ENDPOINT
 from flyteplugins_batcher.cli._options import given, input_options
 from flyteplugins_batcher.cli._run import local_file, run_locally
-from flyteplugins_batcher.jobs import run_batch_file
+from flyteplugins_batcher.jobs import EngineSettings, process_replica, run_batch_file
+from flyteplugins_batcher.jobs._options import build_option_set
 
 _JOB = run_batch_file.func
 _VLLM_FLAGS = ("enforce_eager",)  # a boolean flag in vLLM, a text field of the job
@@ -34,6 +36,32 @@ def _engine_args(engine_args: str, max_num_seqs: int | None) -> str:
         raise click.BadParameter("must be a JSON object", param_hint="--engine-args")
     merged["max_num_seqs"] = max_num_seqs
     return json.dumps(merged)
+
+
+def _line_kinds(path: Path, sample: int = 64) -> set[str]:
+    """What the file's first lines ask for: "generation", "embedding" (unreadable lines say nothing)."""
+    kinds: set[str] = set()
+    with path.open("rb") as lines:
+        for _, line in zip(range(sample), lines, strict=False):
+            try:
+                request = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(request, dict):
+                kinds.add("embedding" if request.get("url") == EMBEDDINGS_ENDPOINT else "generation")
+    return kinds
+
+
+def _preload(inputs: dict[str, Any], input_path: Path) -> None:
+    """Start loading the LLM now, while flyte starts and the file is read, when the file's lines need it.
+
+    The job's first chunk finds the model loading (or loaded) under the same settings, in this
+    process's replica: the load overlaps the rest of the start-up instead of following it.
+    """
+    if "generation" not in _line_kinds(input_path):
+        return
+    settings = build_option_set(_JOB, EngineSettings, inputs)
+    process_replica().shared.preload(settings)
 
 
 def _output_dir(value: Path) -> Path:
@@ -92,6 +120,7 @@ def run_batch(
     if enforce_eager is not None:
         inputs["enforce_eager"] = "true" if enforce_eager else "false"
     folder = _output_dir(output_folder).resolve()
+    _preload(inputs, input_path)
     summary = run_locally(run_batch_file, input=local_file(input_path), output_dir=str(folder), **inputs)
     click.echo(f"results: {folder / 'results.jsonl'} ({summary.answered} lines)")
     click.echo(f"errors: {folder / 'errors.jsonl'} ({summary.failed} lines)")

@@ -154,3 +154,42 @@ def test_the_gsm8k_command_runs_the_demo(tmp_path: Path):
     assert result.returncode == 0, result.stderr
     assert "answered 4/4 questions" in result.stdout
     assert len(lines(tmp_path / "answers.jsonl")) == 4
+
+
+def test_run_batch_starts_loading_the_model_before_the_job_and_the_job_uses_that_load(tmp_path: Path):
+    # In-process, to see the replica: the preload and the job's first chunk must agree on the engine's settings,
+    # else the job would load a second engine.
+    import asyncio
+
+    from click.testing import CliRunner
+
+    from flyteplugins_batcher.jobs import LLMReplica, set_process_replica
+
+    requests = tmp_path / "requests.jsonl"
+    requests.write_text(chat("a", "hi") + "\n" + chat("b", "ho") + "\n")
+    replica = LLMReplica()
+    set_process_replica(replica)
+    try:
+        loads = []
+        original = replica.shared.preload
+        replica.shared.preload = lambda key: loads.append(key) or original(key)  # type: ignore[method-assign]
+        result = CliRunner().invoke(
+            run_batch, ["-i", str(requests), "-o", str(tmp_path / "out"), "--max-new-tokens", "5", *SIMULATED]
+        )
+        assert result.exit_code == 0, result.output
+        assert len(loads) == 1 and loads[0].max_new_tokens == 5
+        assert replica.shared.loads == 1  # the job's chunks ran on the preloaded engine
+    finally:
+        set_process_replica(None)
+        asyncio.run(replica.aclose())
+
+
+def test_a_file_of_embeddings_alone_preloads_no_llm(tmp_path: Path):
+    from flyteplugins_batcher.cli._run_batch import _line_kinds
+
+    embedding = {"custom_id": "e", "url": "/v1/embeddings", "body": {"input": "x"}}
+    path = tmp_path / "requests.jsonl"
+    path.write_text(json.dumps(embedding) + "\n{broken\n")
+    assert _line_kinds(path) == {"embedding"}
+    path.write_text(json.dumps(embedding) + "\n" + chat("a", "hi") + "\n")
+    assert _line_kinds(path) == {"embedding", "generation"}
