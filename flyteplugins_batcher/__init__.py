@@ -49,6 +49,7 @@ from flyteplugins_batcher._settings import BatcherOptions, BatcherSettings, Grou
 from flyteplugins_batcher._shared import SharedBatcher
 from flyteplugins_batcher._sizing import InFlight, size_in_flight
 from flyteplugins_batcher._stats import BatchStats, DispatchReason
+from flyteplugins_batcher._timeline import Timeline
 from flyteplugins_batcher._token_batcher import TokenBatcher
 from flyteplugins_batcher._version import __version__
 
@@ -86,6 +87,7 @@ __all__ = [
     "ResultCountError",
     "SettledOutcome",
     "SharedBatcher",
+    "Timeline",
     "TokenBatcher",
     "TokenEstimator",
     "TokenEstimatorFn",

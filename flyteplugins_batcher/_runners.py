@@ -29,7 +29,7 @@ from flyteplugins_batcher._errors import (
 from flyteplugins_batcher._invoke import BlockingStepMonitor, is_async_callable
 from flyteplugins_batcher._openmp import release_openmp_pool
 from flyteplugins_batcher._staging import Batch, StagingArea
-from flyteplugins_batcher._stats import BusyClock
+from flyteplugins_batcher._stats import BatchClock
 
 logger = logging.getLogger("flyteplugins_batcher")
 
@@ -74,7 +74,7 @@ class RunnerPool:
         process_fn: The user's process function.
         batcher_name: For thread names and warnings.
         staging: Where runners take their batches.
-        busy: Timed around every call of the process function.
+        busy: Times every call of the process function, and puts it on the timeline.
         hooks: The batcher's callbacks (called on its event loop).
         split: Bisect a batch whose call raised, to isolate the failing records.
         max_runners: Most runners at once (`max_concurrent_batches`).
@@ -86,7 +86,7 @@ class RunnerPool:
         *,
         batcher_name: str,
         staging: StagingArea,
-        busy: BusyClock,
+        busy: BatchClock,
         hooks: RunnerHooks,
         split: bool,
         max_runners: int,
@@ -198,7 +198,8 @@ class RunnerPool:
         attempts = self._attempts(batch.envelopes, deliver)
         part: list[Envelope] | None = next(attempts)
         while part is not None:
-            self._busy.enter()
+            started = self._busy.enter()
+            results: Any = None
             try:
                 results = context.run(self.fn, [envelope.record for envelope in part])
                 if inspect.isawaitable(results):  # a plain def that returns a coroutine (e.g. a lambda)
@@ -210,14 +211,15 @@ class RunnerPool:
             except BaseException as error:  # KeyboardInterrupt and friends end the batcher
                 raise _Fatal(error) from error
             finally:
-                self._busy.exit()
+                self._busy.exit_batch(started, part, batch, results)
             part = _next_part(attempts, reply)
 
     async def _drive_async(self, batch: Batch, deliver: Deliver) -> None:
         attempts = self._attempts(batch.envelopes, deliver)
         part: list[Envelope] | None = next(attempts)
         while part is not None:
-            self._busy.enter()
+            started = self._busy.enter()
+            results: Any = None
             try:
                 results = await self._blocking.watch(self.fn([envelope.record for envelope in part]))
                 reply: tuple[Any, BaseException | None] = (results, None)
@@ -233,7 +235,7 @@ class RunnerPool:
             except BaseException as error:
                 raise _Fatal(error) from error
             finally:
-                self._busy.exit()
+                self._busy.exit_batch(started, part, batch, results)
             part = _next_part(attempts, reply)
 
     def _attempts(

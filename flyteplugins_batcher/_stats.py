@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
 
 from flyteplugins_batcher._deprecation import warn_deprecated
 from flyteplugins_batcher._envelope import COMPLETED, FAILED, RecordState
 from flyteplugins_batcher._histogram import Distribution, LogHistogram
 from flyteplugins_batcher._observers import Observers, SettledOutcome
+from flyteplugins_batcher._timeline import Timeline, TimelineRecorder, completion_tokens
+
+if TYPE_CHECKING:
+    from flyteplugins_batcher._envelope import Envelope
+    from flyteplugins_batcher._staging import Batch
 
 DispatchReason = Literal["full", "budget", "timeout", "idle", "drain"]
 """Why a batch went out:
@@ -60,6 +65,8 @@ class BatchStats:
         batch_cost: Estimated cost per batch.
         queue_depth: Records waiting right now (queued, or in a staged batch).
         in_flight_batches: Batches inside the process function right now.
+        timeline: When each batch was inside the process function, its size, cost and output tokens
+            (bounded: neighbouring batches merge once there are many; see `Timeline`).
 
     Example:
         ```python
@@ -92,6 +99,7 @@ class BatchStats:
     batch_cost: Distribution = field(default_factory=Distribution)
     queue_depth: int = 0
     in_flight_batches: int = 0
+    timeline: Timeline = field(default_factory=Timeline)
 
     @property
     def utilization(self) -> float:
@@ -111,6 +119,7 @@ class BatchStats:
         for name in self.__dataclass_fields__:
             value = getattr(self, name)
             plain[name] = value.as_dict() if isinstance(value, Distribution) else value
+        plain["timeline"] = asdict(self.timeline)
         plain["batches_by_reason"] = dict(self.batches_by_reason)
         plain["utilization"] = self.utilization
         return plain
@@ -158,19 +167,23 @@ class BusyClock:
         self._since = 0.0
         self._total = 0.0
 
-    def enter(self) -> None:
-        """A batch starts inside the process function."""
+    def enter(self) -> float:
+        """A batch starts inside the process function; returns when (`time.monotonic`)."""
         with self._lock:
+            now = time.monotonic()
             if not self._running:
-                self._since = time.monotonic()
+                self._since = now
             self._running += 1
+        return now
 
-    def exit(self) -> None:
-        """A batch left the process function."""
+    def exit(self) -> float:
+        """A batch left the process function; returns when (`time.monotonic`)."""
         with self._lock:
+            now = time.monotonic()
             self._running -= 1
             if not self._running:
-                self._total += time.monotonic() - self._since
+                self._total += now - self._since
+        return now
 
     def busy_s(self, now: float) -> float:
         """Busy seconds so far, including a batch still running."""
@@ -178,11 +191,39 @@ class BusyClock:
             return self._total + (now - self._since if self._running else 0.0)
 
 
+class BatchClock(BusyClock):
+    """The batcher's busy clock, which also puts each call of the process function on the batcher's timeline.
+
+    Example:
+        ```python
+        clock = BatchClock()
+        started = clock.enter()
+        results = process_fn([envelope.record for envelope in batch.envelopes])
+        clock.exit_batch(started, batch.envelopes, batch, results)
+        ```
+    """
+
+    __slots__ = ("timeline",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.timeline = TimelineRecorder()
+
+    def exit_batch(self, started: float, part: list[Envelope], batch: Batch, results: Any) -> None:
+        """`part` of `batch` (all of it, unless a failing batch was split) left the process function with `results`.
+
+        `results` is what the call returned (`None` when it raised).
+        """
+        ended = self.exit()
+        cost = batch.cost if part is batch.envelopes else sum(envelope.cost for envelope in part)
+        self.timeline.add(started, ended, len(part), cost, completion_tokens(results))
+
+
 class StatsRecorder:
     """The batcher's live counters. The batcher changes them only through these methods, on its event loop."""
 
     def __init__(self) -> None:
-        self.busy = BusyClock()
+        self.busy = BatchClock()
         self._submitted = 0
         self._completed = 0
         self._failed = 0
@@ -290,4 +331,5 @@ class StatsRecorder:
             batch_cost=self._batch_cost.summary(),
             queue_depth=queue_depth,
             in_flight_batches=in_flight_batches,
+            timeline=self.busy.timeline.snapshot(),
         )

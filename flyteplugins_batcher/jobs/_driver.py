@@ -120,6 +120,7 @@ class FanOutStats:
     replicas: list[ReplicaSnapshot] = field(default_factory=list)  # each replica's latest state, by name
     first: dict[str, ReplicaSnapshot] = field(default_factory=dict)  # each replica's first state in this run
     while_waiting: dict[str, ReplicaSnapshot] = field(default_factory=dict)  # latest while chunks were still to send
+    started_at: float = 0.0  # when the fan-out started (epoch seconds): where the report's charts begin
     reading: bool = True  # the driver still had chunks to send
     held_back: bool = False  # the driver held chunks back at its cap at least once
 
@@ -212,8 +213,8 @@ async def fan_out(
     """
     if max_in_flight < 1:
         raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
-    stats = FanOutStats()
     started = time.time()
+    stats = FanOutStats(started_at=started)
     slots = asyncio.Semaphore(max_in_flight)
     running: set[asyncio.Task[None]] = set()
     fatal: list[BaseException] = []
@@ -343,7 +344,7 @@ async def finish_run(
     except PublishError as error:  # the files stay in the work folder, where the summary points
         unpublished = error
     warning = occupancy_warning(fanned, run, pool) if pool is not None else ""
-    await progress.finish(final_html(summary, fanned.replicas, warning))
+    await progress.finish(final_html(summary, fanned.replicas, warning, started_at=fanned.started_at or None))
     print(summary_line(summary, noun), flush=True)
     if warning:
         logger.warning(warning)

@@ -19,7 +19,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -31,7 +31,9 @@ from flyteplugins_batcher.jobs._environments import driver_environment
 from flyteplugins_batcher.jobs._options import task_with_options
 from flyteplugins_batcher.jobs._outputs import Destination, WorkFolder
 from flyteplugins_batcher.jobs._report import STYLE, Progress, cards_html, print_report_location
+from flyteplugins_batcher.jobs._report_charts import timeline_section
 from flyteplugins_batcher.jobs._reruns import retrying_reused_failures
+from flyteplugins_batcher.jobs._schema import ReplicaSnapshot
 
 SAMPLE_CORPUS = Path(__file__).resolve().parent / "data" / "embed_sample.jsonl"
 OUTPUT_FILES = ("vectors.parquet", "errors.jsonl")
@@ -109,7 +111,7 @@ async def main(
         reused=sum(not result.computed_since(n, started) for result in results for n in range(len(result.results))),
         retried=sum(result.was_retried(n) for result in results for n in range(len(result.results))),
     )
-    await progress.finish(report_html(summary, wall))
+    await progress.finish(report_html(summary, wall, results, started))
     print(summary_line(summary), flush=True)
     print_report_location()
     check_failures(summary.failed, documents, max_failed_fraction, f"see {summary.errors.path}", noun="documents")
@@ -229,8 +231,10 @@ async def join_parquet(parts: list[File], target: Path) -> tuple[int, int]:
     return rows, dimensions
 
 
-def report_html(summary: EmbedSummary, wall_s: float) -> str:
-    """The run's report: counts, throughput at the model, batching."""
+def report_html(
+    summary: EmbedSummary, wall_s: float, results: Sequence[ChunkVectors] = (), started_at: float | None = None
+) -> str:
+    """The run's report: counts, throughput at the model, batching, and where the time went on each replica."""
     cards = [
         ("embedded", f"{summary.embedded}/{summary.documents}"),
         ("failed", str(summary.failed)),
@@ -242,5 +246,19 @@ def report_html(summary: EmbedSummary, wall_s: float) -> str:
     ]
     return (
         f'{STYLE}<div class="bl"><h2>Embeddings: {summary.corpus}</h2>{cards_html(cards)}'
-        f"<p>Vectors: <code>{summary.vectors.path}</code><br>Errors: <code>{summary.errors.path}</code></p></div>"
+        f"<p>Vectors: <code>{summary.vectors.path}</code><br>Errors: <code>{summary.errors.path}</code></p>"
+        f"{timeline_section(latest_replicas(results, started_at or 0.0), wall_s, started_at)}</div>"
     )
+
+
+def latest_replicas(results: Sequence[ChunkVectors], since: float = 0.0) -> list[ReplicaSnapshot]:
+    """Each replica's latest snapshot among the chunks finished `since` (epoch seconds), not reused from before."""
+    latest: dict[str, ReplicaSnapshot] = {}
+    for result in results:
+        snapshot = result.replica
+        if snapshot is None or result.finished_at < since:
+            continue
+        known = latest.get(snapshot.replica)
+        if known is None or snapshot.records >= known.records:  # a replica's counters only grow
+            latest[snapshot.replica] = snapshot
+    return sorted(latest.values(), key=lambda snapshot: snapshot.replica)

@@ -80,6 +80,7 @@ class ChunkVectors(ItemOutcomes):
     model_seconds: float
     finished_at: float = 0.0
     fresh: list[int] | None = None
+    replica: ReplicaSnapshot | None = None  # the replica's batching when the chunk finished (its timeline: the report)
 
     @property
     def truncated(self) -> int:
@@ -114,6 +115,7 @@ async def embed_chunk(chunk: DocumentChunk) -> ChunkVectors:
         padding_efficiency=EMBED_STATS.padding_efficiency,
         model_seconds=EMBED_STATS.generate_time_s,
         finished_at=time.time(),
+        replica=replica_snapshot(),
     )
 
 

@@ -11,6 +11,8 @@ import flyte
 import flyte.report
 
 from flyteplugins_batcher.jobs._progress import ProgressLine, format_duration
+from flyteplugins_batcher.jobs._report_charts import timeline_section
+from flyteplugins_batcher.jobs._report_svg import CHART_WIDTH, PLOT_LEFT, svg, text
 from flyteplugins_batcher.jobs._schema import ReplicaSnapshot, RunSummary
 
 logger = logging.getLogger("flyteplugins_batcher.jobs._report")
@@ -25,9 +27,13 @@ STYLE = """
   .bl .card .k { color: #627d98; font-size: 0.85em; }
   .bl .bar { background: #e4e7eb; border-radius: 6px; height: 18px; overflow: hidden; }
   .bl .bar > div { background: #2f80ed; height: 100%; }
-  .bl table { border-collapse: collapse; margin: 8px 0 16px; font-size: 0.9em; }
-  .bl td, .bl th { border-bottom: 1px solid #e4e7eb; padding: 4px 10px; text-align: left; vertical-align: top; }
+  .bl table { border-collapse: collapse; margin: 8px 0 16px; font-size: 0.85em; display: block; overflow-x: auto; }
+  .bl td, .bl th { border-bottom: 1px solid #e4e7eb; padding: 4px 6px; text-align: left; vertical-align: top; }
   .bl .ok { color: #1e7b34; } .bl .bad { color: #b42318; }
+  .bl .na, .bl .note { color: #627d98; }
+  .bl .note { font-size: 0.85em; margin: -8px 0 16px; }
+  .bl h4 { margin: 14px 0 4px; font-size: 0.95em; }
+  .bl svg.chart { display: block; max-width: 100%; height: auto; }
 </style>
 """
 
@@ -108,8 +114,18 @@ async def _replace(page: str) -> None:
         logger.warning("could not update the report: %s", exc)
 
 
-def final_html(result: RunSummary, replicas: Sequence[ReplicaSnapshot], warning: str = "") -> str:
-    """The final view: headline numbers, where the results are, each replica's batching and device, and a warning."""
+def final_html(
+    result: RunSummary, replicas: Sequence[ReplicaSnapshot], warning: str = "", *, started_at: float | None = None
+) -> str:
+    """The final view: headline numbers, where the results are, where the time went, each replica's batching and device.
+
+    Args:
+        result: The run's summary.
+        replicas: Each replica's latest snapshot.
+        warning: A line to show in red (empty: none).
+        started_at: When the run started (epoch seconds), where the charts begin; by default the run's
+            wall time (`load_time_s + inference_s`) before the replicas' last batch.
+    """
     cards = [
         ("answered", f"{result.answered}/{result.requests}"),
         ("failed", str(result.failed)),
@@ -140,11 +156,17 @@ def final_html(result: RunSummary, replicas: Sequence[ReplicaSnapshot], warning:
             reused,
             f"<p>Results: <code>{html.escape(str(result.results.path))}</code><br>"
             f"Errors: <code>{html.escape(str(result.errors.path))}</code></p>",
-            "<h3>Replicas</h3>",
-            _utilization_chart(replicas),
-            _replica_table(replicas),
+            replicas_html(replicas),
+            timeline_section(replicas, result.load_time_s + result.inference_s, started_at) if replicas else "",
             "</div>",
         ]
+    )
+
+
+def replicas_html(replicas: Sequence[ReplicaSnapshot]) -> str:
+    """Each replica's utilization bar, its table row, and one note on a GPU that could not be asked."""
+    return "".join(
+        ["<h3>Replicas</h3>", _utilization_chart(replicas), _replica_table(replicas), _device_note(replicas)]
     )
 
 
@@ -157,26 +179,27 @@ def cards_html(items: Sequence[tuple[str, str]]) -> str:
 
 
 def _utilization_chart(replicas: Sequence[ReplicaSnapshot]) -> str:
-    """Horizontal bars: each replica's device utilization, labelled with its average batch size."""
+    """Horizontal bars: each replica's share of its active time busy, labelled with its GPU's and its average batch."""
     if not replicas:
         return "<p>No replica reported statistics.</p>"
-    row_height, label_width, bar_width = 26, 220, 420
-    height = row_height * len(replicas) + 10
+    row_height, bar_width = 26, 440
+    label_x = PLOT_LEFT + bar_width + 8
     rows = []
     for position, replica in enumerate(replicas):
         y = 5 + position * row_height
-        width = max(replica.utilization, 0.0) * bar_width
+        width = min(max(replica.utilization, 0.0), 1.0) * bar_width
         rows.append(
-            f'<text x="0" y="{y + 15}" font-size="12">{html.escape(replica.replica[:32])}</text>'
-            f'<rect x="{label_width}" y="{y}" width="{bar_width}" height="18" fill="#e4e7eb" rx="4"/>'
-            f'<rect x="{label_width}" y="{y}" width="{width:.1f}" height="18" fill="#2f80ed" rx="4"/>'
-            f'<text x="{label_width + bar_width + 8}" y="{y + 14}" font-size="12">'
-            f"{replica.utilization:.0%} busy ({_device(replica)}), avg batch {replica.avg_batch_size:.1f}</text>"
+            text(PLOT_LEFT - 8, y + 13, replica.replica, room=PLOT_LEFT - 16, anchor="end")
+            + f'<rect x="{PLOT_LEFT}" y="{y}" width="{bar_width}" height="18" fill="#e4e7eb" rx="4"/>'
+            f'<rect class="utilization" x="{PLOT_LEFT}" y="{y}" width="{width:.1f}" height="18" fill="#2f80ed" rx="4"/>'
+            + text(
+                label_x,
+                y + 13,
+                f"{replica.utilization:.0%} busy, GPU {_device(replica)}, avg batch {replica.avg_batch_size:.1f}",
+                room=CHART_WIDTH - label_x - 4,
+            )
         )
-    return (
-        f'<svg width="{label_width + bar_width + 220}" height="{height}" role="img" '
-        f'aria-label="utilization per replica">{"".join(rows)}</svg>'
-    )
+    return svg("utilization", row_height * len(replicas) + 10, "".join(rows), "utilization per replica")
 
 
 def _replica_table(replicas: Sequence[ReplicaSnapshot]) -> str:
@@ -189,7 +212,7 @@ def _replica_table(replicas: Sequence[ReplicaSnapshot]) -> str:
         f"<tr><td>{html.escape(r.replica)}</td><td>{html.escape(r.model)}</td><td>{r.load_time_s:.1f}s</td>"
         f"<td>{r.records}</td><td>{r.batches}</td>"
         f"<td>{r.avg_batch_size:.1f}</td><td>{r.avg_batch_tokens:.0f}</td><td>{r.utilization:.1%}</td>"
-        f"<td>{html.escape(_device(r))}</td>"
+        f"{_device_cell(r)}"
         f"<td>{r.latency_p50_s:.2f}s / {r.latency_p99_s:.2f}s</td><td>{r.padding_efficiency:.0%}</td>"
         f"<td>{_occupancy(r)}</td>"
         f"<td>{html.escape(', '.join(f'{k} {v}' for k, v in r.batches_by_reason.items() if v))}</td></tr>"
@@ -205,6 +228,22 @@ def _occupancy(replica: ReplicaSnapshot) -> str:
 
 
 def _device(replica: ReplicaSnapshot) -> str:
-    if replica.device_utilization >= 0:
-        return f"GPU {replica.device_utilization:.0%}"
-    return f"GPU utilization {replica.device_note}" if replica.device_note else "GPU utilization not available"
+    """The GPU's own utilization, or "n/a" where it could not be asked (`_device_note` says why)."""
+    return f"{replica.device_utilization:.0%}" if replica.device_utilization >= 0 else "n/a"
+
+
+def _device_cell(replica: ReplicaSnapshot) -> str:
+    # "na": greyed, and told apart from the other columns' n/a
+    return f"<td>{_device(replica)}</td>" if replica.device_utilization >= 0 else '<td class="na">n/a</td>'
+
+
+def _device_note(replicas: Sequence[ReplicaSnapshot]) -> str:
+    """One line under the table on why the GPU column says n/a (each distinct reason once); empty when it does not."""
+    reasons = dict.fromkeys(
+        replica.device_note.removeprefix("not available: ") or "the replica could not ask its GPU"
+        for replica in replicas
+        if replica.device_utilization < 0
+    )
+    if not reasons:
+        return ""
+    return f'<p class="note">GPU (NVML) n/a: {html.escape("; ".join(reasons))}.</p>'

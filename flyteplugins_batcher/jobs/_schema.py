@@ -12,6 +12,7 @@ from typing import Any
 from flyte.io import File
 
 from flyteplugins_batcher import BatchStats
+from flyteplugins_batcher._timeline import Timeline
 from flyteplugins_batcher.engines import Completion, EngineStats, GenerationConfig, Request, ResponseFormat, Sample
 from flyteplugins_batcher.jobs._reruns import ItemOutcomes
 
@@ -220,6 +221,8 @@ class ReplicaSnapshot:
     The engine counters (`engine_steps`, `running_seqs`, `max_num_seqs`, `engine_busy_s`) are
     cumulative, so how full the engine was between two snapshots of a replica is
     `later.engine_counts().since(earlier.engine_counts()).occupancy`.
+    `timeline` is the batcher's (`BatchStats.timeline`): when each batch was at the model, since the
+    replica started (bounded; the report draws it).
     """
 
     replica: str = ""
@@ -244,6 +247,7 @@ class ReplicaSnapshot:
     max_num_seqs: int = 0  # the engine's capacity (0 where it has none)
     occupancy: float | None = None  # running sequences per step over max_num_seqs since it started; None: no steps
     engine_busy_s: float = 0.0  # seconds with at least one request in the engine
+    timeline: Timeline = field(default_factory=Timeline)
 
     def engine_counts(self) -> EngineStats:
         """The engine counters as `EngineStats`, for `since()` and `occupancy`."""
@@ -282,6 +286,7 @@ class ReplicaSnapshot:
             latency_p99_s=stats.latency_s.p99,
             queue_wait_p99_s=stats.queue_wait_s.p99,
             batches_by_reason=dict(stats.batches_by_reason),
+            timeline=stats.timeline,
             **fields,
         )
 
