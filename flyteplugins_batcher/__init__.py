@@ -37,6 +37,7 @@ from flyteplugins_batcher._lifecycle import BatcherState
 from flyteplugins_batcher._observers import BatchObserver, SettledOutcome
 from flyteplugins_batcher._openmp import release_openmp_pool
 from flyteplugins_batcher._records import (
+    Cancellable,
     CostEstimator,
     CostEstimatorFn,
     InferenceFn,
@@ -65,6 +66,7 @@ __all__ = [
     "BatcherSettings",
     "BatcherState",
     "BlockingProcessFnWarning",
+    "Cancellable",
     "CostBudgetExceededError",
     "CostEstimator",
     "CostEstimatorFn",

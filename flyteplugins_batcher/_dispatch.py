@@ -17,7 +17,7 @@ from typing import Any
 
 from flyteplugins_batcher._backpressure import Backpressure
 from flyteplugins_batcher._deadlines import DeadlineWatch
-from flyteplugins_batcher._envelope import CANCELLED, COMPLETED, FAILED, Envelope
+from flyteplugins_batcher._envelope import CANCELLED, COMPLETED, FAILED, Envelope, tell_when_cancelled
 from flyteplugins_batcher._errors import BatcherFailedError
 from flyteplugins_batcher._records import ProcessFn
 from flyteplugins_batcher._runners import RunnerHooks, RunnerPool
@@ -130,6 +130,7 @@ class Dispatcher:
         if skipped:
             self._settler.settle_dropped(skipped)
         envelopes = batch.envelopes
+        tell_when_cancelled(envelopes)  # a caller who leaves from now on stops the work, where the record can
         now = _monotonic()
         self._stats.record_dispatch(
             [now - envelope.submitted_at for envelope in envelopes],

@@ -14,13 +14,15 @@ Who moves a record: the waiting room (`_pending`) and the staging area (`_stagin
 staging area's lock, move it out of the queue (`take_live`, `move`, `Envelope.drop`); the Settler
 (`_settle`), on the event loop, gives it its end and resolves its future. A record whose future is
 done but that has not ended was therefore cancelled by its caller: `is_live` is the one place that
-reads a future so.
+reads a future so. A record cancelled after a runner took it is told so through its own `cancel()`,
+when it has one (`_records.Cancellable`; `tell_when_cancelled`), and then ends `CANCELLED`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 from typing import Any
 
 from flyteplugins_batcher._errors import short_repr
@@ -129,3 +131,37 @@ def move(envelopes: list[Envelope], to: RecordState) -> list[Envelope]:
     for envelope in envelopes:
         envelope.state = to
     return envelopes
+
+
+_CANCELLABLE: dict[type, bool] = {}
+"""Whether records of a type have a `cancel()` method (`_records.Cancellable`), by type: asked once per batch record."""
+
+
+def is_cancellable(record: Any) -> bool:
+    """Whether `record` can be told to stop while it runs: its class has `cancel()`, and it has something to stop.
+
+    A record says it has nothing to stop with a false `cancellable` (a `Request` without a
+    cancellation token): the batcher then neither watches its future nor counts it cancelled once
+    it runs, since it runs to its end anyway.
+    """
+    kind = type(record)
+    known = _CANCELLABLE.get(kind)
+    if known is None:
+        known = _CANCELLABLE[kind] = callable(getattr(kind, "cancel", None))
+    return known and getattr(record, "cancellable", True)
+
+
+def tell_when_cancelled(envelopes: list[Envelope]) -> None:
+    """Call each cancellable record's `cancel()` if its future is cancelled from now on (it is running).
+
+    Called on the event loop as a runner takes a batch; a future cancelled a moment before (while
+    a worker thread took the batch) is told at once.
+    """
+    for envelope in envelopes:
+        if is_cancellable(envelope.record):
+            envelope.future.add_done_callback(functools.partial(_tell_cancelled, envelope.record))
+
+
+def _tell_cancelled(record: Any, future: asyncio.Future[Any]) -> None:
+    if future.cancelled():
+        record.cancel()

@@ -17,7 +17,8 @@ logger = logging.getLogger("flyteplugins_batcher")
 
 SettledOutcome = Literal["completed", "failed", "cancelled", "expired"]
 """How records ended: went through the process function (`completed`, some of them perhaps with their own
-error), failed with the batcher, were cancelled by their caller, or passed their deadline before dispatch."""
+error), failed with the batcher, were cancelled by their caller (before they ran, or while they ran if they could
+be told to stop: `Cancellable`), or passed their deadline before dispatch."""
 
 
 class BatchObserver(Protocol):

@@ -1,4 +1,4 @@
-"""Record-side contracts: the cost protocols, the `Prompt` record and the callable type aliases."""
+"""Record-side contracts: the cost and cancellation protocols, the `Prompt` record and the callable type aliases."""
 
 from __future__ import annotations
 
@@ -50,6 +50,34 @@ class TokenEstimator(Protocol):
     """
 
     def estimate_tokens(self) -> int: ...
+
+
+@runtime_checkable
+class Cancellable(Protocol):
+    """Records that can be told to stop while they run.
+
+    When a record's future is cancelled (its caller left) after a runner took its batch, the
+    batcher calls its `cancel()` on the event loop, so that the process function, which already
+    has the record, can stop working on it; the record then ends `cancelled`, whatever its result.
+    A record cancelled before it runs never reaches the process function, so `cancel()` is not
+    needed there. `cancel()` must be quick, must not raise, and may be called more than once.
+    A record may also have a `cancellable` attribute: false says it has nothing to stop (its
+    future is then not watched, and it counts as completed if it was cancelled while it ran).
+    The engines' `Request` is one (it sets its `CancellationToken`, when it has one).
+
+    Example:
+        ```python
+        @dataclass
+        class Job:
+            payload: str
+            stop: threading.Event = field(default_factory=threading.Event)
+
+            def cancel(self) -> None:
+                self.stop.set()  # the process function checks it between steps
+        ```
+    """
+
+    def cancel(self) -> None: ...
 
 
 @dataclass

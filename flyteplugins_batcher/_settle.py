@@ -24,6 +24,7 @@ from flyteplugins_batcher._envelope import (
     TRANSITIONS,
     Envelope,
     RecordState,
+    is_cancellable,
 )
 from flyteplugins_batcher._errors import RecordExpiredError, UnrecoverableError, add_note, short_repr
 from flyteplugins_batcher._stats import StatsRecorder
@@ -50,7 +51,8 @@ class Settler:
     def settle(self, envelopes: Sequence[Envelope], end: RecordState, outcome: Any = None) -> None:
         """End every record that has not ended yet in `end`, resolve its future, and count it.
 
-        A record whose future its caller cancelled ends `CANCELLED` instead (or `COMPLETED`, if it ran).
+        A record whose future its caller cancelled ends `CANCELLED` instead (or `COMPLETED`, if it ran
+        and could not be told to stop: see `_records.Cancellable`).
 
         Args:
             envelopes: The records.
@@ -70,14 +72,18 @@ class Settler:
             self._note_batch_error(error, fresh)
             if not isinstance(error, UnrecoverableError):  # the batcher's failure was reported once already
                 logger.error("%s: %d records failed: %r", self._batcher_name, len(fresh), error)
-        if_cancelled = COMPLETED if end is COMPLETED else CANCELLED
+        ran_anyway: list[Envelope] = []  # cancelled by their caller while they ran, and not told to stop
         cancelled_by_caller: list[Envelope] = []
         resolved: list[Envelope] = []
         for envelope in fresh:
             future = envelope.future
             if future.done():  # its caller cancelled it
-                envelope.state = if_cancelled
-                cancelled_by_caller.append(envelope)
+                if end is COMPLETED and not is_cancellable(envelope.record):
+                    envelope.state = COMPLETED
+                    ran_anyway.append(envelope)
+                else:
+                    envelope.state = CANCELLED
+                    cancelled_by_caller.append(envelope)
                 continue
             assert end in TRANSITIONS[envelope.state], f"a {envelope.state.value} record cannot end {end.value}"
             envelope.state = end
@@ -91,7 +97,8 @@ class Settler:
             else:
                 future.set_exception(error)  # type: ignore[arg-type]
         now = _monotonic()
-        self._count(now, cancelled_by_caller, if_cancelled)
+        self._count(now, ran_anyway, COMPLETED)
+        self._count(now, cancelled_by_caller, CANCELLED)
         self._count(now, resolved, end, failed=len(resolved) if end is COMPLETED else 0)
 
     def settle_dropped(self, envelopes: Sequence[Envelope]) -> None:
@@ -113,7 +120,8 @@ class Settler:
         """Cancel the futures of records whose consumer went away, as their caller would.
 
         They are counted when their records end: cancelled if they were still waiting (the
-        batcher drops them), completed if they were already running.
+        batcher drops them) or could be told to stop (`_records.Cancellable`), completed if they
+        were already running and could not.
         """
         for future in futures:
             future.cancel()
@@ -122,13 +130,18 @@ class Settler:
         # Once per record that completes: the hot path of settling.
         failed = 0
         earlier: list[Envelope] = []  # ended before their results came (the batcher failed or aborted)
+        stopped: list[Envelope] = []  # cancelled by their caller while they ran, and told to stop
         for envelope, result in zip(envelopes, results, strict=True):
             if envelope.state is not RUNNING:
                 earlier.append(envelope)
                 continue
-            envelope.state = COMPLETED
             future = envelope.future
-            if future.done():  # its caller cancelled it while it ran: it still counts as completed
+            if future.done() and is_cancellable(envelope.record):
+                envelope.state = CANCELLED
+                stopped.append(envelope)
+                continue
+            envelope.state = COMPLETED
+            if future.done():  # its caller cancelled it while it ran, and it could not stop: it counts as completed
                 continue
             if isinstance(result, Exception):
                 add_note(result, f"{self._batcher_name}: failed {envelope.describe()}")
@@ -136,8 +149,12 @@ class Settler:
                 failed += 1
             else:
                 future.set_result(result)
-        counted = [envelope for envelope in envelopes if envelope not in earlier] if earlier else envelopes
-        self._count(_monotonic(), counted, COMPLETED, failed=failed)
+        now = _monotonic()
+        counted: Sequence[Envelope] = envelopes
+        if earlier or stopped:
+            self._count(now, stopped, CANCELLED)
+            counted = [envelope for envelope in envelopes if envelope.state is COMPLETED]
+        self._count(now, counted, COMPLETED, failed=failed)
 
     def _count(self, now: float, envelopes: Sequence[Envelope], end: RecordState, *, failed: int = 0) -> None:
         if envelopes:

@@ -53,7 +53,8 @@ class BatchStats:
         idle_time_s: Active seconds with no batch inside the process function.
         total_failed: Records whose future got an exception (from the process function, or because
             the batcher failed before they ran).
-        total_cancelled: Records cancelled by their caller (or by `stop`) before they ran.
+        total_cancelled: Records cancelled by their caller (or by `stop`) before they ran, or while they ran
+            when they could be told to stop (`Cancellable`).
         total_expired: Records whose `deadline_s` passed before dispatch (they never ran).
         total_oversized: Records costlier than `target_batch_cost` that ran alone.
         active_time_s: Seconds with at least one record in the batcher.

@@ -11,7 +11,8 @@ naming the byte offset (it is never run on a mangled prompt); blank lines are sk
 Accepted lines, one JSON object each:
 
 - OpenAI batch, `{"custom_id", "method": "POST", "url", "body"}`, with `url`:
-  - `/v1/chat/completions`: `body.messages` (text content, or text content parts);
+  - `/v1/chat/completions`: `body.messages` (text content, or text content parts), each with one
+    of OpenAI's roles (`system`, `developer`, `user`, `assistant`, `tool`, `function`);
   - `/v1/completions`: `body.prompt`, one string;
   - `/v1/embeddings`: `body.input`, a string or a list of up to 2048 strings (none empty;
     token-id arrays are refused), optional `encoding_format` (`"float"`, the default, or
@@ -29,13 +30,19 @@ temperature 0), `n` (1 to 128 samples, answered as `choices[0..n-1]`; greedy sam
 identical), `seed` (an integer), `stop` (a string or up to 4), and `response_format`:
 `{"type": "text"}` (no constraint), `{"type": "json_object"}` (any JSON object), or
 `{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}` (JSON that follows
-`schema`; the output is always constrained, whatever `strict` says). Other body fields are
-ignored. A `model` that is not the served one fails the line, unless the job is told to ignore it
+`schema`; the output is always constrained, whatever `strict` says). The flags `stream`,
+`logprobs`, `echo`, `store`, `parallel_tool_calls` and `stream_options.include_usage` must be JSON
+booleans when given (`"yes"` is refused, not read as true). Other body fields are ignored. A
+`model` that is not the served one fails the line, unless the job is told to ignore it
 (`model_mismatch="ignore"`).
+
+Each line is decoded with `loads_bounded`: nested at most 64 levels deep (`MAX_DEPTH`), integers
+of at most 100 digits, finite numbers, no `NaN` or `Infinity`, no lone surrogate escapes; a line
+outside these bounds fails alone as `invalid_json`, naming the bound.
 
 Error codes (`RequestLineError.code`, `ErrorCode`):
 
-- `invalid_json`: not JSON, not a JSON object, or not UTF-8.
+- `invalid_json`: not JSON, not a JSON object, not UTF-8, or outside `loads_bounded`'s bounds.
 - `missing_custom_id`: an OpenAI batch line without a `custom_id`.
 - `invalid_custom_id`: a `custom_id` that is not a string (the API requires one: `7` is refused,
   `"7"` is fine) or is empty.
@@ -86,6 +93,7 @@ from flyteplugins_batcher.batch_api._embeddings import (
 )
 from flyteplugins_batcher.batch_api._generation import MAX_STOP_SEQUENCES
 from flyteplugins_batcher.batch_api._ids import SeenIds
+from flyteplugins_batcher.batch_api._json import MAX_DEPTH, JSONBoundsError, loads_bounded
 from flyteplugins_batcher.batch_api._line_errors import ErrorCode, RequestLineError, error_code
 from flyteplugins_batcher.batch_api._lines import RequestLine, read_request_lines
 from flyteplugins_batcher.batch_api._requests import (
@@ -112,6 +120,7 @@ __all__ = [
     "ENCODING_FORMATS",
     "ENDPOINTS",
     "GENERATION_ENDPOINTS",
+    "MAX_DEPTH",
     "MAX_EMBEDDING_INPUTS",
     "MAX_STOP_SEQUENCES",
     "BatchRequest",
@@ -119,6 +128,7 @@ __all__ = [
     "EncodingFormat",
     "Endpoint",
     "ErrorCode",
+    "JSONBoundsError",
     "ModelMismatch",
     "ParsedRequest",
     "RequestLine",
@@ -130,6 +140,7 @@ __all__ = [
     "encode_vector",
     "error_code",
     "error_line",
+    "loads_bounded",
     "output_line",
     "parse_request",
     "parse_request_line",

@@ -18,6 +18,9 @@ from flyteplugins_batcher.engines import MAX_SAMPLES, ResponseFormat
 MAX_STOP_SEQUENCES = 4
 """Most stop sequences a request may give, as OpenAI's API allows."""
 
+BOOLEAN_FIELDS = ("stream", "logprobs", "echo", "store", "parallel_tool_calls")
+"""A request's flags that must be JSON booleans (or null) when given."""
+
 _INT64 = 2**63
 _TOKEN_LIMIT_KEYS = ("max_tokens", "max_completion_tokens")
 _RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema")
@@ -30,12 +33,14 @@ class FieldChecks:
         prefix: What the request's fields are under (`"body."` for an OpenAI line, `""` for a plain one).
         line: The request's line number.
         custom_id: The request's id.
+        context_length: The model's context, when known (0: unknown); a token limit that fills it is refused.
     """
 
-    def __init__(self, prefix: str, line: int, custom_id: str | None) -> None:
+    def __init__(self, prefix: str, line: int, custom_id: str | None, *, context_length: int = 0) -> None:
         self.prefix = prefix
         self.line = line
         self.custom_id = custom_id
+        self.context_length = context_length
 
     def fail(self, code: str, message: str) -> RequestLineError:
         """The error for this request's line."""
@@ -67,20 +72,36 @@ class FieldChecks:
             raise self.invalid(key, f"must be from {low:g} to {high:g}, got {value!r}")
         return float(value)
 
+    def boolean(self, data: Mapping[str, Any], key: str) -> bool | None:
+        """The JSON boolean at `key` (None when absent): `"yes"`, `1` or `"true"` are refused, not taken as true."""
+        value = data.get(key)
+        if value is not None and not isinstance(value, bool):
+            raise self.invalid(key, f"must be true or false, got {value!r}")
+        return value
+
 
 def generation_settings(data: Mapping[str, Any], checks: FieldChecks) -> dict[str, Any]:
     """A request's own generation settings, by `GenerationConfig` field name, checked with the API's ranges.
 
-    `max_tokens` / `max_completion_tokens` >= 1, `temperature` 0 to 2, `top_p` 0 to 1 (0 keeps only
+    `max_tokens` / `max_completion_tokens` >= 1 (and below the model's context when `checks` knows
+    it: `context_length_exceeded` otherwise), `temperature` 0 to 2, `top_p` 0 to 1 (0 keeps only
     the most likely token, which is greedy decoding: it becomes temperature 0), `n` 1 to 128, an
     integer `seed`, at most 4 `stop` sequences, and a `response_format`.
 
     Raises:
         RequestLineError: `invalid_request`, naming the field as the request wrote it.
     """
+    check_flags(data, checks)
     settings: dict[str, Any] = {}
     for key in _TOKEN_LIMIT_KEYS:
         limit = checks.integer(data, key, 1, _INT64 - 1)
+        if limit is not None and checks.context_length and limit >= checks.context_length:
+            # Refused here, not by the engine: a record is costed (and counted in the metrics) once submitted.
+            message = (
+                f"{checks.prefix}{key} is {limit}, but the model's context holds {checks.context_length} tokens, "
+                "the prompt included"
+            )
+            raise checks.fail("context_length_exceeded", message)
         if limit is not None:
             settings["max_new_tokens"] = limit
     temperature = checks.number(data, "temperature", 0.0, 2.0)
@@ -97,6 +118,23 @@ def generation_settings(data: Mapping[str, Any], checks: FieldChecks) -> dict[st
     }
     settings.update({name: value for name, value in optional.items() if value is not None})
     return settings
+
+
+def check_flags(data: Mapping[str, Any], checks: FieldChecks) -> None:
+    """Refuse an OpenAI flag that is not a JSON boolean (`"stream": "yes"`), and a `stream_options` not an object.
+
+    The server reads `stream` and `stream_options.include_usage`; the other flags are ignored, but
+    a client that sends them in the wrong type is told, as OpenAI tells it.
+    """
+    for key in BOOLEAN_FIELDS:
+        checks.boolean(data, key)
+    options = data.get("stream_options")
+    if options is not None:
+        if not isinstance(options, Mapping):
+            raise checks.invalid("stream_options", f"must be an object, got {options!r}")
+        include_usage = options.get("include_usage")
+        if include_usage is not None and not isinstance(include_usage, bool):
+            raise checks.invalid("stream_options.include_usage", f"must be true or false, got {include_usage!r}")
 
 
 def stop_sequences(value: Any, checks: FieldChecks) -> tuple[str, ...] | None:

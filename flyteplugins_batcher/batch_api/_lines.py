@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import codecs
-import json
 from collections.abc import Iterable, Iterator
 
+from flyteplugins_batcher.batch_api._json import JSONBoundsError, loads_bounded
 from flyteplugins_batcher.batch_api._line_errors import RequestLineError
 
 RequestLine = tuple[int, str | RequestLineError]
@@ -68,8 +68,8 @@ def _readable_custom_id(raw: bytes) -> str | None:
     An id that itself holds the bad bytes is not the id the user wrote, so it is not given.
     """
     try:
-        data = json.loads(raw.decode("utf-8", errors="replace"))
-    except json.JSONDecodeError:
+        data = loads_bounded(raw.decode("utf-8", errors="replace"))
+    except JSONBoundsError:
         return None
     custom_id = data.get("custom_id") if isinstance(data, dict) else None
     if not isinstance(custom_id, str) or not custom_id or "\ufffd" in custom_id:

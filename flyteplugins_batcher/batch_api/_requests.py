@@ -6,13 +6,13 @@ See the `batch_api` package notes for what is accepted; this module turns one li
 
 from __future__ import annotations
 
-import json
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Literal
 
 from flyteplugins_batcher.batch_api._embeddings import EMBEDDINGS_ENDPOINT, EmbeddingRequest, parse_embedding_body
 from flyteplugins_batcher.batch_api._generation import FieldChecks, generation_settings
+from flyteplugins_batcher.batch_api._json import JSONBoundsError, loads_bounded
 from flyteplugins_batcher.batch_api._line_errors import RequestLineError
 from flyteplugins_batcher.engines import GenerationConfig
 
@@ -22,6 +22,8 @@ GENERATION_ENDPOINTS: tuple[str, ...] = ("/v1/chat/completions", "/v1/completion
 ENDPOINTS: tuple[str, ...] = (*GENERATION_ENDPOINTS, EMBEDDINGS_ENDPOINT)
 """Every url this format knows: pass it as `endpoints` to a job that also serves embeddings."""
 ModelMismatch = Literal["error", "ignore"]
+MESSAGE_ROLES: tuple[str, ...] = ("system", "developer", "user", "assistant", "tool", "function")
+"""The roles a chat message may have, as OpenAI's API takes them."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,7 @@ def parse_request_line(
     model_mismatch: ModelMismatch = "error",
     endpoints: Collection[str] = GENERATION_ENDPOINTS,
     model_aliases: Collection[str] = (),
+    context_length: int = 0,
 ) -> ParsedRequest:
     """Parse and validate one input line (see the `batch_api` notes for what is accepted).
 
@@ -110,6 +113,8 @@ def parse_request_line(
             `ENDPOINTS`.
         model_aliases: Other names a chat or completion line may give the served model: the model
             reference as the user gave it (a path, say), as `vllm run-batch --model PATH` accepts it.
+        context_length: The model's context, when known: a `max_tokens` that leaves no room in it for
+            a prompt fails as `context_length_exceeded` here, before the request costs anything. 0: unknown.
 
     Returns:
         A `BatchRequest` for chat and completion lines, an `EmbeddingRequest` for embedding lines
@@ -119,11 +124,9 @@ def parse_request_line(
         RequestLineError: Naming the line, the field as the line wrote it, and what is wrong.
     """
     try:
-        data = json.loads(text.removeprefix("\ufeff") if line == 1 else text)
-    except json.JSONDecodeError as error:
-        raise RequestLineError(
-            "invalid_json", f"not valid JSON: {error.msg} at column {error.colno}", line=line
-        ) from None
+        data = loads_bounded(text.removeprefix("\ufeff") if line == 1 else text)
+    except JSONBoundsError as error:
+        raise RequestLineError("invalid_json", str(error), line=line) from None
     if not isinstance(data, dict):
         raise RequestLineError("invalid_json", f"a request must be a JSON object, got {type(data).__name__}", line=line)
     return parse_request(
@@ -134,6 +137,7 @@ def parse_request_line(
         model_mismatch=model_mismatch,
         endpoints=endpoints,
         model_aliases=model_aliases,
+        context_length=context_length,
     )
 
 
@@ -146,6 +150,7 @@ def parse_request(
     model_mismatch: ModelMismatch = "error",
     endpoints: Collection[str] = GENERATION_ENDPOINTS,
     model_aliases: Collection[str] = (),
+    context_length: int = 0,
 ) -> ParsedRequest:
     """Parse and validate one request already decoded from JSON (a line's object; an HTTP request's, say).
 
@@ -162,8 +167,9 @@ def parse_request(
     if "url" in data or "body" in data or "method" in data:
         embedding = data.get("url") == EMBEDDINGS_ENDPOINT
         served = served_embedding_model if embedding else served_model
-        return _parse_openai(data, line, served, model_mismatch, endpoints, () if embedding else model_aliases)
-    return _parse_plain(data, line)
+        aliases = () if embedding else model_aliases
+        return _parse_openai(data, line, served, model_mismatch, endpoints, aliases, context_length)
+    return _parse_plain(data, line, context_length)
 
 
 def _parse_openai(
@@ -173,9 +179,10 @@ def _parse_openai(
     model_mismatch: ModelMismatch,
     endpoints: Collection[str],
     model_aliases: Collection[str] = (),
+    context_length: int = 0,
 ) -> ParsedRequest:
     custom_id = _custom_id(data, line, required=True)
-    checks = FieldChecks("body.", line, custom_id)
+    checks = FieldChecks("body.", line, custom_id, context_length=context_length)
     method = data.get("method", "POST")
     if method != "POST":
         raise checks.fail("invalid_request", f"method must be POST, got {method!r}")
@@ -205,9 +212,9 @@ def _parse_openai(
     return BatchRequest(line, custom_id, url, prompt, settings, model, raw_prompt=url == "/v1/completions")
 
 
-def _parse_plain(data: Mapping[str, Any], line: int) -> BatchRequest:
+def _parse_plain(data: Mapping[str, Any], line: int, context_length: int = 0) -> BatchRequest:
     custom_id = _custom_id(data, line, required=False)
-    checks = FieldChecks("", line, custom_id)
+    checks = FieldChecks("", line, custom_id, context_length=context_length)
     if "messages" in data:
         messages = _messages(data, checks)
         return BatchRequest(line, custom_id, "/v1/chat/completions", messages, generation_settings(data, checks))
@@ -240,9 +247,12 @@ def _messages(data: Mapping[str, Any], checks: FieldChecks) -> list[dict[str, st
     if not isinstance(messages, list) or not messages:
         raise checks.fail("invalid_body", f"{where} must be a non-empty list of chat messages")
     normalized = []
-    for message in messages:
+    for index, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise checks.fail("invalid_body", f"{where}: each message needs a 'role' and 'content'")
+        if message["role"] not in MESSAGE_ROLES:
+            roles = ", ".join(MESSAGE_ROLES)
+            raise checks.fail("invalid_body", f"{where}[{index}].role must be one of {roles}; got {message['role']!r}")
         content = message.get("content")
         if isinstance(content, list):  # OpenAI's content parts: text parts only
             texts = [part.get("text") for part in content if isinstance(part, dict) and part.get("type") == "text"]

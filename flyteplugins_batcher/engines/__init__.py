@@ -32,6 +32,7 @@ from flyteplugins_batcher.engines._engine_errors import (
     InvalidPromptError,
     InvalidResponseFormatError,
     ModelNotFoundError,
+    RequestCancelledError,
 )
 from flyteplugins_batcher.engines._engine_stats import EngineCounters, EngineStats
 from flyteplugins_batcher.engines._factory import (
@@ -41,6 +42,7 @@ from flyteplugins_batcher.engines._factory import (
     create_engine,
     vllm_usable,
 )
+from flyteplugins_batcher.engines._live import CancellationToken, DeltaListener
 from flyteplugins_batcher.engines._model_reference import check_model_reference, model_display_name
 from flyteplugins_batcher.engines._model_thread import ModelThread
 from flyteplugins_batcher.engines._prompts import ChatMessages, PreparedPrompt, PromptRecord, Request
@@ -74,10 +76,12 @@ __all__ = [
     "ENGINE_NAMES",
     "MAX_SAMPLES",
     "BatchEngine",
+    "CancellationToken",
     "ChatMessages",
     "Completion",
     "ContextLengthExceededError",
     "ContinuousBatchScheduler",
+    "DeltaListener",
     "Engine",
     "EngineConfigError",
     "EngineCounters",
@@ -99,6 +103,7 @@ __all__ = [
     "PreparedPrompt",
     "PromptRecord",
     "Request",
+    "RequestCancelledError",
     "ResponseFormat",
     "Sample",
     "SequenceJob",

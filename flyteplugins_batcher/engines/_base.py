@@ -4,7 +4,9 @@ Every engine goes through the same steps for a batch of records, here: each reco
 (chat template, system prompt), tokenized with the model's tokenizer and checked against the
 context; a record that cannot run gets an `InvalidPromptError` in its result slot and never reaches
 the model; the valid ones go to the engine's model call (`_run`); the results are merged back in
-input order and counted. An engine implements only its loading (`_load`, which returns the
+input order and counted. A `Request` cancelled before it runs gets a `RequestCancelledError` and
+never reaches the model either; one cancelled while it runs is stopped by the engines that can
+(see each engine's notes) and answered with one too. An engine implements only its loading (`_load`, which returns the
 tokenizer and context length as a `LoadedModel`), its model call and, optionally, `_close`.
 `BatchEngine` runs the model call in the calling thread (the batcher gives it a worker thread);
 `StreamingEngine` awaits it.
@@ -27,6 +29,7 @@ from flyteplugins_batcher.engines._engine_errors import (
     ContextLengthExceededError,
     EngineNotLoadedError,
     InvalidPromptError,
+    RequestCancelledError,
 )
 from flyteplugins_batcher.engines._engine_stats import EngineCounters, EngineStats
 from flyteplugins_batcher.engines._prompts import (
@@ -284,6 +287,9 @@ class Engine(abc.ABC):
         prepared: list[PreparedPrompt] = []
         results: list[Outcome | None] = [None] * len(records)
         for index, record in enumerate(records):
+            if isinstance(record, Request) and record.cancelled:  # its caller left before it ran
+                results[index] = RequestCancelledError(f"{self.name}: {describe(index, record)}: cancelled")
+                continue
             try:
                 generation = self.generation_for(record)
                 token_ids = self.prompt_ids(record)
@@ -299,7 +305,7 @@ class Engine(abc.ABC):
                 reason = _too_long(len(token_ids), generation.max_new_tokens, context)
                 results[index] = self._invalid(index, record, reason, ContextLengthExceededError)
                 continue
-            prepared.append(PreparedPrompt(index, token_ids, generation))
+            prepared.append(_prepared(index, record, token_ids, generation))
         return prepared, results
 
     def _check_generation(self, generation: GenerationConfig) -> None:
@@ -363,6 +369,12 @@ def _cached_encoder(tokenizer: Any, *, add_special_tokens: bool) -> Callable[[st
             return tuple(tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
     return encode
+
+
+def _prepared(index: int, record: PromptRecord, token_ids: list[int], generation: GenerationConfig) -> PreparedPrompt:
+    if isinstance(record, Request) and (record.cancellation is not None or record.on_delta is not None):
+        return PreparedPrompt(index, token_ids, generation, record.cancellation, record.on_delta)
+    return PreparedPrompt(index, token_ids, generation)
 
 
 def _too_long(prompt_tokens: int, max_new_tokens: int, context: int) -> str:

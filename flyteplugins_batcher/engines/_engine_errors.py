@@ -66,3 +66,21 @@ class EngineDeadError(UnrecoverableError):
     Every pending record fails with it; `SharedBatcher` closes the engine and loads a new one on
     its next `get()`.
     """
+
+
+class RequestCancelledError(Exception):
+    """A record whose caller cancelled it (`Request.cancellation`): the engine stopped it, or never ran it.
+
+    An engine returns it in the record's result slot; `completion_tokens` says how many tokens the
+    engine made for it before it stopped (counted in `EngineStats.completion_tokens`, as work done).
+
+    Example:
+        ```python
+        if isinstance(outcome, RequestCancelledError):
+            print(f"stopped after {outcome.completion_tokens} tokens")
+        ```
+    """
+
+    def __init__(self, message: str, *, completion_tokens: int = 0) -> None:
+        super().__init__(message)
+        self.completion_tokens = completion_tokens

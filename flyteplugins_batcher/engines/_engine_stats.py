@@ -11,6 +11,7 @@ from typing import Any
 
 from flyteplugins_batcher._stats import BusyClock
 from flyteplugins_batcher.engines._completion import Completion
+from flyteplugins_batcher.engines._engine_errors import RequestCancelledError
 
 _NOT_COUNTERS = frozenset({"load_time_s", "max_num_seqs"})
 
@@ -22,9 +23,12 @@ class EngineStats:
     Attributes:
         batches: Model calls with at least one valid record (passes, for an engine that splits a batch).
         records: Records that produced a completion.
-        failed_records: Records answered with an error instead of a completion.
+        failed_records: Records answered with an error instead of a completion (cancelled ones aside).
+        cancelled_records: Records their caller cancelled (`RequestCancelledError`): stopped while
+            they ran, or never run.
         prompt_tokens: Real prompt tokens across all completions.
-        completion_tokens: Generated tokens across all completions.
+        completion_tokens: Generated tokens across all completions, and those that cancelled records
+            got before the engine stopped them: every token the engine made.
         real_tokens: Non-padding token positions the engine computed over (prompt + generated).
         padded_tokens: All token positions computed over, padding included.
         generate_time_s: Seconds with at least one model call running (overlapping calls count once).
@@ -40,6 +44,7 @@ class EngineStats:
     batches: int = 0
     records: int = 0
     failed_records: int = 0
+    cancelled_records: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
     real_tokens: int = 0
@@ -157,15 +162,18 @@ class EngineCounters:
     def count_batch(self, outcomes: Sequence[object], *, counts_as_batch: bool) -> None:
         """One batch's outcomes (a `Completion` or an error per record), and whether it is one model call."""
         completions = [outcome for outcome in outcomes if isinstance(outcome, Completion)]
+        cancelled = [outcome for outcome in outcomes if isinstance(outcome, RequestCancelledError)]
         prompt_tokens = sum(completion.prompt_tokens for completion in completions)
         completion_tokens = sum(completion.completion_tokens for completion in completions)
+        cancelled_tokens = sum(outcome.completion_tokens for outcome in cancelled)
         with self._lock:
             stats = self._stats
             stats.batches += counts_as_batch
             stats.records += len(completions)
-            stats.failed_records += len(outcomes) - len(completions)
+            stats.failed_records += len(outcomes) - len(completions) - len(cancelled)
+            stats.cancelled_records += len(cancelled)
             stats.prompt_tokens += prompt_tokens
-            stats.completion_tokens += completion_tokens
+            stats.completion_tokens += completion_tokens + cancelled_tokens
             stats.real_tokens += prompt_tokens + completion_tokens
             stats.padded_tokens += prompt_tokens + completion_tokens
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from flyteplugins_batcher._errors import short_repr
 from flyteplugins_batcher._records import Prompt
 from flyteplugins_batcher.engines._config import GenerationConfig
 from flyteplugins_batcher.engines._engine_errors import InvalidPromptError
+from flyteplugins_batcher.engines._live import CancellationToken, DeltaListener
 
 ChatMessages = Sequence[Mapping[str, str]]
 """A chat conversation: `[{"role": "user", "content": "..."}, ...]`."""
@@ -25,6 +26,13 @@ class Request:
         chat_template: `False`: the prompt text goes to the model exactly as written (no template, no
             system prompt), as OpenAI's `/v1/completions` does; `None`: the engine's choice (its
             chat template, if it has one).
+        cancellation: Set when nobody wants the answer any more (a client left): a record cancelled
+            before it runs never reaches the model, and an engine that can stop a running record
+            stops it at its next step and answers it with `RequestCancelledError`. `None`: it
+            cannot be cancelled once it runs.
+        on_delta: Called with `(choice_index, text)` for each new piece of text, as an engine that
+            streams makes it (vLLM stream mode, the simulated engine), from the engine's thread;
+            engines that answer whole records never call it. The completion still comes whole, at the end.
 
     Example:
         ```python
@@ -37,6 +45,23 @@ class Request:
     generation: GenerationConfig | None = None
     id: str | None = None
     chat_template: bool | None = None
+    cancellation: CancellationToken | None = field(default=None, compare=False, repr=False)
+    on_delta: DeltaListener | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether its cancellation token was cancelled."""
+        return self.cancellation is not None and self.cancellation.cancelled
+
+    @property
+    def cancellable(self) -> bool:
+        """Whether it has a cancellation token (else the batcher need not watch it: see `Cancellable`)."""
+        return self.cancellation is not None
+
+    def cancel(self) -> None:
+        """Cancel its token, if it has one (the batcher calls this when its future is cancelled while it runs)."""
+        if self.cancellation is not None:
+            self.cancellation.cancel()
 
     def estimate_tokens(self) -> int:
         """About 4 characters per token plus `max_new_tokens` per decoded sample, when no engine tokenizer can count."""
@@ -56,11 +81,31 @@ class PreparedPrompt:
         index: The record's position in the batch given to `generate`.
         token_ids: The prompt's token ids, exactly as the model sees them.
         generation: The settings that apply to it (its own, or the engine's).
+        cancellation: Its `Request`'s cancellation token, if any.
+        on_delta: Its `Request`'s text listener, if any (`stream` calls it).
     """
 
     index: int
     token_ids: list[int]
     generation: GenerationConfig
+    cancellation: CancellationToken | None = field(default=None, compare=False, repr=False)
+    on_delta: DeltaListener | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether its caller cancelled it (an engine that can stops it)."""
+        return self.cancellation is not None and self.cancellation.cancelled
+
+    def stream(self, sample: int, text: str) -> None:
+        """Hand the listener a decoded sample's new text; a greedy record's one sample stands for all `n` choices."""
+        listener = self.on_delta
+        if listener is None or not text:
+            return
+        if self.generation.decoded_samples < self.generation.n:
+            for choice in range(self.generation.n):
+                listener(choice, text)
+        else:
+            listener(sample, text)
 
 
 def describe(index: int, record: object) -> str:

@@ -26,12 +26,14 @@ the GPU type (1024 on H100-class GPUs, 256 elsewhere).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import flyte.errors
@@ -39,17 +41,27 @@ import flyte.errors
 from flyteplugins_batcher import DeviceMonitor, InFlight, SharedBatcher, TokenBatcher, size_in_flight
 from flyteplugins_batcher.batch_api import error_code
 from flyteplugins_batcher.engines import (
+    CancellationToken,
     Completion,
     Engine,
     EngineConfigError,
     InvalidPromptError,
+    Request,
+    RequestCancelledError,
     create_engine,
     parse_engine_args,
 )
 from flyteplugins_batcher.images import gpu_image
 from flyteplugins_batcher.jobs._environments import ReplicaPool
 from flyteplugins_batcher.jobs._model_loading import loading_model
-from flyteplugins_batcher.jobs._schema import ChunkOutcome, EngineSettings, ItemResult, ReplicaSnapshot, RequestChunk
+from flyteplugins_batcher.jobs._schema import (
+    ChunkOutcome,
+    EngineSettings,
+    ItemResult,
+    ReplicaSnapshot,
+    RequestChunk,
+    RequestItem,
+)
 
 logger = logging.getLogger("flyteplugins_batcher.jobs._llm_replica")
 
@@ -184,10 +196,18 @@ class LLMReplica:
         self.device.start()
         return engine
 
-    async def run_chunk(self, chunk: RequestChunk, settings: EngineSettings) -> ChunkOutcome:
+    async def run_chunk(
+        self, chunk: RequestChunk, settings: EngineSettings, *, stop: asyncio.Event | None = None
+    ) -> ChunkOutcome:
         """Generate a completion for every prompt of a chunk through the shared batcher.
 
         A prompt the engine cannot run (empty, too long) gets an error in its result.
+
+        Args:
+            chunk: The prompts.
+            settings: The engine's settings.
+            stop: Once set, the chunk's unfinished prompts are cancelled (a queued one never runs, a
+                running one stops where the engine can stop it); they get `CANCELLED` as their error code.
 
         Raises:
             EngineConfigError: The settings cannot work (retrying cannot help).
@@ -198,15 +218,13 @@ class LLMReplica:
         assert engine is not None
         defaults = settings.generation()
         requests = [item.engine_request(defaults) for item in chunk.items]
-        outcomes = await batcher.run(requests, return_exceptions=True)
-        results = []
-        for item, outcome in zip(chunk.items, outcomes, strict=True):
-            if isinstance(outcome, Completion):
-                results.append(ItemResult.of(item.key, outcome))
-            elif isinstance(outcome, InvalidPromptError):
-                results.append(ItemResult(item.key, error_code=error_code(outcome), error_message=str(outcome)))
-            else:
-                raise RuntimeError(f"chunk {chunk.index}: inference failed: {outcome!r}") from outcome
+        if stop is None:
+            outcomes = await batcher.run(requests, return_exceptions=True)
+        else:
+            outcomes = await run_until(batcher, [replace(r, cancellation=CancellationToken()) for r in requests], stop)
+        stopped = stop is not None and stop.is_set()
+        answers = zip(chunk.items, outcomes, strict=True)
+        results = [_item_result(chunk, item, outcome, stopped=stopped) for item, outcome in answers]
         return ChunkOutcome(chunk.index, results, self.snapshot(batcher, engine), finished_at=time.time())
 
     def snapshot(self, batcher: TokenBatcher, engine: Engine) -> ReplicaSnapshot:
@@ -225,6 +243,58 @@ class LLMReplica:
         """Stop the batcher, close the engine and stop the GPU monitor."""
         await self.shared.aclose()
         self.device.stop()
+
+
+CANCELLED = "cancelled"
+"""The error code of a prompt cancelled by `run_chunk`'s `stop` before it finished."""
+
+
+def _item_result(chunk: RequestChunk, item: RequestItem, outcome: object, *, stopped: bool) -> ItemResult:
+    """A prompt's result: its completion, its own error, or `CANCELLED` (only when the chunk was told to stop).
+
+    Raises:
+        RuntimeError: Inference failed (another attempt may succeed), or the batcher cancelled the
+            prompt without the chunk being told to stop (it was stopped: another attempt may run it).
+    """
+    if isinstance(outcome, Completion):
+        return ItemResult.of(item.key, outcome)
+    if isinstance(outcome, InvalidPromptError):
+        return ItemResult(item.key, error_code=error_code(outcome), error_message=str(outcome))
+    if stopped and isinstance(outcome, (asyncio.CancelledError, RequestCancelledError)):
+        return ItemResult(item.key, error_code=CANCELLED, error_message="The request was cancelled before it finished.")
+    raise RuntimeError(f"chunk {chunk.index}: inference failed: {outcome!r}") from (
+        outcome if isinstance(outcome, BaseException) else None
+    )
+
+
+async def run_until(batcher: TokenBatcher, records: list[Request], stop: asyncio.Event) -> list[object]:
+    """Each record's outcome, its error in its place; once `stop` is set, those not finished are cancelled.
+
+    A cancelled record's place holds a `CancelledError`: the batcher drops it if it was queued, and
+    tells it to stop (`Request.cancel`) if it was running.
+    """
+    futures: list[asyncio.Future[Any]] = []
+    for record in records:
+        if stop.is_set():
+            break
+        futures.append(await batcher.submit(record))
+    batcher.flush()
+    answered = asyncio.gather(*futures, return_exceptions=True)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({answered, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        for future in futures:
+            future.cancel()  # nothing happens to those that have their outcome
+    outcomes: list[object] = [_outcome(future) for future in futures]
+    return outcomes + [asyncio.CancelledError() for _ in records[len(futures) :]]
+
+
+def _outcome(future: asyncio.Future[Any]) -> object:
+    if future.cancelled():
+        return asyncio.CancelledError()
+    return future.exception() or future.result()
 
 
 _replica: LLMReplica | None = None

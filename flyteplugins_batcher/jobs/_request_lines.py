@@ -62,6 +62,8 @@ class LineRules:
         defaults: The run's generation settings (a request's own win).
         endpoints: The urls the job serves; a line for another one fails as `invalid_url`.
         model_aliases: Other names a line may give the served LLM (the model reference as the user gave it).
+        context_length: The LLM's context, when known (0: unknown): a line whose `max_tokens` fills it
+            fails at parse (`context_length_exceeded`), before it is costed in the batcher.
     """
 
     served_model: str
@@ -70,6 +72,7 @@ class LineRules:
     defaults: GenerationConfig
     endpoints: tuple[str, ...] = ENDPOINTS
     model_aliases: tuple[str, ...] = ()
+    context_length: int = 0
 
     def parse(self, text: str, line_number: int) -> ParsedRequest:
         """The request on a line, its settings checked (out of range: the line fails here, not its chunk).
@@ -85,6 +88,7 @@ class LineRules:
             model_mismatch=self.model_mismatch,
             endpoints=self.endpoints,
             model_aliases=self.model_aliases,
+            context_length=self.context_length,
         )
         if isinstance(request, BatchRequest):
             request.generation(self.defaults)

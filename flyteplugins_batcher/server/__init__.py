@@ -9,8 +9,13 @@ builds the FastAPI app it serves; `flyteplugins-batcher serve` runs it.
 The way of a request, one module per step:
 
 - `_settings`: what the server is told (`ServerSettings`, `BATCH_SERVE_*`, or `serve`'s flags).
+- `_guards`, `_limits`, `_head_limit`: what a request must be before it is read (`_app.ServerLayers`
+  runs them): a `Host` the server answers, no foreign `Origin`, the API key, the body's type, and
+  its size counted as it arrives (its line and headers in uvicorn's protocol).
 - `_online`: an HTTP request is parsed as a batch line would be (`flyteplugins_batcher.batch_api`)
-  and becomes one record in the replica's shared batcher (`_inference`), ahead of batch lines.
+  and becomes one record in the replica's shared batcher (`_inference`), ahead of batch lines;
+  `_streaming` sends a streamed answer's events as the engine makes its text, and `_live` cancels
+  the record of a client who leaves (streamed or not).
 - `_files`, `_batch_jobs`, `_batch_runner`: an uploaded file, a batch over it, and the runner that
   sends its lines through the JSONL job's code (`flyteplugins_batcher/jobs/_request_lines.py`),
   recording each answered line in `_store` before it counts.

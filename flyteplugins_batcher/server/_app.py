@@ -1,4 +1,4 @@
-"""The FastAPI app: the OpenAI-compatible routes, `/health`, `/metrics`, the optional API key, and the lifespan.
+"""The FastAPI app: the OpenAI-compatible routes, `/health`, `/metrics`, the layers before them, the lifespan.
 
 The settings are read when the app starts, not when it is built, so that the app object can be
 built at import (as `flyte.app` needs) and still honour `BATCH_SERVE_*` set by whoever starts it.
@@ -6,21 +6,22 @@ built at import (as `flyte.app` needs) and still honour `BATCH_SERVE_*` set by w
 
 from __future__ import annotations
 
-import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
+from starlette.routing import Match
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from flyteplugins_batcher.server import _batch_api_routes, _online
-from flyteplugins_batcher.server._errors import APIError, install_error_handlers
+from flyteplugins_batcher.server._errors import install_error_handlers
+from flyteplugins_batcher.server._guards import AccessGuard, HostGuard, cors
+from flyteplugins_batcher.server._limits import BodyLimit
+from flyteplugins_batcher.server._metrics import ServerMetrics
 from flyteplugins_batcher.server._service import Service
 from flyteplugins_batcher.server._settings import ServerSettings
-
-MULTIPART_OVERHEAD = 64 * 1024
-"""Room for the multipart framing and the other fields of an upload, beyond the file itself."""
 
 
 def create_app(settings: ServerSettings | None = None) -> FastAPI:
@@ -47,7 +48,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     install_error_handlers(app)
     app.include_router(_online.router)
     app.include_router(_batch_api_routes.router)
-    app.middleware("http")(_checked_and_counted)
+    app.add_middleware(ServerLayers)
 
     @app.get("/health")
     async def health(request: Request) -> JSONResponse:
@@ -67,40 +68,70 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     return app
 
 
-async def _checked_and_counted(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-    """Refuse what must not be read (`_refusal`), and count each `/v1` request by its outcome.
+class ServerLayers:
+    """ASGI middleware: the layers every HTTP request passes before the routes, outermost first.
 
-    `/health` and `/metrics` stay open, for probes and scrapers.
+    `RequestCounter` (every `/v1` request counted by outcome, refusals included), `HostGuard` (400
+    for a `Host` not answered, 403 for a foreign `Origin`), `cors` (with `cors_origins` only),
+    `AccessGuard` (401 without the API key, 415 for a body of the wrong type), `BodyLimit` (413 past
+    the size limits, as the body arrives). They are built from the settings the service started
+    with, on its first request (the app is built before the settings are read).
     """
-    service: Service | None = getattr(request.app.state, "service", None)
-    started = time.perf_counter()
-    refusal = _refusal(request, service) if service is not None else None
-    response = refusal.response() if refusal is not None else await call_next(request)
-    if service is not None and request.url.path.startswith("/v1"):
-        endpoint = _endpoint(request)
-        service.metrics.request_done(endpoint, response.status_code, time.perf_counter() - started)
-    return response
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self._built: tuple[Service, ASGIApp] | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        service: Service | None = getattr(scope["app"].state, "service", None) if scope["type"] == "http" else None
+        if service is None:
+            await self.app(scope, receive, send)
+            return
+        if self._built is None or self._built[0] is not service:
+            self._built = (service, self._layers(service))
+        await self._built[1](scope, receive, send)
+
+    def _layers(self, service: Service) -> ASGIApp:
+        settings = service.settings
+        inner = AccessGuard(BodyLimit(self.app, settings), settings)
+        return RequestCounter(HostGuard(cors(inner, settings), settings), service.metrics)
 
 
-def _refusal(request: Request, service: Service) -> APIError | None:
-    """Why a request is refused before it is read: a wrong API key (401), or an upload over the limit (413)."""
-    if not _authorized(request, service.settings.api_key):
-        return APIError(401, "Incorrect API key provided.", code="invalid_api_key")
-    declared = int(request.headers.get("content-length") or 0)
-    if request.url.path == "/v1/files" and declared > service.files.max_bytes + MULTIPART_OVERHEAD:
-        limit = service.settings.max_upload_mb
-        return APIError(413, f"The file is larger than the limit of {limit} MiB.", code="file_too_large")
-    return None
+class RequestCounter:
+    """ASGI middleware: count each `/v1` request by its route and outcome, and time it to its response's start.
+
+    Args:
+        app: The app whose requests it counts.
+        metrics: Where they are counted.
+    """
+
+    def __init__(self, app: ASGIApp, metrics: ServerMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith("/v1"):
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+
+        async def counted(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                self.metrics.request_done(_endpoint(scope), message["status"], time.perf_counter() - started)
+            await send(message)
+
+        await self.app(scope, receive, counted)
 
 
-def _authorized(request: Request, api_key: str) -> bool:
-    if not api_key or not request.url.path.startswith("/v1"):
-        return True
-    sent = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-    return secrets.compare_digest(sent.encode(), api_key.encode())
+def _endpoint(scope: Scope) -> str:
+    """The route's path template (`/v1/batches/{batch_id}`), so that ids do not make a label each.
 
-
-def _endpoint(request: Request) -> str:
-    """The route's path template (`/v1/batches/{batch_id}`), so that ids do not make a label each."""
-    route = request.scope.get("route")
+    A request refused before routing (by a guard) is labelled with the route it asked for too.
+    """
+    route = scope.get("route")
+    if route is None:
+        for candidate in scope["app"].router.routes:
+            if candidate.matches(scope)[0] is not Match.NONE:
+                route = candidate
+                break
     return getattr(route, "path", "unmatched")

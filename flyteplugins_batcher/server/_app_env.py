@@ -61,6 +61,7 @@ class BatcherAppEnvironment(FastAPIAppEnvironment):
         import uvicorn
 
         from flyteplugins_batcher.server._app import create_app
+        from flyteplugins_batcher.server._limits import MAX_HEAD_BYTES, http_protocol
 
         self.settings = ServerSettings.from_environment(base=self.settings)
         if self.app is None:
@@ -73,7 +74,13 @@ class BatcherAppEnvironment(FastAPIAppEnvironment):
             self.resources = flyte.Resources(cpu=4, memory="32Gi", gpu=DEFAULT_GPU)
         self.env_vars = {"BATCH_SERVE_HOST": DEPLOYED_HOST, **(self.env_vars or {})}
         self.port = self.settings.port
-        self.uvicorn_config = uvicorn.Config(self.app, host=self.settings.host, port=self.settings.port)
+        self.uvicorn_config = uvicorn.Config(
+            self.app,
+            host=self.settings.host,
+            port=self.settings.port,
+            http=http_protocol(),  # a request's line and headers bounded, as its body is (`_limits`)
+            h11_max_incomplete_event_size=MAX_HEAD_BYTES,
+        )
         super().__post_init__()
 
 

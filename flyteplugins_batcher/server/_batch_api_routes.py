@@ -8,7 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Form, Query, Request, UploadFile
 from fastapi.responses import FileResponse
 
-from flyteplugins_batcher.server._batch_jobs import ACTIVE, new_batch
+from flyteplugins_batcher.server._batch_jobs import ACTIVE, batch_creation, new_batch
 from flyteplugins_batcher.server._errors import APIError
 from flyteplugins_batcher.server._files import file_object
 from flyteplugins_batcher.server._online import json_body
@@ -51,7 +51,7 @@ async def get_file(file_id: str, service: ServiceDep) -> dict[str, Any]:
 @router.get("/files/{file_id}/content")
 async def file_content(file_id: str, service: ServiceDep) -> FileResponse:
     row = service.files.get(file_id)
-    return FileResponse(service.files.path(file_id), media_type="application/jsonl", filename=row["filename"])
+    return FileResponse(service.files.content(file_id), media_type="application/jsonl", filename=row["filename"])
 
 
 @router.delete("/files/{file_id}")
@@ -59,22 +59,26 @@ async def delete_file(file_id: str, service: ServiceDep) -> dict[str, Any]:
     users = service.store.batches_reading(file_id, ACTIVE)
     if users:
         message = f"File {file_id} is the input of batch {users[0]}, which has not finished."
-        raise APIError(400, message, param="file_id")
+        raise APIError(400, message, param="file_id")  # an id the store knows: safe to repeat
     service.files.delete(file_id)
     return {"id": file_id, "object": "file", "deleted": True}
 
 
 @router.post("/batches")
 async def create_batch(request: Request, service: ServiceDep) -> dict[str, Any]:
-    """A batch over an uploaded file; it runs in the background, from `validating` on."""
-    body = await json_body(request)
-    input_file = service.files.get(str(body.get("input_file_id")))
-    endpoint = body.get("endpoint")
-    embeddings = endpoint == "/v1/embeddings"
+    """A batch over an uploaded file; it runs in the background, from `validating` on.
+
+    Its body is checked whole first (fields, window, metadata: 400 naming the field), then its
+    input file (404 when it is not there, its bytes included).
+    """
+    creation = batch_creation(await json_body(request), short_windows=service.settings.short_windows)
+    embeddings = creation.endpoint == "/v1/embeddings"
     if embeddings and service.inference.embedding_model is None:
         raise APIError(400, "This server does not serve embeddings.", param="endpoint")
     model = service.inference.embedding_model if embeddings else service.inference.served_model
-    batch = new_batch(body, input_file=input_file, model=model or "")
+    input_file = service.files.get(creation.input_file_id, param="input_file_id")
+    service.files.content(creation.input_file_id, param="input_file_id")  # its bytes are there too
+    batch = new_batch(creation, input_file=input_file, model=model or "")
     service.store.insert_batch(batch)
     service.runner.start(batch["id"])
     return batch

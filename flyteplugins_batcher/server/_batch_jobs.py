@@ -8,13 +8,17 @@
 
 A batch always ends with an output file and an error file (either may be empty), so a client never
 meets an `output_file_id` of `null` after a batch whose every line failed. `request_counts` counts
-every line once it has its output: at the end, `completed + failed == total`.
+every line once it has its output: at the end, `completed + failed == total`. A batch whose every
+line has its output is `completed`, even when its window closed while its files were written;
+`expired` is for a batch with lines left unanswered when its window closed.
 """
 
 from __future__ import annotations
 
+import math
 import re
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from flyteplugins_batcher.server._errors import APIError
@@ -43,37 +47,85 @@ _TIMESTAMP_OF = {
     "cancelling": "cancelling_at",
     "cancelled": "cancelled_at",
 }
-_WINDOW = re.compile(r"^(\d+)([hms])$")
+_WINDOW = re.compile(r"([0-9]{1,6})([hms])")  # ASCII digits only (`\d` takes any script's), matched whole
 _SECONDS_PER = {"h": 3600, "m": 60, "s": 1}
+MAX_WINDOW_HOURS = 168
+"""The longest completion window taken: a week (OpenAI takes `24h`)."""
 MAX_METADATA_PAIRS = 16
+CREATE_FIELDS = ("input_file_id", "endpoint", "completion_window", "metadata")
+"""The fields of a `POST /v1/batches` body; another is refused, as OpenAI refuses it."""
 
 
-def new_batch(body: dict[str, Any], *, input_file: dict[str, Any], model: str) -> dict[str, Any]:
-    """A batch object for a `POST /v1/batches` body, in status `validating`.
+@dataclass(frozen=True)
+class BatchCreation:
+    """A `POST /v1/batches` body, checked: what a new batch is made of."""
+
+    input_file_id: str
+    endpoint: str
+    completion_window: str
+    window_s: int
+    metadata: dict[str, str] | None
+
+
+def batch_creation(body: dict[str, Any], *, short_windows: bool = False) -> BatchCreation:
+    """The fields of a `POST /v1/batches` body, checked whole, as OpenAI checks them.
+
+    `input_file_id`, `endpoint` and `completion_window` are required, `metadata` is optional, and
+    no other field is taken.
+
+    Args:
+        body: The request's body.
+        short_windows: Also take windows in minutes and seconds (`ServerSettings.short_windows`).
 
     Raises:
-        APIError: 400 naming the field at fault.
+        APIError: 400 naming the first field at fault.
     """
+    unknown = [key for key in body if key not in CREATE_FIELDS]
+    if unknown:
+        name = unknown[0][:64]
+        raise APIError(400, f"Unrecognized request argument supplied: {name}", param=name)
+    file_id = body.get("input_file_id")
+    if not isinstance(file_id, str) or not file_id:
+        problem = "is required" if file_id is None else f"must be a file id (a string), got {repr(file_id)[:40]}"
+        raise APIError(400, f"input_file_id {problem}", param="input_file_id")
     endpoint = body.get("endpoint")
     if endpoint not in ENDPOINTS:
-        raise APIError(400, f"endpoint must be one of {list(ENDPOINTS)}, got {endpoint!r}", param="endpoint")
+        problem = "is required" if endpoint is None else f"must be one of {list(ENDPOINTS)}, got {repr(endpoint)[:80]}"
+        raise APIError(400, f"endpoint {problem}", param="endpoint")
+    window = body.get("completion_window")
+    window_s = window_seconds(window, short_windows=short_windows)
+    return BatchCreation(file_id, endpoint, window, window_s, checked_metadata(body.get("metadata")))
+
+
+def new_batch(creation: BatchCreation, *, input_file: dict[str, Any], model: str) -> dict[str, Any]:
+    """A batch object for a checked `POST /v1/batches` body, in status `validating`.
+
+    Args:
+        creation: The body, checked (`batch_creation`).
+        input_file: The row of its input file.
+        model: The model that answers its lines.
+
+    Raises:
+        APIError: 400 for an input file whose purpose is not `batch`.
+    """
     if input_file["purpose"] != "batch":
-        raise APIError(400, f"file {input_file['id']} has purpose {input_file['purpose']!r}, not 'batch'")
-    window = body.get("completion_window", "24h")
-    created = int(time.time())
+        message = f"file {input_file['id']} has purpose {input_file['purpose']!r}, not 'batch'"
+        raise APIError(400, message, param="input_file_id")
+    now = time.time()
+    created = int(now)
     return {
         "id": new_id("batch_"),
         "object": "batch",
-        "endpoint": endpoint,
+        "endpoint": creation.endpoint,
         "model": model,
         "errors": None,
         "input_file_id": input_file["id"],
-        "completion_window": window,
+        "completion_window": creation.completion_window,
         "status": "validating",
         "output_file_id": None,
         "error_file_id": None,
         "created_at": created,
-        "expires_at": created + window_seconds(window),
+        "expires_at": math.ceil(now + creation.window_s),  # never shorter than asked: `created_at` is rounded down
         **dict.fromkeys(_TIMESTAMP_OF.values()),
         "request_counts": {"total": 0, "completed": 0, "failed": 0},
         "usage": {
@@ -83,20 +135,29 @@ def new_batch(body: dict[str, Any], *, input_file: dict[str, Any], model: str) -
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": 0,
         },
-        "metadata": checked_metadata(body.get("metadata")),
+        "metadata": creation.metadata,
     }
 
 
-def window_seconds(window: object) -> int:
-    """Seconds in a completion window: OpenAI's `"24h"`, or any other `<n>h`, `<n>m` or `<n>s`.
+def window_seconds(window: object, *, short_windows: bool = False) -> int:
+    """Seconds in a completion window: OpenAI's form, `<n>h` (ASCII digits), from 1h to 168h.
+
+    With `short_windows`, `<n>m` and `<n>s` too (up to the same week), for tests and demos of expiry.
 
     Raises:
-        APIError: 400 for another form.
+        APIError: 400 for another form, or a window out of range.
     """
-    match = _WINDOW.match(window) if isinstance(window, str) else None
-    if match is None or int(match.group(1)) < 1:
-        raise APIError(400, f"completion_window must be like '24h', got {window!r}", param="completion_window")
-    return int(match.group(1)) * _SECONDS_PER[match.group(2)]
+    match = _WINDOW.fullmatch(window) if isinstance(window, str) else None
+    units = "hms" if short_windows else "h"
+    if match is None or match.group(2) not in units:
+        forms = "'<n>h', '<n>m' or '<n>s'" if short_windows else "'<n>h'"
+        problem = "is required" if window is None else f"must be {forms} (like '24h'), got {repr(window)[:40]}"
+        raise APIError(400, f"completion_window {problem}", param="completion_window")
+    seconds = int(match.group(1)) * _SECONDS_PER[match.group(2)]
+    if not 1 <= seconds <= MAX_WINDOW_HOURS * 3600:
+        message = f"completion_window must be from 1{units[-1]} to {MAX_WINDOW_HOURS}h, got {window!r}"
+        raise APIError(400, message, param="completion_window")
+    return seconds
 
 
 def checked_metadata(metadata: object) -> dict[str, str] | None:

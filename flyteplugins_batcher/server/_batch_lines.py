@@ -10,7 +10,6 @@ answers are committed together with the batch's counts before they count.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -19,9 +18,18 @@ from typing import Any
 
 import flyte.errors
 
-from flyteplugins_batcher.batch_api import ParsedRequest, RequestLineError, SeenIds, error_line, read_request_lines
+from flyteplugins_batcher.batch_api import (
+    JSONBoundsError,
+    ParsedRequest,
+    RequestLineError,
+    SeenIds,
+    error_line,
+    loads_bounded,
+    read_request_lines,
+)
 from flyteplugins_batcher.engines import EngineConfigError
 from flyteplugins_batcher.jobs._driver import fan_out
+from flyteplugins_batcher.jobs._llm_replica import CANCELLED
 from flyteplugins_batcher.jobs._request_lines import (
     ChunkCutter,
     JobChunk,
@@ -69,8 +77,8 @@ def scan_input(path: Path, endpoint: str) -> tuple[int, list[dict[str, Any]]]:
 def _string_field(text: str, key: str) -> str | None:
     """A line's top-level string field `key`, if the line is a JSON object that has one."""
     try:
-        data = json.loads(text)
-    except ValueError:
+        data = loads_bounded(text)
+    except JSONBoundsError:  # the line fails alone, when it is parsed
         return None
     value = data.get(key) if isinstance(data, dict) else None
     return value if isinstance(value, str) else None
@@ -88,6 +96,9 @@ class BatchLines:
         chunk_size: Requests per chunk.
         chunks_in_flight: Chunks outstanding at once.
         should_stop: Asked between lines: true once the batch is cancelled or its window has passed.
+        cancelled: Set when the batch is cancelled: the lines in flight stop too (queued ones never
+            run, running ones stop where the engine can stop them) and are left unanswered, for the
+            batch's end to fail; the lines their chunks answered are recorded.
     """
 
     def __init__(
@@ -101,6 +112,7 @@ class BatchLines:
         chunk_size: int,
         chunks_in_flight: int,
         should_stop: Callable[[], bool],
+        cancelled: asyncio.Event | None = None,
     ) -> None:
         self.batch_id = batch["id"]
         self.path = path
@@ -110,6 +122,7 @@ class BatchLines:
         self.chunk_size = chunk_size
         self.chunks_in_flight = chunks_in_flight
         self.should_stop = should_stop
+        self.cancelled = cancelled
         self._requests: dict[str, ParsedRequest] = {}
 
     async def answer(self) -> None:
@@ -144,7 +157,7 @@ class BatchLines:
         """A chunk on this process's replica; a failure is tried again, as Flyte retries a replica task."""
         for attempt in range(1, CHUNK_ATTEMPTS + 1):
             try:
-                return await self.inference.run_chunk(chunk)
+                return await self.inference.run_chunk(chunk, stop=self.cancelled)
             except EngineConfigError as error:
                 raise flyte.errors.NonRecoverableError(f"the engine cannot start: {error}") from error
             except Exception as error:
@@ -165,6 +178,7 @@ class BatchLines:
                 output_tokens=answer.completion_tokens,
             )
             for answer in answers
+            if answer.failure is None or answer.failure.code != CANCELLED  # the batch's end fails those
         ]
         await asyncio.to_thread(self.store.record_lines, self.batch_id, records)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from typing import Any
 
 from flyteplugins_batcher import size_in_flight
@@ -21,7 +22,7 @@ from flyteplugins_batcher.jobs._request_lines import LineRules
 from flyteplugins_batcher.server._batch_jobs import ACTIVE, TRANSITIONS, moved, validation_errors
 from flyteplugins_batcher.server._batch_lines import BatchLines, scan_input, seconds_left, unanswered_records
 from flyteplugins_batcher.server._errors import APIError
-from flyteplugins_batcher.server._files import FileStore
+from flyteplugins_batcher.server._files import FileStore, shown
 from flyteplugins_batcher.server._inference import Inference
 from flyteplugins_batcher.server._settings import ServerSettings
 from flyteplugins_batcher.server._store import Store
@@ -29,7 +30,7 @@ from flyteplugins_batcher.server._store import Store
 logger = logging.getLogger("flyteplugins_batcher.server")
 
 _UNANSWERED = {
-    "cancelled": ("batch_cancelled", "The batch was cancelled before this request ran."),
+    "cancelled": ("batch_cancelled", "The batch was cancelled before this request was answered."),
     "expired": ("batch_expired", "This request could not be executed before the completion window expired."),
     "failed": ("batch_failed", "The batch failed before this request ran (see the batch's errors)."),
     "completed": ("inference_failed", "The request got no answer."),
@@ -53,7 +54,7 @@ class BatchRunner:
         self.inference = inference
         self.settings = settings
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._cancelled: set[str] = set()
+        self._cancelled: dict[str, asyncio.Event] = {}  # set once a batch is cancelled: its lines in flight stop
 
     def resume(self) -> int:
         """Start every batch left unfinished by the last run of the server; returns how many."""
@@ -71,7 +72,7 @@ class BatchRunner:
             task.add_done_callback(lambda _: self._tasks.pop(batch_id, None))
 
     def cancel(self, batch_id: str) -> dict[str, Any]:
-        """Cancel a batch: no new line starts; lines already answered stay in the output. Idempotent.
+        """Cancel a batch: no new line starts, lines in flight stop; answered lines stay in the output. Idempotent.
 
         Raises:
             APIError: 404 for no such batch; 400 for a batch that has already ended otherwise.
@@ -83,8 +84,8 @@ class BatchRunner:
             raise APIError(400, f"Cannot cancel a batch with status {batch['status']!r}.", code="batch_not_cancellable")
         batch = moved(batch, "cancelling")
         self.store.update_batch(batch)
-        self._cancelled.add(batch_id)
-        self.start(batch_id)  # finishes it at once when nothing runs it; else its task stops feeding lines
+        self._cancel_event(batch_id).set()
+        self.start(batch_id)  # finishes it at once when nothing runs it; else its task stops its lines
         return batch
 
     def get(self, batch_id: str) -> dict[str, Any]:
@@ -95,7 +96,7 @@ class BatchRunner:
         """
         batch = self.store.batch(batch_id)
         if batch is None:
-            raise APIError(404, f"No such batch: {batch_id}", code="batch_not_found", param="batch_id")
+            raise APIError(404, f"No such batch{shown(batch_id)}", code="batch_not_found", param="batch_id")
         return batch
 
     async def aclose(self) -> None:
@@ -124,14 +125,21 @@ class BatchRunner:
                 await self._finish(batch)
         except asyncio.CancelledError:
             raise
-        except Exception as error:
-            logger.exception("batch %s failed", batch_id)
-            await self._fail(batch_id, "server_error", f"{type(error).__name__}: {error}")
+        except APIError as error:  # said for a client: its message names no path and no exception
+            logger.warning("batch %s failed: %s", batch_id, error.message)
+            await self._fail(batch_id, error.code or "server_error", error.message)
+        except Exception:
+            # The traceback goes to the log; the batch's errors, which its client reads, say only where to look.
+            incident = secrets.token_hex(6)
+            logger.exception("batch %s failed (error id %s)", batch_id, incident)
+            message = f"The server failed while running this batch (error id {incident}; its log has it)."
+            await self._fail(batch_id, "server_error", message)
         finally:
-            self._cancelled.discard(batch_id)
+            self._cancelled.pop(batch_id, None)
 
     async def _validate(self, batch: dict[str, Any]) -> dict[str, Any]:
-        total, errors = await asyncio.to_thread(scan_input, self.files.path(batch["input_file_id"]), batch["endpoint"])
+        path = self.files.content(batch["input_file_id"], param="input_file_id")  # gone: the batch fails, saying so
+        total, errors = await asyncio.to_thread(scan_input, path, batch["endpoint"])
         batch = self.get(batch["id"])  # it may have been cancelled meanwhile
         if batch["status"] != "validating":
             return batch
@@ -143,27 +151,37 @@ class BatchRunner:
         return batch
 
     async def _answer(self, batch: dict[str, Any]) -> dict[str, Any]:
+        cancelled = self._cancel_event(batch["id"])
         lines = BatchLines(
             batch,
-            self.files.path(batch["input_file_id"]),
+            self.files.content(batch["input_file_id"], param="input_file_id"),
             self._rules(batch["endpoint"]),
             store=self.store,
             inference=self.inference,
             chunk_size=self.settings.batch_chunk_size,
             chunks_in_flight=self._chunks_in_flight(),
-            should_stop=lambda: batch["id"] in self._cancelled or seconds_left(batch) <= 0,
+            should_stop=lambda: cancelled.is_set() or seconds_left(batch) <= 0,
+            cancelled=cancelled,
         )
         try:
             await lines.answer()
-        except UnrecoverableRunError as error:
-            await self._fail(batch["id"], "engine_failed", str(error))
+        except UnrecoverableRunError:
+            incident = secrets.token_hex(6)
+            logger.exception("batch %s: the engine cannot run it (error id %s)", batch["id"], incident)
+            message = f"The model could not be started to run this batch (error id {incident}; its log has it)."
+            await self._fail(batch["id"], "engine_failed", message)
         return self.get(batch["id"])
 
     async def _finish(self, batch: dict[str, Any]) -> None:
-        """End a batch whose lines ran (or stopped): completed, or cancelled, or expired."""
+        """End a batch whose lines ran (or stopped): completed, or cancelled, or expired.
+
+        A batch whose every line has its output is completed, whatever the clock says now: its
+        window may have closed between its last line's answer and this moment, and `expired` is
+        for a batch that left lines unanswered.
+        """
         if batch["status"] == "cancelling":
             final = "cancelled"
-        elif batch["status"] == "in_progress" and seconds_left(batch) <= 0:
+        elif batch["status"] == "in_progress" and seconds_left(batch) <= 0 and not _all_answered(batch):
             final = "expired"
         else:
             final = "completed"
@@ -178,13 +196,20 @@ class BatchRunner:
         if unanswered and final == "completed":
             logger.warning("batch %s: %d lines got no answer; they are in the error file", batch["id"], unanswered)
         output, errors = await asyncio.to_thread(self._write_files, batch["id"])
-        ended = moved(self.get(batch["id"]), final, output_file_id=output["id"], error_file_id=errors["id"], **fields)
+        current = self.get(batch["id"])
+        counts = current["request_counts"]
+        if not counts.get("total"):  # cancelled before validation counted its lines: each one is in a file now
+            fields = {"request_counts": {**counts, "total": counts["completed"] + counts["failed"]}, **fields}
+        ended = moved(current, final, output_file_id=output["id"], error_file_id=errors["id"], **fields)
         self.store.update_batch(ended, files=[output, errors])
         logger.info("batch %s %s: %s", batch["id"], final, ended["request_counts"])
 
     def _fail_unanswered(self, batch: dict[str, Any], code: str, message: str) -> int:
+        path = self.files.path(batch["input_file_id"])
+        if not path.is_file():  # its input is gone (the reason it failed): the lines it has are what it answered
+            return 0
         answered = self.store.answered_lines(batch["id"])
-        records = unanswered_records(self.files.path(batch["input_file_id"]), answered, code, message)
+        records = unanswered_records(path, answered, code, message)
         if records:
             self.store.record_lines(batch["id"], records)
         return len(records)
@@ -205,14 +230,19 @@ class BatchRunner:
         else:
             await self._end(batch, "failed", errors=errors)
 
+    def _cancel_event(self, batch_id: str) -> asyncio.Event:
+        return self._cancelled.setdefault(batch_id, asyncio.Event())
+
     def _rules(self, endpoint: str) -> LineRules:
         inference = self.inference
+        engine = inference.engine
         return LineRules(
             served_model=inference.served_model,
             served_embedding_model=inference.embedding_model or "",
             model_mismatch="error",
             defaults=self.settings.engine.generation(),
             endpoints=(endpoint,) if endpoint in ENDPOINTS else (),
+            context_length=engine.context_length if engine is not None else 0,  # a max_tokens past it fails at parse
         )
 
     def _chunks_in_flight(self) -> int:
@@ -221,3 +251,9 @@ class BatchRunner:
         engine = self.inference.engine
         capacity = engine.stats.max_num_seqs if engine is not None else 0
         return size_in_flight(capacity or 16, chunk_size=self.settings.batch_chunk_size).concurrency
+
+
+def _all_answered(batch: dict[str, Any]) -> bool:
+    """Whether every line of a batch has its output (its counts as the store holds them)."""
+    counts = batch["request_counts"]
+    return counts["completed"] + counts["failed"] >= counts["total"]

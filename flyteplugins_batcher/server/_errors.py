@@ -2,26 +2,35 @@
 
 Clients (the official `openai` package among them) read these bodies to raise their own typed
 errors (`BadRequestError`, `NotFoundError`, `RateLimitError`, ...), so nothing leaves the server in
-another shape: not FastAPI's validation errors, not a bare 500.
+another shape: not FastAPI's validation errors, not a bare 500. A client's mistake is a 4xx naming
+it; what the server did not expect is a 500 with a generic message and an error id, whose traceback
+goes to the server's log only: no body carries a path, an exception's name or a traceback.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from typing import Any
+import secrets
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from flyteplugins_batcher import QueueFullError
+from flyteplugins_batcher import BatcherSettings, QueueFullError
 from flyteplugins_batcher.batch_api import RequestLineError
+
+if TYPE_CHECKING:
+    from flyteplugins_batcher.server._service import Service
 
 logger = logging.getLogger("flyteplugins_batcher.server")
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error"}
+
+MAX_RETRY_AFTER_S = 60
+"""The longest `Retry-After` a 429 gives: the official clients honour one up to a minute, past it they guess."""
 
 
 class APIError(Exception):
@@ -33,6 +42,7 @@ class APIError(Exception):
         code: What went wrong, for a program (`model_not_found`, `rate_limit_exceeded`, ...).
         param: The request field at fault, if one is.
         headers: Extra response headers (`Retry-After` on a 429).
+        queue_full: The `QueueFullError` behind a 429 (`busy`), which the handler words with the server's numbers.
 
     Example:
         ```python
@@ -48,6 +58,7 @@ class APIError(Exception):
         code: str | None = None,
         param: str | None = None,
         headers: dict[str, str] | None = None,
+        queue_full: QueueFullError | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -55,6 +66,7 @@ class APIError(Exception):
         self.code = code
         self.param = param
         self.headers = headers or {}
+        self.queue_full = queue_full
 
     @property
     def type(self) -> str:
@@ -78,18 +90,45 @@ class APIError(Exception):
         return cls(400, message.replace(" body.", " "), code=error.code, param=field)
 
     @classmethod
-    def busy(cls, error: QueueFullError) -> APIError:
-        """The queue is full: 429 with `Retry-After`, not an unbounded wait."""
-        retry_after = max(1, math.ceil(error.retry_after_s))
-        message = f"The server is at capacity ({error.queue_depth} requests wait); retry after {retry_after} s."
-        return cls(429, message, code="rate_limit_exceeded", headers={"Retry-After": str(retry_after)})
+    def busy(
+        cls, error: QueueFullError, *, drained_per_s: float = 0.0, limits: BatcherSettings | None = None
+    ) -> APIError:
+        """The queue is full: 429 with `Retry-After`, not an unbounded wait.
+
+        `Retry-After` is the time the waiting records take to leave at the rate records left the
+        batcher lately (`drained_per_s`, from `DrainRate`), else the batcher's own estimate; from 1
+        to `MAX_RETRY_AFTER_S` seconds. With the batcher's settings (`limits`) the message tells the
+        queue from the batch being assembled, whose sum is what waits. The error handler calls it
+        again with both, for the batcher the request went to.
+        """
+        seconds = error.queue_depth / drained_per_s if drained_per_s > 0 else error.retry_after_s
+        retry_after = min(MAX_RETRY_AFTER_S, max(1, math.ceil(seconds)))
+        message = f"The server is at capacity: {_waiting(error.queue_depth, limits)}; retry after {retry_after} s."
+        headers = {"Retry-After": str(retry_after)}
+        return cls(429, message, code="rate_limit_exceeded", headers=headers, queue_full=error)
+
+
+def _waiting(depth: int, limits: BatcherSettings | None) -> str:
+    """Who waits, in the batcher's terms: its queue (`max_queue_size`) waits behind the batch being assembled."""
+    if limits is None or limits.max_queue_size <= 0:
+        return f"{depth} requests wait for the model"
+    assembling = min(depth, limits.max_batch_size)
+    queued = depth - assembling
+    queue = f"{queued} requests wait in its queue of {limits.max_queue_size}"
+    return f"{queue}, behind {assembling} in the batch being assembled"
 
 
 def install_error_handlers(app: FastAPI) -> None:
     """Answer every error the app can meet in OpenAI's shape."""
 
     @app.exception_handler(APIError)
-    async def api_error(_request: Request, error: APIError) -> JSONResponse:
+    async def api_error(request: Request, error: APIError) -> JSONResponse:
+        service: Service | None = getattr(request.app.state, "service", None)
+        if error.queue_full is not None and service is not None:
+            batcher = "embeddings" if request.url.path == "/v1/embeddings" else "llm"
+            drain = service.metrics.drain.get(batcher)
+            limits = service.batcher_settings(batcher)
+            error = APIError.busy(error.queue_full, drained_per_s=drain.per_s() if drain else 0.0, limits=limits)
         return error.response()
 
     @app.exception_handler(RequestValidationError)
@@ -100,12 +139,15 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(HTTPException)
     async def http_error(_request: Request, error: HTTPException) -> JSONResponse:
         code = "not_found" if error.status_code == 404 else None
-        return APIError(error.status_code, str(error.detail), code=code).response()
+        return APIError(error.status_code, str(error.detail), code=code, headers=error.headers).response()
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, error: Exception) -> JSONResponse:
-        logger.exception("%s %s failed", request.method, request.url.path)
-        return APIError(500, f"The server failed: {type(error).__name__}: {error}", code="server_error").response()
+        # The traceback goes to the log only: a body never carries a path, an exception's name or its text.
+        incident = secrets.token_hex(6)
+        logger.error("%s %s failed (error id %s)", request.method, request.url.path, incident, exc_info=error)
+        message = f"The server had an error while processing your request (error id {incident}; its log has it)."
+        return APIError(500, message, code="server_error").response()
 
 
 def _validation_message(problem: dict[str, Any]) -> str:

@@ -3,12 +3,17 @@
 A file's bytes are written to a temporary name, flushed to disk and renamed into place, and only
 then is its row committed: a crash mid-upload leaves no file that claims to be whole. At start,
 leftovers of such a crash (temporary files, files without a row) are removed.
+
+An upload reaches `save_upload` already bounded: `_limits.BodyLimit` stops reading the request at
+`max_upload_mb` (so the multipart parser's spool file holds no more), and the copy counts again.
+A file whose bytes are gone from the folder is a 404 that names the file, never its path.
 """
 
 from __future__ import annotations
 
-import json
+import codecs
 import os
+import re
 import secrets
 import tempfile
 import time
@@ -16,6 +21,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
 
+from flyteplugins_batcher.batch_api import JSONBoundsError, loads_bounded
 from flyteplugins_batcher.server._errors import APIError
 from flyteplugins_batcher.server._store import Store
 
@@ -23,6 +29,12 @@ UPLOAD_PURPOSES = ("batch",)
 """What `/v1/files` takes uploads for; `batch_output` files are made by the server itself."""
 
 _COPY_CHUNK = 1 << 20
+_ID_LIKE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def shown(identifier: str) -> str:
+    """An id as a message may repeat it: `: <id>` when it looks like one, else nothing (no path is echoed back)."""
+    return f": {identifier}" if _ID_LIKE.fullmatch(identifier) else ""
 
 
 def new_id(prefix: str) -> str:
@@ -92,16 +104,30 @@ class FileStore:
             "expires_at": None,
         }
 
-    def get(self, file_id: str) -> dict[str, Any]:
+    def get(self, file_id: str, *, param: str = "file_id") -> dict[str, Any]:
         """A file's row.
 
         Raises:
-            APIError: 404 when there is no such file.
+            APIError: 404 when there is no such file (naming `param`, the field that gave its id).
         """
         row = self.store.file(file_id)
         if row is None:
-            raise APIError(404, f"No such File object: {file_id}", code="file_not_found", param="file_id")
+            raise APIError(404, f"No such File object{shown(file_id)}", code="file_not_found", param=param)
         return row
+
+    def content(self, file_id: str, *, param: str = "file_id") -> Path:
+        """Where a file's bytes are, once it is known to have them.
+
+        Raises:
+            APIError: 404 when there is no such file, or its bytes are gone from the data folder
+                (the message names the file, never where it was).
+        """
+        self.get(file_id, param=param)
+        path = self.path(file_id)
+        if not path.is_file():
+            message = f"The content of file {file_id} is missing on the server."
+            raise APIError(404, message, code="file_not_found", param=param)
+        return path
 
     def delete(self, file_id: str) -> None:
         """Delete a file (its row first: a crash in between leaves an orphan that the next start removes)."""
@@ -154,9 +180,9 @@ def check_jsonl(path: Path, *, on_failure: Any) -> None:
     with path.open("rb") as lines:
         for raw in lines:
             try:
-                if isinstance(json.loads(raw), dict):
+                if isinstance(loads_bounded(raw.removeprefix(codecs.BOM_UTF8)), dict):
                     return
-            except ValueError:
+            except JSONBoundsError:
                 continue
     on_failure()
     raise APIError(

@@ -7,16 +7,23 @@ Online requests are submitted with a higher priority than batch lines: when the 
 a user waiting on an answer goes first, and a waiting batch line gains a priority level per
 `priority_aging_s`, so batches are slowed, not starved. An online request never waits for room
 in the queue: a full queue is a `QueueFullError`, which the server answers with 429.
+
+An online request is an `OnlineRecord`: its future, and the cancellation token its `Request`
+carries. When its client leaves, `OnlineRecord.cancel` cancels both: a queued record never reaches
+the engine, and a running one stops at the engine's next step where the engine can stop it (vLLM
+stream mode, the simulated engine, Transformers); it then counts as `cancelled` in the metrics.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from flyteplugins_batcher import BatchObserver, BatchStats, TokenBatcher
 from flyteplugins_batcher.batch_api import BatchRequest, EmbeddingRequest
-from flyteplugins_batcher.engines import Completion, Engine
+from flyteplugins_batcher.engines import CancellationToken, Completion, DeltaListener, Engine
 from flyteplugins_batcher.jobs._embed_replica import EmbeddingChunk, embed_request_chunk, embed_texts
 from flyteplugins_batcher.jobs._embeddings import Embedding, embed, load_model, model_reference
 from flyteplugins_batcher.jobs._embeddings import model_name as embedding_model_name
@@ -26,6 +33,40 @@ from flyteplugins_batcher.jobs._schema import EngineSettings
 
 ONLINE_PRIORITY = 1
 """Online requests' priority in the shared batchers; batch lines have 0."""
+
+
+@dataclass(frozen=True)
+class OnlineRecord:
+    """One online request in the LLM's batcher: its future, and the token that stops it where it runs.
+
+    Attributes:
+        future: Resolves with its `Completion` (or its error).
+        cancellation: The token its `Request` carries.
+        choices: How many choices it asked for (`n`).
+
+    Example:
+        ```python
+        record = await inference.start(request)
+        try:
+            completion = await record.future
+        finally:
+            record.cancel()  # nothing happens once it has its answer
+        ```
+    """
+
+    future: asyncio.Future[Completion]
+    cancellation: CancellationToken
+    choices: int = 1
+
+    def cancel(self) -> None:
+        """Its client left: a queued record never runs, a running one stops where the engine can stop it.
+
+        Nothing happens once it has its answer (or its error).
+        """
+        if self.future.done() and not self.future.cancelled():
+            return
+        self.future.cancel()
+        self.cancellation.cancel()
 
 
 class Inference:
@@ -99,17 +140,32 @@ class Inference:
                 embed.add_observer(observer)
 
     async def complete(self, request: BatchRequest) -> Completion:
-        """One online request's completion, batched with everything else in flight.
+        """One online request's completion, batched with everything else in flight; cancelled if this is.
 
         Raises:
             QueueFullError: The batcher's queue is full (answer 429).
             InvalidPromptError: The request cannot run (too long, a schema that does not compile, ...).
             Exception: The engine failed (it died, say).
         """
+        record = await self.start(request)
+        try:
+            return await record.future
+        finally:
+            record.cancel()
+
+    async def start(self, request: BatchRequest, *, on_delta: DeltaListener | None = None) -> OnlineRecord:
+        """Submit one online request, ahead of batch lines; `on_delta` hears its text as a streaming engine makes it.
+
+        Raises:
+            QueueFullError: The batcher's queue is full (answer 429).
+        """
         batcher = await self.replica.shared.get(self.engine_settings)
-        record = to_item(request).engine_request(self.engine_settings.generation())
+        token = CancellationToken()
+        record = dataclasses.replace(
+            to_item(request).engine_request(self.engine_settings.generation()), cancellation=token, on_delta=on_delta
+        )
         future = await batcher.submit(record, priority=ONLINE_PRIORITY, wait_for_room=False)
-        return await future
+        return OnlineRecord(future, token, record.generation.n if record.generation is not None else 1)
 
     async def embed(self, request: EmbeddingRequest) -> list[Embedding]:
         """One online request's vectors, each text batched with everything else in flight.
@@ -124,11 +180,17 @@ class Inference:
                 raise outcome
         return outcomes  # type: ignore[return-value]
 
-    async def run_chunk(self, chunk: JobChunk) -> JobOutcome:
-        """A chunk of a batch job's lines, exactly as the workflows' replicas run one."""
+    async def run_chunk(self, chunk: JobChunk, *, stop: asyncio.Event | None = None) -> JobOutcome:
+        """A chunk of a batch job's lines, as the workflows' replicas run one; once `stop` is set, the rest stops.
+
+        A line cancelled so (queued: it never runs; running: it stops where the engine can stop it)
+        gets the error code `CANCELLED`.
+        """
         if isinstance(chunk, EmbeddingChunk):
             return await embed_request_chunk(chunk)
-        return await run_chunk(chunk, self.engine_settings)
+        if stop is None:
+            return await run_chunk(chunk, self.engine_settings)
+        return await self.replica.run_chunk(chunk, self.engine_settings, stop=stop)
 
     async def aclose(self) -> None:
         """Stop the batchers and close the models."""

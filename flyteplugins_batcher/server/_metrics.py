@@ -29,7 +29,10 @@ started.
 
 from __future__ import annotations
 
+import math
+import time
 from collections import Counter as Tally
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -45,14 +48,55 @@ SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 COST_BUCKETS = tuple(2**power for power in range(4, 22, 2))  # 16 to 1M
 
 
+DRAIN_WINDOW_S = 30.0
+"""How far back the drain rate looks: recent enough to follow a change of load, long enough to be steady."""
+
+
+class DrainRate:
+    """Records that left a batcher per second over the last `window_s`: how fast its queue drains now.
+
+    Kept as one count per second (at most `window_s` of them), so adding is O(1) at any rate.
+
+    Args:
+        window_s: How far back it looks.
+        clock: Seconds, monotonic.
+    """
+
+    def __init__(self, window_s: float = DRAIN_WINDOW_S, clock: Callable[[], float] = time.monotonic) -> None:
+        self.window_s = window_s
+        self._clock = clock
+        self._since = clock()
+        self._seconds: deque[list[int]] = deque()  # [second, records]
+
+    def add(self, records: int) -> None:
+        second = math.floor(self._clock())
+        if self._seconds and self._seconds[-1][0] == second:
+            self._seconds[-1][1] += records
+        else:
+            self._seconds.append([second, records])
+        self._forget(second)
+
+    def per_s(self) -> float:
+        """Records per second over the window (or the time since it started, when shorter); 0 when none left."""
+        now = self._clock()
+        self._forget(math.floor(now))
+        span = min(self.window_s, now - self._since)
+        return sum(records for _, records in self._seconds) / span if span > 0 else 0.0
+
+    def _forget(self, second: int) -> None:
+        while self._seconds and self._seconds[0][0] <= second - self.window_s:
+            self._seconds.popleft()
+
+
 class BatcherHistograms:
-    """A `BatchObserver` that feeds the batcher histograms of one batcher (its `batcher` label)."""
+    """A `BatchObserver` that feeds the batcher histograms of one batcher (its `batcher` label), and its drain rate."""
 
     def __init__(self, metrics: ServerMetrics, name: str) -> None:
         self._size = metrics.batch_size.labels(name)
         self._cost = metrics.batch_cost.labels(name)
         self._wait = metrics.batch_wait.labels(name)
         self._latency = metrics.latency.labels(name)
+        self.drain = metrics.drain.setdefault(name, DrainRate())
 
     def on_dispatch(self, size: int, cost: int, reason: DispatchReason, queue_waits_s: Sequence[float]) -> None:
         self._size.observe(size)
@@ -61,6 +105,7 @@ class BatcherHistograms:
             self._wait.observe(wait)
 
     def on_settled(self, outcome: SettledOutcome, latencies_s: Sequence[float], failed: int) -> None:
+        self.drain.add(len(latencies_s))
         if outcome == "completed":
             for latency in latencies_s:
                 self._latency.observe(latency)
@@ -129,6 +174,8 @@ class ServerMetrics:
             buckets=SECONDS_BUCKETS,
         )
         self.registry.register(_StatsCollector(batchers, engine, batch_jobs))
+        self.drain = {name: DrainRate() for name in batchers}
+        """Each batcher's recent drain rate (fed by its observer): what a 429's `Retry-After` is computed from."""
 
     def observer(self, batcher: str) -> BatcherHistograms:
         """The observer to add to the batcher labelled `batcher`."""

@@ -3,33 +3,38 @@
 A request body is parsed exactly as a batch line's body is (`flyteplugins_batcher.batch_api`), so
 per-request settings, `response_format` and `n` behave as in batch files and fail with the same
 messages, here as 400s. Each request is then one record in the replica's shared batcher, batched
-with every other client's (and with batch lines, behind them).
+with every other client's (and with batch lines, behind them). A client that leaves before its
+answer cancels its record (`_live`), streamed (`_streaming`) or not.
 """
 
 from __future__ import annotations
 
-import json
+import functools
 import secrets
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from flyteplugins_batcher import QueueFullError
 from flyteplugins_batcher.batch_api import (
     BatchRequest,
     EmbeddingRequest,
+    JSONBoundsError,
     ParsedRequest,
     RequestLineError,
     completion_body,
     embeddings_body,
     error_code,
+    loads_bounded,
     parse_request,
 )
-from flyteplugins_batcher.engines import EngineDeadError, InvalidPromptError
+from flyteplugins_batcher.engines import Completion, EngineDeadError, EngineNotLoadedError, InvalidPromptError
+from flyteplugins_batcher.jobs._llm_replica import process_replica
 from flyteplugins_batcher.server._errors import APIError
+from flyteplugins_batcher.server._live import CLIENT_CLOSED_REQUEST, completion_unless_gone
 from flyteplugins_batcher.server._service import Service, ServiceDep
-from flyteplugins_batcher.server._streaming import stream_events
+from flyteplugins_batcher.server._streaming import ChunkEvents, streamed_answer
 
 router = APIRouter(prefix="/v1")
 
@@ -62,12 +67,12 @@ def _model_object(service: Service, name: str) -> dict[str, Any]:
 
 
 @router.post("/chat/completions", response_model=None)
-async def chat_completions(request: Request, service: ServiceDep) -> JSONResponse | StreamingResponse:
+async def chat_completions(request: Request, service: ServiceDep) -> Response:
     return await _generate(request, service, "/v1/chat/completions", "chatcmpl-")
 
 
 @router.post("/completions", response_model=None)
-async def completions(request: Request, service: ServiceDep) -> JSONResponse | StreamingResponse:
+async def completions(request: Request, service: ServiceDep) -> Response:
     return await _generate(request, service, "/v1/completions", "cmpl-")
 
 
@@ -89,53 +94,80 @@ async def embeddings(request: Request, service: ServiceDep) -> dict[str, Any]:
     return embeddings_body(parsed, [vector.vector for vector in vectors], prompt_tokens=tokens, model=model)
 
 
-async def _generate(request: Request, service: Service, url: str, id_prefix: str) -> JSONResponse | StreamingResponse:
+async def _generate(request: Request, service: Service, url: str, id_prefix: str) -> Response:
+    """The answer, or its events as they are made (`stream`); a client that leaves first cancels its record (499)."""
     body = await json_body(request)
     parsed = _parse(body, url, service.inference.served_model)
     assert isinstance(parsed, BatchRequest)
+    model, response_id = service.inference.served_model, f"{id_prefix}{secrets.token_hex(12)}"
+
+    def answer(completion: Completion) -> dict[str, Any]:
+        return completion_body(parsed, completion, model=model, response_id=response_id)
+
     try:
-        completion = await service.inference.complete(parsed)
+        if body.get("stream"):
+            options = body.get("stream_options") or {}
+            include_usage = bool(isinstance(options, dict) and options.get("include_usage"))
+            events = functools.partial(ChunkEvents, response_id, model, chat=url == "/v1/chat/completions")
+            return await streamed_answer(
+                request, service.inference, parsed, answer, events, include_usage=include_usage
+            )
+        completion = await completion_unless_gone(request, service.inference, parsed)
     except QueueFullError as error:
         raise APIError.busy(error) from None
     except InvalidPromptError as error:
         raise APIError(400, str(error), code=error_code(error)) from None
     except EngineDeadError as error:
         raise APIError(503, f"The model is restarting: {error}", code="engine_unavailable") from None
-    model = service.inference.served_model
-    answer = completion_body(parsed, completion, model=model, response_id=f"{id_prefix}{secrets.token_hex(12)}")
-    if body.get("stream"):
-        options = body.get("stream_options") or {}
-        events = stream_events(answer, include_usage=bool(isinstance(options, dict) and options.get("include_usage")))
-        return StreamingResponse(events, media_type="text/event-stream")
-    return JSONResponse(answer)
+    if completion is None:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    return JSONResponse(answer(completion))
 
 
 def _parse(body: dict[str, Any], url: str, served_model: str) -> ParsedRequest:
     """The request in `body`, as a batch line's body would be read; 404 for a model this server does not serve.
 
+    A `max_tokens` that fills the model's context is refused here, before the request is a record
+    (a record is costed, and its cost counted in the metrics, once it is submitted).
+
     Raises:
         APIError: 400 naming what is wrong; 404 for another model.
     """
     model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise APIError(400, f"model must be a string, got {model!r}", code="invalid_request", param="model")
     if model is not None and model != served_model:
         message = f"The model {model!r} does not exist; this server serves {served_model!r} (GET /v1/models)."
         raise APIError(404, message, code="model_not_found", param="model")
+    line = {"custom_id": "online", "url": url, "body": body}
     try:
-        return parse_request({"custom_id": "online", "url": url, "body": body}, 0, endpoints=(url,))
+        return parse_request(line, 0, endpoints=(url,), context_length=_context_length())
     except RequestLineError as error:
         raise APIError.from_line_error(error) from None
 
 
+def _context_length() -> int:
+    """The loaded LLM's context (0 before it loads): this process's replica is the server's (`Inference.load`)."""
+    engine = process_replica().shared.loaded_model
+    try:
+        return engine.context_length if engine is not None else 0
+    except EngineNotLoadedError:  # closed meanwhile
+        return 0
+
+
 async def json_body(request: Request) -> dict[str, Any]:
-    """The request's JSON object.
+    """The request's JSON object, decoded within bounds (`batch_api.loads_bounded`: depth, numbers, UTF-8).
+
+    Its size is bounded before it is read (`_limits.BodyLimit`), its type by `_guards.AccessGuard`.
 
     Raises:
-        APIError: 400 when the body is not a JSON object.
+        APIError: 400 naming why the body is not a JSON object the server takes.
     """
     try:
-        body = json.loads(await request.body())
-    except ValueError:
-        raise APIError(400, "We could not parse the JSON body of your request.", code="invalid_json") from None
+        body = loads_bounded(await request.body())
+    except JSONBoundsError as error:
+        message = f"We could not parse the JSON body of your request: {error}."
+        raise APIError(400, message, code="invalid_json") from None
     if not isinstance(body, dict):
         raise APIError(400, "The request body must be a JSON object.", code="invalid_json")
     return body

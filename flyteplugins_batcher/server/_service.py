@@ -13,7 +13,9 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from flyteplugins_batcher import BatcherSettings
 from flyteplugins_batcher.engines import EngineStats
+from flyteplugins_batcher.jobs._embeddings import embed
 from flyteplugins_batcher.server._batch_jobs import ACTIVE
 from flyteplugins_batcher.server._batch_runner import BatchRunner
 from flyteplugins_batcher.server._files import FileStore
@@ -82,6 +84,14 @@ class Service:
         await self.runner.aclose()
         await self.inference.aclose()
         self.store.close()
+
+    def batcher_settings(self, batcher: str) -> BatcherSettings | None:
+        """The settings of the running batcher labelled `batcher` (`llm`, `embeddings`), or `None` before it runs."""
+        if batcher == "llm":
+            running = self.inference.replica.shared.batcher
+        else:
+            running = embed.batcher if self.inference.embedding_model else None
+        return running.settings if running is not None else None
 
     def _engine_stats(self) -> EngineStats | None:
         engine = self.inference.engine

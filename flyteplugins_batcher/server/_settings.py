@@ -36,9 +36,22 @@ class ServerSettings:
         embeddings: Serve `/v1/embeddings` with the embedding model (`EMBED_MODEL`, by default
             all-MiniLM-L6-v2), loaded at start.
         max_upload_mb: Largest file `/v1/files` takes (413 above it); OpenAI's limit for batch files.
+            Counted on the bytes as they arrive, chunked or not: an upload stops being read at the limit.
+        max_request_mb: Largest body of every other request (413 above it, counted as it arrives). 16 MiB
+            holds the largest legitimate request: a chat request that fills a 1M-token context is
+            about 4 MB of English text (4 bytes a token), with room for JSON's escapes and framing,
+            and a 128k-token one fits even with every character escaped (6 bytes each). What is
+            larger is refused as it arrives, so no client makes the server hold more.
         batch_chunk_size: Requests per chunk of a batch job (a chunk is what is recorded at once).
         batch_chunks_in_flight: Chunks of one batch job outstanding at once (0: enough to fill the engine).
         api_key: When set, every `/v1` request must send `Authorization: Bearer <api_key>`.
+        allowed_hosts: More `Host` headers to answer, comma-separated (`gpu-box.lan,10.0.0.5:8000`; `*`
+            for any). The server answers only the address it binds (and 127.0.0.1, localhost and [::1]),
+            so that a web page cannot reach it by DNS rebinding; a 0.0.0.0 bind answers any host.
+        cors_origins: Web origins allowed to call the API from a browser, comma-separated
+            (`https://app.example.com`); none by default, and a request from another origin is refused.
+        short_windows: Also take completion windows in minutes and seconds (`90m`, `5s`), for tests and
+            demos of a batch that expires. Off, a window is OpenAI's form, `<n>h`, from 1h to 168h.
 
     Example:
         ```python
@@ -52,13 +65,21 @@ class ServerSettings:
     engine: EngineSettings = field(default_factory=EngineSettings)
     embeddings: bool = True
     max_upload_mb: int = 200
+    max_request_mb: int = 16
     batch_chunk_size: int = 8
     batch_chunks_in_flight: int = 0
     api_key: str = ""
+    allowed_hosts: str = ""
+    cors_origins: str = ""
+    short_windows: bool = False
 
     @property
     def max_upload_bytes(self) -> int:
         return self.max_upload_mb * 2**20
+
+    @property
+    def max_request_bytes(self) -> int:
+        return self.max_request_mb * 2**20
 
     @classmethod
     def from_environment(

@@ -1,41 +1,196 @@
-"""`stream: true`: a finished completion as the server-sent events of OpenAI's streaming API.
+"""`stream: true`: a completion as the server-sent events of OpenAI's streaming API, sent as the engine makes it.
 
-The engines answer a record once it is complete, so a streamed chat answer arrives as one content
-event per choice, then each choice's `finish_reason` (a text completion's event carries both), then
-(with `stream_options.include_usage`) a usage event, then `[DONE]`: what every OpenAI client reads
-from a stream, in fewer events.
+The events, in order: each choice's role (chat), then the content as it is made (each piece with
+its choice's `index`), then each choice's `finish_reason`, then (with `stream_options.include_usage`)
+a usage event, then `[DONE]`. The record carries a `TextDeltas` listener: an engine that streams
+(vLLM stream mode, the simulated engine) hands it each step's new text, and the events go out as
+it comes. An engine that answers whole records (Transformers, vLLM batch mode) never calls it: its
+answer goes out in one content event per choice once it is complete. The completion's final text
+has the last word: what it holds beyond what was streamed is sent before the finish events. A text
+completion's content events carry `finish_reason: null`, as OpenAI's and vLLM's do, except the
+last of each choice, which carries its finish reason (so a whole answer is one valid event each).
+
+A client that stops reading cancels the record: Starlette cancels the response when its client
+disconnects, and the events' `finally` (and the response's background task) cancels the record,
+which stops it in the engine where the engine can stop it. The response only starts once the
+record has its first text or its answer, so an error before then (a prompt that cannot run) is an
+HTTP error, as for a request that is not streamed; one after it is an `error` event.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Iterator
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
+
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+from starlette.background import BackgroundTask
+
+from flyteplugins_batcher.batch_api import BatchRequest
+from flyteplugins_batcher.engines import Completion, EngineDeadError
+from flyteplugins_batcher.server._inference import Inference, OnlineRecord
+from flyteplugins_batcher.server._live import CLIENT_CLOSED_REQUEST, TextDeltas, until_done_or_gone
+
+DONE = "data: [DONE]\n\n"
+
+
+class ChunkEvents:
+    """The `data:` events of one streamed answer, chat (`chat.completion.chunk`) or text (`text_completion`).
+
+    Args:
+        response_id: The answer's id, on every event.
+        model: The served model.
+        chat: A chat answer (else a text completion).
+        choices: How many choices (`n`).
+
+    Example:
+        ```python
+        events = ChunkEvents("chatcmpl-1", "m", chat=True, choices=1)
+        sent = [*events.opening(), events.content(0, "4"), *events.closing(body, ["4"], include_usage=False)]
+        ```
+    """
+
+    def __init__(self, response_id: str, model: str, *, chat: bool, choices: int) -> None:
+        self.chat = chat
+        self.choices = choices
+        self.head = {
+            "id": response_id,
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": model,
+        }
+
+    def opening(self) -> list[str]:
+        """Each chat choice's role, before its content (nothing for a text completion)."""
+        delta = {"role": "assistant", "content": ""}
+        return [self._choice(index, delta) for index in range(self.choices)] if self.chat else []
+
+    def content(self, index: int, text: str) -> str:
+        """A piece of choice `index`'s text."""
+        return self._choice(index, {"content": text}) if self.chat else self._choice(index, text)
+
+    def closing(self, body: dict[str, Any], streamed: Sequence[str], *, include_usage: bool) -> Iterator[str]:
+        """The rest of each choice's text (what its completion holds beyond `streamed`), its finish, usage, `[DONE]`."""
+        rests = [_rest(choice, streamed[choice["index"]], self.chat) for choice in body["choices"]]
+        if self.chat:
+            pairs = zip(body["choices"], rests, strict=True)
+            yield from (self.content(choice["index"], rest) for choice, rest in pairs if rest)
+            for choice in body["choices"]:
+                yield self._choice(choice["index"], {}, choice["finish_reason"])
+        else:  # a text completion's last event carries its last text and its finish reason
+            for choice, rest in zip(body["choices"], rests, strict=True):
+                yield self._choice(choice["index"], rest, choice["finish_reason"])
+        if include_usage:
+            yield _event({**self.head, "choices": [], "usage": body["usage"]})
+        yield DONE
+
+    def error(self, error: Exception) -> str:
+        """The event that ends a stream whose record failed after it started."""
+        code = "engine_unavailable" if isinstance(error, EngineDeadError) else "server_error"
+        return _event({"error": {"message": str(error), "type": "server_error", "param": None, "code": code}})
+
+    def _choice(self, index: int, delta: dict[str, Any] | str, finish_reason: str | None = None) -> str:
+        if self.chat:
+            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        else:
+            choice = {"index": index, "text": delta, "logprobs": None, "finish_reason": finish_reason}
+        return _event({**self.head, "choices": [choice]})
 
 
 def stream_events(body: dict[str, Any], *, include_usage: bool) -> Iterator[str]:
-    """The `data:` events for a finished `chat.completion` or `text_completion` body."""
+    """The events for a finished `chat.completion` or `text_completion` body, none of it streamed before."""
     chat = body["object"] == "chat.completion"
-    head = {
-        "id": body["id"],
-        "object": "chat.completion.chunk" if chat else "text_completion",
-        "created": body["created"],
-        "model": body["model"],
-    }
-    if chat:
-        for choice in body["choices"]:
-            delta = {"role": "assistant", "content": choice["message"]["content"]}
-            yield _event({**head, "choices": [{"index": choice["index"], "delta": delta, "finish_reason": None}]})
-        for choice in body["choices"]:
-            yield _event(
-                {**head, "choices": [{"index": choice["index"], "delta": {}, "finish_reason": choice["finish_reason"]}]}
-            )
-    else:  # a text completion's events carry a finish_reason each (the API's `Completion` requires one)
-        for choice in body["choices"]:
-            yield _event({**head, "choices": [choice]})
-    if include_usage:
-        yield _event({**head, "choices": [], "usage": body["usage"]})
-    yield "data: [DONE]\n\n"
+    events = ChunkEvents(body["id"], body["model"], chat=chat, choices=len(body["choices"]))
+    events.head["created"] = body["created"]
+    yield from events.opening()
+    yield from events.closing(body, [""] * len(body["choices"]), include_usage=include_usage)
+
+
+async def streamed_answer(
+    request: Request,
+    inference: Inference,
+    parsed: BatchRequest,
+    answer: Callable[[Completion], dict[str, Any]],
+    events: Callable[..., ChunkEvents],
+    *,
+    include_usage: bool,
+) -> Response:
+    """Start the record, and answer with its events once it has its first text or its answer.
+
+    Args:
+        request: The HTTP request (its client may leave while the record waits).
+        inference: Where the record runs.
+        parsed: The request.
+        answer: The completion's response body (`completion_body`).
+        events: The events' format, given `choices=`.
+        include_usage: Send a usage event before `[DONE]`.
+
+    Raises:
+        QueueFullError: The batcher's queue is full.
+        Exception: The record failed before its first text (its own error: a prompt that cannot run, say).
+    """
+    deltas = TextDeltas(asyncio.get_running_loop())
+    record = await inference.start(parsed, on_delta=deltas)
+    deltas.watch(record.future)
+    try:
+        present = await until_done_or_gone(request, deltas.ready())
+    except BaseException:
+        record.cancel()
+        raise
+    if not present:
+        record.cancel()
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    if record.future.done():
+        record.future.result()  # its error, as an HTTP error
+    sent = _sent_events(record, deltas, events(choices=record.choices), answer, include_usage=include_usage)
+    return StreamingResponse(sent, media_type="text/event-stream", background=BackgroundTask(record.cancel))
+
+
+async def _sent_events(
+    record: OnlineRecord,
+    deltas: TextDeltas,
+    events: ChunkEvents,
+    answer: Callable[[Completion], dict[str, Any]],
+    *,
+    include_usage: bool,
+) -> AsyncIterator[str]:
+    """The events as the text comes; the record is cancelled if its client leaves before the end."""
+    streamed = [""] * events.choices
+    try:
+        if events.chat:
+            yield "".join(events.opening())
+        while True:
+            pieces = deltas.take()
+            if pieces:
+                yield "".join(_pieces(events, pieces, streamed))
+            if record.future.done():
+                break
+            await deltas.ready()
+        pieces = deltas.take()  # what came with the answer
+        try:
+            completion = record.future.result()
+        except Exception as error:
+            yield events.error(error)
+            return
+        closing = events.closing(answer(completion), streamed, include_usage=include_usage)
+        yield "".join([*_pieces(events, pieces, streamed), *closing])
+    finally:
+        record.cancel()  # nothing happens once it has its answer
+
+
+def _pieces(events: ChunkEvents, pieces: list[tuple[int, str]], streamed: list[str]) -> Iterator[str]:
+    for index, text in pieces:
+        streamed[index] += text
+        yield events.content(index, text)
+
+
+def _rest(choice: dict[str, Any], streamed: str, chat: bool) -> str:
+    """What a choice's final text holds beyond what was streamed of it."""
+    text = choice["message"]["content"] if chat else choice["text"]
+    return text[len(streamed) :] if text.startswith(streamed) else ""
 
 
 def _event(data: dict[str, Any]) -> str:

@@ -17,16 +17,19 @@ def busy_model(batch: list[int]) -> list[int]:
 
 
 async def test_utilization_ignores_idle_time_before_the_first_submit_and_between_jobs():
+    started = time.monotonic()
     async with ours.DynamicBatcher(busy_model, max_batch_size=4) as batcher:
         await asyncio.sleep(0.3)  # a replica waiting for work: not "idle device"
         await batcher.run(range(16))
         await asyncio.sleep(0.3)
         await batcher.run(range(16))
+    wall = time.monotonic() - started
     stats = batcher.stats
     assert stats.total_batches == 8
-    assert stats.busy_time_s == pytest.approx(8 * 0.02, rel=0.5)
-    assert stats.active_time_s < 0.5
-    assert stats.utilization > 0.8
+    # Bounds that hold on a loaded machine too: a sleep never ends early, and the 0.6 s of waiting is never active.
+    assert 8 * 0.02 <= stats.busy_time_s <= stats.active_time_s <= wall - 0.6
+    # Counting the waits would put utilization near busy / wall (about 0.2 on an idle machine).
+    assert stats.utilization > 2 * stats.busy_time_s / wall
 
 
 async def test_latency_percentiles_and_batch_distributions():

@@ -174,7 +174,8 @@ def test_run_batch_starts_loading_the_model_before_the_job_and_the_job_uses_that
         original = replica.shared.preload
         replica.shared.preload = lambda key: loads.append(key) or original(key)  # type: ignore[method-assign]
         result = CliRunner().invoke(
-            run_batch, ["-i", str(requests), "-o", str(tmp_path / "out"), "--max-new-tokens", "5", *SIMULATED]
+            run_batch,
+            ["-i", str(requests), "-o", str(tmp_path / "out"), "--max-new-tokens", "5", "--no-resume", *SIMULATED],
         )
         assert result.exit_code == 0, result.output
         assert len(loads) == 1 and loads[0].max_new_tokens == 5

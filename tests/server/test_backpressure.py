@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -25,6 +26,10 @@ TIGHT = [
 ]
 
 
+QUEUE_TOLD = re.compile(r"(?P<queued>\d+) requests wait in its queue of 2, behind \d+ in the batch being assembled")
+"""What a 429 says of the queue: how many wait in it, of the --max-queue-size it holds."""
+
+
 def test_a_full_queue_answers_429_with_retry_after_and_the_rest_are_answered(start) -> None:
     server = start(*TIGHT)
     body = {"model": "simulated", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 200}
@@ -42,6 +47,9 @@ def test_a_full_queue_answers_429_with_retry_after_and_the_rest_are_answered(sta
     assert refused and answered and len(refused) + len(answered) == 16
     assert all(int(response.headers["Retry-After"]) >= 1 for response, _ in refused)
     assert all(response.json()["error"]["code"] == "rate_limit_exceeded" for response, _ in refused)
+    assert all(1 <= int(response.headers["Retry-After"]) <= 60 for response, _ in refused)
+    waiting = [QUEUE_TOLD.search(response.json()["error"]["message"]) for response, _ in refused]
+    assert all(told is not None and int(told["queued"]) <= 2 for told in waiting)  # the queue's real numbers
     assert max(seconds for _, seconds in refused) < 2  # refused at once, not after waiting for room
     metrics = server.metrics()
     rate_limited = 'batcher_http_requests_total{endpoint="/v1/chat/completions",outcome="rate_limited"}'
@@ -73,8 +81,10 @@ def test_an_api_key_when_set_is_required_on_the_api_but_not_on_health_or_metrics
 
     with pytest.raises(openai.AuthenticationError):
         server.client(api_key="wrong").models.list()
+    without_bearer = httpx.get(f"{server.url}/v1/models", headers={"Authorization": "s3cret"})
     models = server.client(api_key="s3cret").models.list()
 
     assert [model.id for model in models] == ["simulated"]
+    assert without_bearer.status_code == 401 and "Bearer" in without_bearer.json()["error"]["message"]
     assert httpx.get(f"{server.url}/health").status_code == 200
     assert httpx.get(f"{server.url}/metrics").status_code == 200

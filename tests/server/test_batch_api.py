@@ -203,7 +203,7 @@ def test_cancel_keeps_the_answered_lines_fails_the_rest_and_is_idempotent(start)
 
 
 def test_a_batch_past_its_completion_window_expires_with_what_it_answered(start) -> None:
-    server = start(*SLOW_ENGINE, "--batch-chunk-size", "1", "--batch-chunks-in-flight", "1")
+    server = start(*SLOW_ENGINE, "--batch-chunk-size", "1", "--batch-chunks-in-flight", "1", "--short-windows")
     client = server.client()
     input_id = upload(client, [chat_line(f"r{n}", f"question {n}") for n in range(20)])
 

@@ -134,7 +134,9 @@ def test_bad_requests_get_openai_error_bodies(smollm2_server: RunningServer) -> 
         client.chat.completions.create(model=model, messages=[{"role": "user", "content": "word " * 9000}])
     with pytest.raises(openai.BadRequestError) as blank:
         client.embeddings.create(model="all-MiniLM-L6-v2", input=["fine", ""], encoding_format="float")
-    not_json = httpx.post(f"{smollm2_server.url}/v1/chat/completions", content=b"{not json")
+    not_json = httpx.post(
+        f"{smollm2_server.url}/v1/chat/completions", content=b"{not json", headers={"Content-Type": "application/json"}
+    )
 
     assert (hot.value.code, hot.value.param) == ("invalid_request", "temperature")
     assert "temperature must be from 0 to 2, got 7" in hot.value.message

@@ -14,7 +14,11 @@ Deliberate simplifications, so the model stays exact and cheap:
   admitted, so nothing is ever preempted. vLLM reserves the prompt only and preempts when the
   cache fills, which packs a little tighter when the cache is the limit; with the default cache
   (over 1,700 tokens per slot) it rarely is.
-- No prefix caching, no speculative decoding, one sampled sequence per request.
+- No prefix caching, no speculative decoding, one sampled sequence per job (the engine submits a
+  job per sample).
+
+A job can leave before its end (`cancel`: its caller went away), as vLLM aborts a request: its
+slot and its cache are free from the next step.
 
 The scheduler never looks at a clock: it adds up the step times the `SimulatedGpu` gives, so the
 same requests always produce the same steps and the same virtual time. `run_all_at_once` drives
@@ -62,6 +66,7 @@ class StepResult:
         running: Sequences holding a slot during the step (decoding and prefilling).
         step_s: The step's duration on the virtual clock.
         finished: The jobs whose last token this step produced.
+        started: The jobs whose first token this step produced (their prompt was done).
     """
 
     index: int
@@ -70,6 +75,7 @@ class StepResult:
     running: int
     step_s: float
     finished: list[SequenceJob] = field(default_factory=list)
+    started: list[SequenceJob] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -187,7 +193,31 @@ class ContinuousBatchScheduler:
         step_s = self.gpu.step_time_s(decode_seqs, prefill_tokens)
         self.virtual_time_s += step_s
         self.running_seqs += running
-        return StepResult(self.steps, decode_seqs, prefill_tokens, running, step_s, finished)
+        return StepResult(self.steps, decode_seqs, prefill_tokens, running, step_s, finished, prefilled)
+
+    def cancel(self, job: SequenceJob) -> int | None:
+        """Drop a job that has not finished: its slot and its KV cache are free from the next step.
+
+        Returns:
+            The tokens it had generated, or `None` when it is not here (finished, or never submitted).
+        """
+        if job in self._waiting:
+            self._waiting.remove(job)
+            return 0
+        for entry in self._prefilling:
+            if entry[0] is job:
+                self._prefilling.remove(entry)
+                self._kv_reserved -= job.footprint
+                return 0
+        for last_step, jobs in self._finishing.items():
+            if job in jobs:
+                jobs.remove(job)
+                if not jobs:
+                    del self._finishing[last_step]
+                self._decoding -= 1
+                self._kv_reserved -= job.footprint
+                return job.output_tokens - (last_step - self.steps)
+        return None
 
     def _schedule_prompts(self, budget: int) -> tuple[int, list[SequenceJob]]:
         """Spend `budget` tokens on prompts: the part-done ones, then new admissions. Returns (tokens, prompts done)."""

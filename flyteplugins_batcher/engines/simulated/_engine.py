@@ -8,6 +8,10 @@ most of its GPU. This engine makes that visible without a GPU: it serves records
 `ContinuousBatchScheduler` for vLLM's scheduler and a thread that sleeps each step's modelled
 duration for the GPU. Its completions are filler text of honest length; its statistics
 (steps, occupancy, busy time) are what the benchmarks measure.
+
+Like vLLM's stream mode, it streams (a `Request` with `on_delta` hears each step's new text) and
+stops a record its caller cancels (`Request.cancellation`): the sequence leaves the scheduler
+before the next step, and the record is answered with `RequestCancelledError`.
 """
 
 from __future__ import annotations
@@ -18,8 +22,8 @@ from typing import Any
 
 from flyteplugins_batcher._settings import BatcherSettings
 from flyteplugins_batcher.engines._base import LoadedModel, Outcome, StreamingEngine
-from flyteplugins_batcher.engines._completion import Completion, FinishReason
-from flyteplugins_batcher.engines._engine_errors import EngineNotLoadedError
+from flyteplugins_batcher.engines._completion import Completion, FinishReason, Sample
+from flyteplugins_batcher.engines._engine_errors import EngineNotLoadedError, RequestCancelledError
 from flyteplugins_batcher.engines._prompts import PreparedPrompt, PromptRecord
 from flyteplugins_batcher.engines._stream_defaults import stream_batcher_settings
 from flyteplugins_batcher.engines.simulated._continuous_batching import (
@@ -29,8 +33,8 @@ from flyteplugins_batcher.engines.simulated._continuous_batching import (
     run_all_at_once,
 )
 from flyteplugins_batcher.engines.simulated._gpu import OutputLengths, SimulatedGpu
-from flyteplugins_batcher.engines.simulated._gpu_thread import SimulatedGpuThread
-from flyteplugins_batcher.engines.simulated._tokenizer import SimulatedTokenizer, text_of_tokens
+from flyteplugins_batcher.engines.simulated._gpu_thread import SimulatedGpuThread, TokensListener
+from flyteplugins_batcher.engines.simulated._tokenizer import CHARS_PER_TOKEN, SimulatedTokenizer, text_of_tokens
 
 
 class SimulatedEngine(StreamingEngine):
@@ -115,20 +119,48 @@ class SimulatedEngine(StreamingEngine):
         self._counters.count_step(result.running, result.step_s)
 
     async def _run(self, prompts: list[PreparedPrompt]) -> list[Outcome]:
-        """Each prompt as its own request, all at once."""
+        """Each prompt as its own requests (one per decoded sample), all submitted at once."""
         gpu_thread = self._gpu_thread
         if gpu_thread is None:
             raise EngineNotLoadedError(f"{self.name}: the engine is not loaded; call load() first")
-        futures = [gpu_thread.submit(*self._job(prompt)) for prompt in prompts]
-        if len(futures) == 1:  # stream mode's batches of one: skip gather's bookkeeping
-            return [await futures[0]]
-        return list(await asyncio.gather(*futures))
+        submitted = [(prompt, self._submit(gpu_thread, prompt)) for prompt in prompts]
+        if len(submitted) == 1:  # stream mode's batches of one: skip gather's bookkeeping
+            return [await self._outcome(*submitted[0])]
+        return list(await asyncio.gather(*(self._outcome(prompt, futures) for prompt, futures in submitted)))
 
-    def _job(self, prompt: PreparedPrompt) -> tuple[SequenceJob, Completion]:
-        """The request for a prompt, and the completion it answers with."""
+    def _submit(self, gpu_thread: SimulatedGpuThread, prompt: PreparedPrompt) -> list[asyncio.Future[Sample]]:
+        """A request per decoded sample of a prompt, each answering with its `Sample`."""
         tokens, finish_reason = self._output(prompt)
-        completion = Completion(text_of_tokens(tokens), len(prompt.token_ids), tokens, finish_reason)
-        return SequenceJob(len(prompt.token_ids), tokens), completion
+        sample = Sample(text_of_tokens(tokens), tokens, finish_reason)
+        job = SequenceJob(len(prompt.token_ids), tokens)
+        return [
+            gpu_thread.submit(
+                job, sample, on_tokens=_streamer(prompt, index, sample.text), cancellation=prompt.cancellation
+            )
+            for index in range(prompt.generation.decoded_samples)
+        ]
+
+    async def _outcome(self, prompt: PreparedPrompt, futures: list[asyncio.Future[Sample]]) -> Outcome:
+        """The prompt's completion, or `RequestCancelledError` (with the tokens made) when its caller cancelled it."""
+        answers: list[Sample | BaseException]
+        if len(futures) == 1:
+            try:
+                answers = [await futures[0]]
+            except RequestCancelledError as stopped:
+                answers = [stopped]
+        else:
+            answers = await asyncio.gather(*futures, return_exceptions=True)
+        samples = [answer for answer in answers if isinstance(answer, Sample)]
+        cancelled = [answer for answer in answers if isinstance(answer, RequestCancelledError)]
+        failure = next((a for a in answers if isinstance(a, BaseException) and a not in cancelled), None)
+        if failure is not None:
+            raise failure
+        if cancelled:
+            made = sum(sample.completion_tokens for sample in samples) + sum(c.completion_tokens for c in cancelled)
+            return RequestCancelledError(f"{self.name}: record {prompt.index} was cancelled", completion_tokens=made)
+        if len(samples) < prompt.generation.n:  # greedy: one sample decoded, repeated
+            samples *= prompt.generation.n
+        return Completion.from_samples(len(prompt.token_ids), samples)
 
     def _output(self, prompt: PreparedPrompt) -> tuple[int, FinishReason]:
         """How many tokens a prompt generates, and why it stops there."""
@@ -143,8 +175,20 @@ class SimulatedEngine(StreamingEngine):
         Records that cannot run are left out, as `generate` would fail them.
         """
         prepared, _ = self._prepare(list(records))
-        return run_all_at_once((SequenceJob(len(p.token_ids), self._output(p)[0]) for p in prepared), self.gpu)
+        samples = (p for p in prepared for _ in range(p.generation.decoded_samples))
+        return run_all_at_once((SequenceJob(len(p.token_ids), self._output(p)[0]) for p in samples), self.gpu)
 
     def batcher_defaults(self) -> BatcherSettings:
         """Stream mode's settings, from the simulated GPU's capacity (as `VLLMStreamEngine`'s)."""
         return stream_batcher_settings(self.gpu.max_num_seqs, self.gpu.kv_cache_tokens, self.gpu.max_model_len)
+
+
+def _streamer(prompt: PreparedPrompt, sample: int, text: str) -> TokensListener | None:
+    """Hands a streamed prompt's listener each step's new text of one sample (4 characters per token)."""
+    if prompt.on_delta is None:
+        return None
+
+    def on_tokens(start: int, end: int) -> None:
+        prompt.stream(sample, text[start * CHARS_PER_TOKEN : end * CHARS_PER_TOKEN])
+
+    return on_tokens

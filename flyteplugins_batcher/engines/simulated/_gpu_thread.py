@@ -9,12 +9,18 @@ CPU: many replicas' GPUs fit on a few cores.
 Step ends are deadlines on that clock, not sleeps added one after another: the thread's own work
 and the sleep's overshoot are absorbed by the next sleep, so wall time stays `virtual / time_scale`
 for as long as the thread keeps up; how far it ever fell behind is `lag_s`.
+
+A request may be streamed (after each step, its listener hears how many tokens it has, as vLLM
+hands out each step's new tokens) and cancelled (its cancellation reaches the thread with the
+arrivals, and the thread drops the sequence from the scheduler before the next step, as vLLM
+aborts a request).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import queue
 import threading
 import time
@@ -22,7 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from flyteplugins_batcher.engines._engine_errors import EngineDeadError, EngineNotLoadedError
+from flyteplugins_batcher.engines._engine_errors import EngineDeadError, EngineNotLoadedError, RequestCancelledError
+from flyteplugins_batcher.engines._live import CancellationToken
 from flyteplugins_batcher.engines.simulated._continuous_batching import (
     ContinuousBatchScheduler,
     SequenceJob,
@@ -33,6 +40,11 @@ from flyteplugins_batcher.engines.simulated._gpu import SimulatedGpu
 _STOP = object()
 _JOIN_TIMEOUT_S = 10.0
 
+TokensListener = Callable[[int, int], None]
+"""Receives `(start, end)`: a request's tokens `start` to `end` (exclusive) were made; called on the GPU thread."""
+
+logger = logging.getLogger("flyteplugins_batcher")
+
 
 @dataclass(frozen=True, eq=False)
 class _Ticket:
@@ -41,6 +53,14 @@ class _Ticket:
     outcome: Any
     future: asyncio.Future[Any]
     loop: asyncio.AbstractEventLoop
+    on_tokens: TokensListener | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class _Cancel:
+    """Its caller cancelled `job`: drop it before the next step."""
+
+    job: SequenceJob
 
 
 class SimulatedGpuThread:
@@ -74,12 +94,27 @@ class SimulatedGpuThread:
         self._arrivals: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._closed = False
         self._failure: EngineDeadError | None = None
+        self._streams: dict[SequenceJob, list[int]] = {}  # streamed jobs: [tokens told, step of the first token]
         self._submit_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run_thread, daemon=True, name=name)
         self._thread.start()
 
-    def submit(self, job: SequenceJob, outcome: Any) -> asyncio.Future[Any]:
+    def submit(
+        self,
+        job: SequenceJob,
+        outcome: Any,
+        *,
+        on_tokens: TokensListener | None = None,
+        cancellation: CancellationToken | None = None,
+    ) -> asyncio.Future[Any]:
         """Queue `job`; the returned future (on the calling loop) gets `outcome` when its last token is made.
+
+        Args:
+            job: The request.
+            outcome: Its answer.
+            on_tokens: Told after each step that made tokens for it.
+            cancellation: Once cancelled, the job leaves the scheduler before the next step and its
+                future fails with `RequestCancelledError` (carrying the tokens it got).
 
         Raises:
             ValueError: The job could never run (see `ContinuousBatchScheduler.check`).
@@ -88,13 +123,16 @@ class SimulatedGpuThread:
         """
         self._scheduler.check(job)
         loop = asyncio.get_running_loop()
-        ticket = _Ticket(outcome, loop.create_future(), loop)
+        ticket = _Ticket(outcome, loop.create_future(), loop, on_tokens)
+        queued = SequenceJob(job.prompt_tokens, job.output_tokens, ticket)
         with self._submit_lock:
             if self._failure is not None:
                 raise self._failure
             if self._closed:
                 raise EngineNotLoadedError("simulated: the engine is closed")
-            self._arrivals.put(SequenceJob(job.prompt_tokens, job.output_tokens, ticket))
+            self._arrivals.put(queued)
+        if cancellation is not None:  # after the job: the thread takes arrivals in order
+            cancellation.add_callback(lambda: self._arrivals.put(_Cancel(queued)))
         return ticket.future
 
     def close(self) -> None:
@@ -118,7 +156,7 @@ class SimulatedGpuThread:
         unfinished = [job.tag for job in self._scheduler.unfinished()]
         while not self._arrivals.empty():
             item = self._arrivals.get_nowait()
-            if item is not _STOP:
+            if isinstance(item, SequenceJob):
                 unfinished.append(item.tag)
         _deliver([(ticket, error) for ticket in unfinished])
 
@@ -141,6 +179,8 @@ class SimulatedGpuThread:
                 deadline = time.perf_counter()  # the GPU was idle: its clock restarts now
             if not self._take_arrived():
                 return
+            if scheduler.idle:  # only cancellations arrived
+                continue
             result = scheduler.step()
             deadline += result.step_s / self.time_scale
             delay = deadline - time.perf_counter()
@@ -149,6 +189,8 @@ class SimulatedGpuThread:
             else:
                 self.lag_s = max(self.lag_s, -delay)
             self._on_step(result)
+            if self._streams:
+                self._tell_streams(result)
             _deliver([(job.tag, job.tag.outcome) for job in result.finished])
             self.cpu_s = time.thread_time()
 
@@ -165,8 +207,45 @@ class SimulatedGpuThread:
     def _take(self, item: Any) -> bool:
         if item is _STOP:
             return False
+        if isinstance(item, _Cancel):
+            self._drop(item.job)
+            return True
         self._scheduler.submit(item)
+        if item.tag.on_tokens is not None:
+            self._streams[item] = [0, 0]
         return True
+
+    def _drop(self, job: SequenceJob) -> None:
+        """Take a cancelled job out of the scheduler and fail its future (nothing, if it has finished)."""
+        made = self._scheduler.cancel(job)
+        if made is None:
+            return
+        self._streams.pop(job, None)
+        stopped = RequestCancelledError("simulated: the request was cancelled", completion_tokens=made)
+        _deliver([(job.tag, stopped)])
+
+    def _tell_streams(self, result: StepResult) -> None:
+        """Tell each streamed job's listener of the tokens this step made for it."""
+        for job in result.started:
+            if job in self._streams:
+                self._streams[job][1] = result.index
+        for job, (told, first_step) in list(self._streams.items()):
+            if not first_step:
+                continue
+            made = min(result.index - first_step + 1, job.output_tokens)
+            if made > told:
+                self._tell(job, told, made)
+            if made == job.output_tokens:
+                del self._streams[job]
+
+    def _tell(self, job: SequenceJob, told: int, made: int) -> None:
+        try:
+            job.tag.on_tokens(told, made)
+        except Exception:  # a listener's bug must not stop the GPU: its request still gets its answer
+            logger.exception("simulated: a token listener raised; it is no longer told")
+            del self._streams[job]
+            return
+        self._streams[job][0] = made
 
 
 def _deliver(answers: list[tuple[_Ticket, Any]]) -> None:

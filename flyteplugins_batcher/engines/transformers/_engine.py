@@ -27,7 +27,7 @@ from flyteplugins_batcher.engines import _install
 from flyteplugins_batcher.engines._base import BatchEngine, LoadedModel, Outcome
 from flyteplugins_batcher.engines._completion import Completion, Sample, trim_at_stop
 from flyteplugins_batcher.engines._config import GenerationConfig
-from flyteplugins_batcher.engines._engine_errors import InvalidResponseFormatError
+from flyteplugins_batcher.engines._engine_errors import InvalidResponseFormatError, RequestCancelledError
 from flyteplugins_batcher.engines._model_reference import check_model_reference, hub_offline, model_display_name
 from flyteplugins_batcher.engines._model_thread import ModelThread
 from flyteplugins_batcher.engines._prompts import PreparedPrompt
@@ -59,6 +59,11 @@ class TransformersEngine(BatchEngine):
     A record's `response_format` and `n` do not split passes: each row has its own grammar
     matcher (an `xgrammar` logits processor) or none, and a record asking for `n` samples takes
     `n` rows (one when greedy: its samples are identical, so one is decoded and repeated).
+
+    A record cancelled while its pass runs (`Request.cancellation`) stops at the next decoding step
+    (a stopping criterion ends its rows; the pass ends once every row has) and is answered with
+    `RequestCancelledError`; one cancelled before its pass never runs. It answers whole records: a
+    `Request.on_delta` listener is never called (a streamed answer arrives in one piece).
 
     Args:
         model: Hub id or local directory of a causal LM, or a path to a `.gguf` file. `None` serves
@@ -213,8 +218,12 @@ class TransformersEngine(BatchEngine):
             else:
                 done.append((prompt.index, failure))
         for planned in plan_passes(runnable, self.micro_batch_size):
-            completions = self._generate_pass(planned)
-            done.extend(zip((prompt.index for prompt in planned.prompts), completions, strict=True))
+            live = [prompt for prompt in planned.prompts if not prompt.cancelled]  # an earlier pass took time
+            done.extend((prompt.index, _cancelled(prompt)) for prompt in planned.prompts if prompt.cancelled)
+            if live:
+                completions = self._generate_pass(Pass(planned.settings, tuple(live)))
+                answers = zip(live, completions, strict=True)
+                done.extend((prompt.index, _unless_cancelled(prompt, completion)) for prompt, completion in answers)
         return done
 
     def _compile_failure(self, prompt: PreparedPrompt) -> Exception | None:
@@ -242,7 +251,7 @@ class TransformersEngine(BatchEngine):
                 input_ids=input_ids,
                 attention_mask=attention_mask,
                 generation_config=self._hf_generation_config(settings, top_p_in_processor=processor is not None),
-                stopping_criteria=self._stopping_criteria(settings, prompt_width),
+                stopping_criteria=self._stopping_criteria(settings, prompt_width, rows),
                 logits_processor=[processor] if processor is not None else None,
             )
         completions = planned.completions([self._sample(settings, row) for row in output[:, prompt_width:].tolist()])
@@ -288,14 +297,20 @@ class TransformersEngine(BatchEngine):
             **sampling,
         )
 
-    def _stopping_criteria(self, generation: GenerationConfig, prompt_width: int) -> Any:
-        if not generation.stop:
+    def _stopping_criteria(
+        self, generation: GenerationConfig, prompt_width: int, rows: Sequence[PreparedPrompt]
+    ) -> Any:
+        """Stop strings, and a row whose caller cancelled its record (checked at every decoding step)."""
+        tokens = [prompt.cancellation for prompt in rows]
+        cancellable = any(token is not None for token in tokens)
+        if not generation.stop and not cancellable:
             return None
         from transformers import StoppingCriteriaList
 
-        from flyteplugins_batcher.engines.transformers._stopping import StopTextCriteria
+        from flyteplugins_batcher.engines.transformers._stopping import CancelledRowsCriteria, StopTextCriteria
 
-        return StoppingCriteriaList([StopTextCriteria(self._tokenizer, generation.stop, prompt_width)])
+        criteria = [StopTextCriteria(self._tokenizer, generation.stop, prompt_width)] if generation.stop else []
+        return StoppingCriteriaList(criteria + ([CancelledRowsCriteria(tokens)] if cancellable else []))
 
     def _sample(self, generation: GenerationConfig, row: list[int]) -> Sample:
         # Rows that finished early are filled with the pad token, which is often the EOS token too.
@@ -315,6 +330,20 @@ class TransformersEngine(BatchEngine):
         if ended_by_eos:
             return Sample(text, content_length + 1, "stop")
         return Sample(text, content_length, "length")
+
+
+def _cancelled(prompt: PreparedPrompt, completion_tokens: int = 0) -> RequestCancelledError:
+    return RequestCancelledError(
+        f"transformers: record {prompt.index} was cancelled", completion_tokens=completion_tokens
+    )
+
+
+def _unless_cancelled(prompt: PreparedPrompt, completion: Completion) -> Outcome:
+    """The completion, or, for a record cancelled while its pass ran, the error with the tokens its rows made."""
+    if not prompt.cancelled:
+        return completion
+    decoded = completion.samples[: prompt.generation.decoded_samples]  # a greedy sample is repeated, not remade
+    return _cancelled(prompt, sum(sample.completion_tokens for sample in decoded))
 
 
 def require_transformers() -> None:

@@ -1,4 +1,4 @@
-"""Stop strings for Hugging Face `generate`: halt a row once its text contains one (`trim_at_stop` trims the text)."""
+"""Stopping criteria for Hugging Face `generate`: a row hit a stop string (`trim_at_stop` trims it) or was cancelled."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 from transformers import StoppingCriteria
+
+from flyteplugins_batcher.engines._live import CancellationToken
 
 _EXTRA_WINDOW_TOKENS = 8
 """Tokens decoded beyond the longest stop string, so that a stop string split across tokens (or
@@ -45,4 +47,28 @@ class StopTextCriteria(StoppingCriteria):
         start = max(self.prompt_width, input_ids.shape[1] - self.window_tokens)
         tails = self.tokenizer.batch_decode(input_ids[:, start:], skip_special_tokens=True)
         done = [any(text in tail for text in self.stop) for tail in tails]
+        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+
+
+class CancelledRowsCriteria(StoppingCriteria):
+    """Marks a row done once its record's caller cancelled it: the row stops at the next decoding step.
+
+    A row whose record has no token never stops for this reason. The whole call ends once every
+    row is done, so a batch whose callers all left stops at once.
+
+    Args:
+        tokens: Each row's record's cancellation token, or `None`.
+
+    Example:
+        ```python
+        criteria = CancelledRowsCriteria([prompt.cancellation for prompt in rows])
+        model.generate(input_ids, stopping_criteria=StoppingCriteriaList([criteria]))
+        ```
+    """
+
+    def __init__(self, tokens: Sequence[CancellationToken | None]) -> None:
+        self.tokens = list(tokens)
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
+        done = [token is not None and token.cancelled for token in self.tokens]
         return torch.tensor(done, dtype=torch.bool, device=input_ids.device)

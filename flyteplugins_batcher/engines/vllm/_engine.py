@@ -3,7 +3,9 @@
 - `VLLMEngine` (`mode="batch"`): `generate` is a plain `def` that hands a whole batch to
   `LLM.generate`. The batcher runs it in a worker thread, so producers keep loading data while the
   device works, but the device idles through each batch's tail (the last long completions) and
-  waits for the next batch.
+  waits for the next batch. `LLM.generate` cannot stop one request of a running batch, nor hand
+  out text before the batch ends: a record cancelled while it runs is generated to its end (one
+  cancelled before never runs), and a streamed answer arrives whole.
 - `VLLMStreamEngine` (`mode="stream"`): `generate` is a coroutine that submits every record of its
   (tiny) batch as its own request to vLLM's `AsyncLLM`. With batches of one, many in flight and a
   bound on tokens in flight, each record reaches vLLM as soon as it arrives and vLLM's continuous
@@ -240,6 +242,11 @@ class VLLMEngine(VLLMSupport, BatchEngine):
     vLLM is imported on `load()`, so this module imports without it. `VLLMStreamEngine` is the
     streaming alternative; `create_engine("vllm", mode=...)` picks either.
 
+    It cannot stop a running record: `LLM.generate` runs its whole batch, so a record cancelled
+    while it runs (`Request.cancellation`) is generated to its end and its answer dropped (one
+    cancelled before its batch starts never runs). It answers whole records: a `Request.on_delta`
+    listener is never called.
+
     Args:
         model: A Hugging Face model id or local path.
         **kwargs: See `VLLMSupport`.
@@ -330,8 +337,12 @@ def config_errors(model: str) -> Iterator[None]:
 
 
 @functools.lru_cache(maxsize=256)
-def sampling_params(config: GenerationConfig, final_only: bool = False) -> Any:
-    """`SamplingParams` for a `GenerationConfig` (cached: most records share a handful of settings)."""
+def sampling_params(config: GenerationConfig, final_only: bool = False, deltas: bool = False) -> Any:
+    """`SamplingParams` for a `GenerationConfig` (cached: most records share a handful of settings).
+
+    `final_only`: only the finished output is sent; `deltas`: each output carries only the new
+    tokens and text (for streaming them); neither: vLLM's default, each output all so far.
+    """
     from vllm import SamplingParams
 
     options: dict[str, Any] = {
@@ -344,11 +355,12 @@ def sampling_params(config: GenerationConfig, final_only: bool = False) -> Any:
     }
     if config.response_format is not None:
         options["structured_outputs"] = structured_outputs(config.response_format)
-    if final_only:
+    if final_only or deltas:
         from vllm.sampling_params import RequestOutputKind
 
-        # Only the finished output is used; skipping per-token outputs saves a wake-up per token.
-        options["output_kind"] = RequestOutputKind.FINAL_ONLY
+        # Only the finished output is used, unless the text is streamed: skipping per-token outputs
+        # saves a wake-up per token.
+        options["output_kind"] = RequestOutputKind.DELTA if deltas else RequestOutputKind.FINAL_ONLY
     return SamplingParams(**options)
 
 

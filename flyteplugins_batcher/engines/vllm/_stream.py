@@ -3,6 +3,12 @@
 `AsyncLLM` runs on a private event loop (`EngineLoop`), so the engine works from any caller loop,
 survives the callers' loops coming and going, and keeps vLLM's output processing off the loop
 where producers prepare data.
+
+A record with a text listener (`Request.on_delta`) is asked of vLLM with `RequestOutputKind.DELTA`
+and its listener hears each step's new text, on the engine loop; every other record keeps
+`FINAL_ONLY` (no wake-up per token). A record whose caller cancels it (`Request.cancellation`) is
+aborted in vLLM (`AsyncLLM.abort`), which frees its sequence slot at the next step; it is answered
+with `RequestCancelledError` and the tokens it got.
 """
 
 from __future__ import annotations
@@ -13,8 +19,9 @@ from typing import Any
 
 from flyteplugins_batcher.engines._base import LoadedModel, Outcome, StreamingEngine
 from flyteplugins_batcher.engines._completion import Completion
-from flyteplugins_batcher.engines._engine_errors import EngineDeadError
+from flyteplugins_batcher.engines._engine_errors import EngineDeadError, RequestCancelledError
 from flyteplugins_batcher.engines._prompts import PreparedPrompt
+from flyteplugins_batcher.engines.vllm._deltas import StreamedSamples, abort_when_cancelled
 from flyteplugins_batcher.engines.vllm._engine import (
     ENGINE_EXIT_GRACE_S,
     VLLMMode,
@@ -35,6 +42,10 @@ class VLLMStreamEngine(VLLMSupport, StreamingEngine):
     Pair it with `batcher()`'s defaults: batches of one record, dispatched at once, many in flight,
     tokens in flight bounded by the KV cache. vLLM then schedules every record the moment it
     arrives, and refills a sequence slot the moment one finishes.
+
+    A `Request` with `on_delta` hears each step's new text as vLLM makes it; one whose
+    `cancellation` is cancelled while it runs is aborted in vLLM and answered with
+    `RequestCancelledError` (the tokens it got counted).
 
     Args:
         model: A Hugging Face model id or local path.
@@ -107,20 +118,30 @@ class VLLMStreamEngine(VLLMSupport, StreamingEngine):
         return list(outcomes)  # type: ignore[arg-type]
 
     async def _request(self, llm: Any, prompt: PreparedPrompt) -> Outcome:
-        """One record's request, on the engine loop."""
+        """One record's request, on the engine loop: its text streamed if it has a listener, aborted if cancelled."""
         from vllm.v1.engine.exceptions import EngineDeadError as VLLMEngineDeadError
 
         request_id = f"flyteplugins-batcher-{next(self._request_ids)}"
-        params = sampling_params(prompt.generation, final_only=True)
-        final = None
+        if prompt.cancelled:  # its caller left while it was on its way here
+            return RequestCancelledError(f"{self.name}: request {request_id} was cancelled")
+        streamed = prompt.on_delta is not None
+        params = sampling_params(prompt.generation, final_only=not streamed, deltas=streamed)
+        samples = StreamedSamples(prompt, request_id)
+        assert self._engine_loop is not None
+        ended = abort_when_cancelled(self._engine_loop, llm, prompt, request_id)
         try:
             async for output in llm.generate({"prompt_token_ids": prompt.token_ids}, params, request_id):
-                final = output
+                samples.add(output)
         except VLLMEngineDeadError as error:
             raise self._dead_error() from error
-        if final is None or not final.finished:
+        finally:
+            ended.set()
+        if samples.aborted and prompt.cancelled:
+            message = f"{self.name}: request {request_id} was cancelled"
+            return RequestCancelledError(message, completion_tokens=samples.tokens)
+        if not samples.finished:
             return RuntimeError(f"{self.name}: request {request_id} ended without a final output")
-        return completion(final, len(prompt.token_ids), prompt.generation.n)
+        return completion(samples.final(), len(prompt.token_ids), prompt.generation.n)
 
 
 async def _start_async_llm(model: str, engine_args: dict[str, Any], stat_loggers: list[Any]) -> Any:
