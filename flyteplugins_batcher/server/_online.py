@@ -15,6 +15,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.requests import ClientDisconnect
 
 from flyteplugins_batcher import QueueFullError
 from flyteplugins_batcher.batch_api import (
@@ -161,10 +162,13 @@ async def json_body(request: Request) -> dict[str, Any]:
     Its size is bounded before it is read (`_limits.BodyLimit`), its type by `_guards.AccessGuard`.
 
     Raises:
-        APIError: 400 naming why the body is not a JSON object the server takes.
+        APIError: 400 naming why the body is not a JSON object the server takes; 499 when the client
+            left before sending all of it (nobody is there to read the answer; nothing is logged as a failure).
     """
     try:
         body = loads_bounded(await request.body())
+    except ClientDisconnect:
+        raise APIError(499, "The client closed the request before sending its body.", code="client_closed") from None
     except JSONBoundsError as error:
         message = f"We could not parse the JSON body of your request: {error}."
         raise APIError(400, message, code="invalid_json") from None
