@@ -15,14 +15,12 @@ import logging
 import secrets
 from typing import Any
 
-from flyteplugins_batcher import size_in_flight
-from flyteplugins_batcher.batch_api import ENDPOINTS
 from flyteplugins_batcher.jobs._driver import UnrecoverableRunError
-from flyteplugins_batcher.jobs._request_lines import LineRules
 from flyteplugins_batcher.server._batch_jobs import ACTIVE, TRANSITIONS, moved, validation_errors
-from flyteplugins_batcher.server._batch_lines import BatchLines, scan_input, seconds_left, unanswered_records
+from flyteplugins_batcher.server._batch_lines import scan_input, seconds_left, unanswered_records
 from flyteplugins_batcher.server._errors import APIError
 from flyteplugins_batcher.server._files import FileStore, shown
+from flyteplugins_batcher.server._in_process import InProcessExecutor
 from flyteplugins_batcher.server._inference import Inference
 from flyteplugins_batcher.server._settings import ServerSettings
 from flyteplugins_batcher.server._store import Store
@@ -53,6 +51,7 @@ class BatchRunner:
         self.files = files
         self.inference = inference
         self.settings = settings
+        self.executor = InProcessExecutor(store, files, inference, settings)
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._cancelled: dict[str, asyncio.Event] = {}  # set once a batch is cancelled: its lines in flight stop
 
@@ -151,20 +150,8 @@ class BatchRunner:
         return batch
 
     async def _answer(self, batch: dict[str, Any]) -> dict[str, Any]:
-        cancelled = self._cancel_event(batch["id"])
-        lines = BatchLines(
-            batch,
-            self.files.content(batch["input_file_id"], param="input_file_id"),
-            self._rules(batch["endpoint"]),
-            store=self.store,
-            inference=self.inference,
-            chunk_size=self.settings.batch_chunk_size,
-            chunks_in_flight=self._chunks_in_flight(),
-            should_stop=lambda: cancelled.is_set() or seconds_left(batch) <= 0,
-            cancelled=cancelled,
-        )
         try:
-            await lines.answer()
+            await self.executor.answer(batch, cancelled=self._cancel_event(batch["id"]))
         except UnrecoverableRunError:
             incident = secrets.token_hex(6)
             logger.exception("batch %s: the engine cannot run it (error id %s)", batch["id"], incident)
@@ -232,25 +219,6 @@ class BatchRunner:
 
     def _cancel_event(self, batch_id: str) -> asyncio.Event:
         return self._cancelled.setdefault(batch_id, asyncio.Event())
-
-    def _rules(self, endpoint: str) -> LineRules:
-        inference = self.inference
-        engine = inference.engine
-        return LineRules(
-            served_model=inference.served_model,
-            served_embedding_model=inference.embedding_model or "",
-            model_mismatch="error",
-            defaults=self.settings.engine.generation(),
-            endpoints=(endpoint,) if endpoint in ENDPOINTS else (),
-            context_length=engine.context_length if engine is not None else 0,  # a max_tokens past it fails at parse
-        )
-
-    def _chunks_in_flight(self) -> int:
-        if self.settings.batch_chunks_in_flight:
-            return self.settings.batch_chunks_in_flight
-        engine = self.inference.engine
-        capacity = engine.stats.max_num_seqs if engine is not None else 0
-        return size_in_flight(capacity or 16, chunk_size=self.settings.batch_chunk_size).concurrency
 
 
 def _all_answered(batch: dict[str, Any]) -> bool:
