@@ -27,6 +27,7 @@ from flyteplugins_batcher.jobs._driver import RunOptions, fan_out, finish_run
 from flyteplugins_batcher.jobs._embed_replica import EmbeddingChunk, embed_env, embed_requests
 from flyteplugins_batcher.jobs._embeddings import model_name as embedding_model_name
 from flyteplugins_batcher.jobs._environments import driver_environment
+from flyteplugins_batcher.jobs._journal import JournalWriter
 from flyteplugins_batcher.jobs._jsonl_job import Job
 from flyteplugins_batcher.jobs._llm_replica import LLM_POOL, LLM_SIZING, gpu_env, infer_chunk
 from flyteplugins_batcher.jobs._options import task_with_options
@@ -46,6 +47,7 @@ async def main(
     model_mismatch: str = "error",
     served_model_name: str = "",
     embedding_chunk_size: int = 128,
+    journal: str = "",
     run: RunOptions = RunOptions(chunk_size=LLM_SIZING.chunk_size),
     settings: EngineSettings = EngineSettings(),
 ) -> RunSummary:
@@ -60,6 +62,8 @@ async def main(
         served_model_name: The model's name in result lines, also accepted in requests (vLLM's
             --served-model-name); empty: the model's own name (a path's last part, or the hub id).
         embedding_chunk_size: Texts per chunk of embedding requests (a request's texts stay together).
+        journal: Also write every finished line, as the run goes, to this folder or object-store prefix
+            (numbered segments, for a follower such as the Batch API server); empty: no journal.
         run: How the job is chunked, resumed and written.
         settings: The engine, generation and batcher settings (a request's own settings win).
     """
@@ -76,6 +80,7 @@ async def main(
         served_embedding_model=embedding_model_name(),
         model_mismatch=model_mismatch,  # type: ignore[arg-type]
         defaults=settings.generation(),
+        journal=JournalWriter(journal) if journal else None,
     )
 
     def infer(chunk: JobChunk, cache_salt: str) -> Awaitable[JobOutcome]:
@@ -93,6 +98,7 @@ async def main(
         )
     finally:
         job.close()
+        await job.close_journal()
         if fanned is None or not job.counts.done:
             work.discard()  # the run failed as a whole (its error says why), or had nothing to do
     if not job.counts.done:

@@ -19,10 +19,12 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 from flyteplugins_batcher.batch_api import ModelMismatch, ParsedRequest, RequestLineError, SeenIds, error_line
 from flyteplugins_batcher.engines import GenerationConfig
 from flyteplugins_batcher.jobs._driver import Counts, JsonLines
+from flyteplugins_batcher.jobs._journal import JournalEntry, JournalWriter
 from flyteplugins_batcher.jobs._report import Progress
 from flyteplugins_batcher.jobs._request_lines import (
     ChunkCutter,
@@ -45,6 +47,8 @@ class Job:
         model_mismatch: What to do with a line naming another model ("error" or "ignore").
         defaults: The run's generation settings (a request's own win).
         model_aliases: Other names a line may give the LLM (the model reference as the user gave it).
+        journal: Also write every finished line, with its line number, to this run journal (for a follower
+            such as the Batch API server; `flyteplugins_batcher/jobs/_journal.py`).
 
     Example:
         ```python
@@ -64,6 +68,7 @@ class Job:
         model_mismatch: ModelMismatch,
         defaults: GenerationConfig,
         model_aliases: tuple[str, ...] = (),
+        journal: JournalWriter | None = None,
     ) -> None:
         self.input_path = input_path
         self.rules = LineRules(
@@ -75,6 +80,7 @@ class Job:
         self.progress = Progress(f"Batch job {input_path.name}", total=0, total_known=False)
         self.started = time.time()
         """When the job started (epoch seconds): a chunk that finished before was reused from an earlier run."""
+        self.journal = journal
         self._seen = SeenIds(folder)
         self._in_flight: dict[str, ParsedRequest] = {}  # requests of the chunks outstanding, by custom_id
 
@@ -118,13 +124,27 @@ class Job:
                 self._fail(answer.failure, retried=retried)
                 continue
             self.results.write(answer.output)
+            self._journal(answer.request.line, True, answer.output, answer.prompt_tokens, answer.completion_tokens)
             fresh = outcome is None or outcome.computed_since(position, self.started)
             self.counts.count(failed=False, completion_tokens=answer.completion_tokens, fresh=fresh, retried=retried)
         await self.progress.update(self.counts.done, self.counts.failed)
+        if self.journal is not None:
+            await self.journal.flush()
 
     def _fail(self, error: RequestLineError, *, retried: bool = False) -> None:
-        self.errors.write(error_line(error, request_number=error.line))
+        output = error_line(error, request_number=error.line)
+        self.errors.write(output)
+        self._journal(error.line, False, output)
         self.counts.count(failed=True, completion_tokens=0, retried=retried)
+
+    def _journal(self, line: int, ok: bool, output: dict[str, Any], prompt_tokens: int = 0, tokens: int = 0) -> None:
+        if self.journal is not None:
+            self.journal.add(JournalEntry(line, ok, output, prompt_tokens, tokens))
+
+    async def close_journal(self) -> None:
+        """Write the journal's last segment (what finished since the one before)."""
+        if self.journal is not None:
+            await self.journal.close()
 
     def close(self) -> None:
         self.results.close()
