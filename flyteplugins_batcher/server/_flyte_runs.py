@@ -1,0 +1,209 @@
+"""Flyte runs of the JSONL job, started and followed by the server: in this process (local) or on a cluster (remote).
+
+Both launchers give the executor (`flyteplugins_batcher/server/_flyte_executor.py`) the same three
+things: start a run of the JSONL job task under a name, find a run again by its name, and, for a
+run, its phase (flyte's `ActionPhase` values: `queued` ... `running`, then `succeeded`, `failed`,
+`aborted`, `timed_out`), its address and a way to abort it. A run also needs places that the run
+and the server can both reach: its input file, its journal and its output folder.
+
+- `LocalRuns`: flyte's local runner, in this process (`flyte.with_runcontext(mode="local")`), as
+  `flyte run --local` runs the job. Its chunks run on this process's replica, the server's own
+  engine. A local run lives as long as the server: after a restart it is started again, and its
+  finished chunks come from flyte's local cache.
+- `RemoteRuns`: runs on the cluster the app is deployed to (`mode="remote"`), of the job task
+  deployed with the app (`BatcherAppEnvironment` depends on the job's environments). Its files go
+  under an object-store prefix (`ServerSettings.runs_uri`). A restarted server re-attaches to its
+  runs by name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import flyte
+from flyte.io import File
+
+logger = logging.getLogger("flyteplugins_batcher.server")
+
+TERMINAL_PHASES = frozenset({"succeeded", "failed", "aborted", "timed_out", "recovered"})
+"""The phases of a run that has ended."""
+
+JOB_TASK_NAME = "batch_jsonl_driver.main"
+"""The JSONL job's task as deployed (`flyteplugins_batcher.jobs.run_batch_file`)."""
+
+
+class RunHandle(Protocol):
+    """A run of the JSONL job, as the executor follows it."""
+
+    name: str
+    url: str
+
+    async def phase(self) -> str:
+        """The run's phase now (`running`, `succeeded`, ...)."""
+        ...
+
+    async def abort(self) -> None:
+        """Stop the run; lines it finished stay in its journal."""
+        ...
+
+    def failure(self) -> str:
+        """Why a failed run failed, in a line (empty when it did not fail, or nothing is known)."""
+        ...
+
+
+class RunLauncher(Protocol):
+    """Starts runs of the JSONL job and finds them again."""
+
+    async def start(self, name: str, inputs: dict[str, Any]) -> RunHandle:
+        """Start a run of the job under `name` with `inputs` (the job's keyword arguments)."""
+        ...
+
+    async def attach(self, name: str) -> RunHandle | None:
+        """The run called `name`, when it can still be followed (`None`: start it again)."""
+        ...
+
+    async def input_file(self, path: Path, batch_id: str) -> File:
+        """The batch's input file where the run can read it."""
+        ...
+
+    def folder(self, batch_id: str, run_name: str) -> str:
+        """Where a run of a batch keeps its journal (`/journal`) and outputs (`/out`): a folder or a URI prefix."""
+        ...
+
+
+@dataclass
+class LocalRun:
+    """A run of flyte's local runner, as an asyncio task of this process."""
+
+    name: str
+    url: str
+    task: asyncio.Task[Any]
+
+    async def phase(self) -> str:
+        if not self.task.done():
+            return "running"
+        if self.task.cancelled():
+            return "aborted"
+        return "failed" if self.task.exception() is not None else "succeeded"
+
+    async def abort(self) -> None:
+        self.task.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
+
+    def failure(self) -> str:
+        if not self.task.done() or self.task.cancelled() or self.task.exception() is None:
+            return ""
+        return _first_line(self.task.exception())
+
+
+class LocalRuns:
+    """Runs in this process, with flyte's local runner; their files under `folder`.
+
+    Args:
+        folder: Where runs keep their journals, outputs and flyte's local metadata.
+
+    Example:
+        ```python
+        runs = LocalRuns(data_dir / "runs")
+        run = await runs.start("batch-abc-1", inputs)
+        ```
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.root = folder
+        self._runs: dict[str, LocalRun] = {}
+
+    async def start(self, name: str, inputs: dict[str, Any]) -> RunHandle:
+        from flyteplugins_batcher.jobs._batch_jsonl import main as job
+
+        flyte.init()  # local: no cluster, no config file
+        metadata = self.root / ".flyte"
+        context = flyte.with_runcontext(mode="local", name=name, run_base_dir=str(metadata))
+        task = asyncio.create_task(context.run.aio(job, **inputs), name=f"run-{name}")
+        run = LocalRun(name, str(metadata / name), task)
+        self._runs[name] = run
+        task.add_done_callback(lambda _: logger.info("run %s ended: %s", name, run.failure() or "done"))
+        return run
+
+    async def attach(self, name: str) -> RunHandle | None:
+        return self._runs.get(name)
+
+    async def input_file(self, path: Path, batch_id: str) -> File:
+        return File(path=str(path.resolve()))
+
+    def folder(self, batch_id: str, run_name: str) -> str:
+        return str((self.root / batch_id / run_name).resolve())
+
+
+@dataclass
+class RemoteRun:
+    """A run on the cluster, looked up again at each question (its phase changes there)."""
+
+    name: str
+    url: str
+    _last_error: str = ""
+
+    async def phase(self) -> str:
+        from flyte.remote import Run
+
+        run = await Run.get.aio(self.name)
+        phase = str(getattr(run.phase, "value", run.phase)).lower()
+        if phase == "failed":
+            failure = await run.first_failure.aio()
+            self._last_error = _first_line(getattr(failure, "error_message", "") or "") if failure else ""
+        return phase
+
+    async def abort(self) -> None:
+        from flyte.remote import Run
+
+        run = await Run.get.aio(self.name)
+        await run.abort.aio(reason="The batch was cancelled or its completion window closed.")
+
+    def failure(self) -> str:
+        return self._last_error
+
+
+class RemoteRuns:
+    """Runs on the cluster the app is deployed to; their files under the object-store prefix `storage_uri`.
+
+    Args:
+        storage_uri: A prefix both the app and the runs can reach (`s3://bucket/batcher`).
+        task_name: The JSONL job's task as deployed.
+    """
+
+    def __init__(self, storage_uri: str, task_name: str = JOB_TASK_NAME) -> None:
+        self.storage_uri = storage_uri.rstrip("/")
+        self.task_name = task_name
+
+    async def start(self, name: str, inputs: dict[str, Any]) -> RunHandle:
+        from flyte.remote import Task
+
+        task = Task.get(self.task_name, auto_version="latest")
+        run = await flyte.with_runcontext(mode="remote", name=name).run.aio(task, **inputs)
+        return RemoteRun(run.name, run.url)
+
+    async def attach(self, name: str) -> RunHandle | None:
+        from flyte.remote import Run
+
+        try:
+            run = await Run.get.aio(name)
+        except Exception:  # not found (never started, or purged): the executor starts it again
+            logger.info("run %s cannot be found; starting it again", name)
+            return None
+        return RemoteRun(run.name, run.url)
+
+    async def input_file(self, path: Path, batch_id: str) -> File:
+        return await File.from_local(str(path), f"{self.storage_uri}/{batch_id}/input.jsonl")
+
+    def folder(self, batch_id: str, run_name: str) -> str:
+        return f"{self.storage_uri}/{batch_id}/{run_name}"
+
+
+def _first_line(error: object) -> str:
+    """An error's first line, shortened: enough to say why, never a traceback."""
+    lines = str(error).strip().splitlines()
+    return lines[0][:300] if lines else type(error).__name__
