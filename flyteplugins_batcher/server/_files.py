@@ -2,7 +2,8 @@
 
 A file's bytes are written to a temporary name, flushed to disk and renamed into place, and only
 then is its row committed: a crash mid-upload leaves no file that claims to be whole. At start,
-leftovers of such a crash (temporary files, files without a row) are removed.
+leftovers of such a crash (temporary files, files without a row) are removed: all of them when the
+server is alone, those untouched for minutes when other servers share the folder.
 
 An upload reaches `save_upload` already bounded: `_limits.BodyLimit` stops reading the request at
 `max_upload_mb` (so the multipart parser's spool file holds no more), and the copy counts again.
@@ -135,10 +136,17 @@ class FileStore:
         self.store.delete_file(file_id)
         self.path(file_id).unlink(missing_ok=True)
 
-    def remove_leftovers(self) -> int:
-        """Remove temporary files and files without a row (a crash mid-write); returns how many."""
+    def remove_leftovers(self, *, older_than_s: float = 0.0) -> int:
+        """Remove temporary files and files without a row (a crash mid-write); returns how many.
+
+        Args:
+            older_than_s: Only those last written longer ago than this. 0 for a folder this server
+                alone writes; minutes for one that other live servers share, whose uploads and output
+                files in the making look just like a crash's leftovers.
+        """
         known = self.store.file_ids()
-        leftovers = [path for path in self.folder.iterdir() if path.name not in known]
+        cutoff = time.time() - older_than_s
+        leftovers = [path for path in self.folder.iterdir() if path.name not in known and _written(path) <= cutoff]
         for path in leftovers:
             path.unlink(missing_ok=True)
         return len(leftovers)
@@ -191,6 +199,14 @@ def check_jsonl(path: Path, *, on_failure: Any) -> None:
         code="invalid_file_format",
         param="file",
     )
+
+
+def _written(path: Path) -> float:
+    """When a file was last written; a file gone meanwhile (another server removed it) is never a leftover."""
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:
+        return float("inf")
 
 
 def _sync_folder(folder: Path) -> None:

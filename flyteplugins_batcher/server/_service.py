@@ -1,12 +1,18 @@
 """The server's parts, built from its settings and started and stopped together: one per app.
 
 Starting loads the models (so `/health` says ready only once requests can be answered), removes
-what a crash left half-written, and resumes every unfinished batch; stopping stops the batches'
-tasks (their state stays in the store) and closes the models.
+what a crash left half-written, resumes every unfinished batch it can claim, and starts keeping
+its leases (`LeaseKeeper`); stopping stops the batches' tasks (their state stays in the store),
+gives their leases up for another replica to take at once, and closes the models.
+
+The jobs' database is SQLite in the data folder, this server's alone (at start it takes every
+unfinished batch), or PostgreSQL at `database_url`, shared by replicas (each takes only the
+batches nobody holds), which share the data folder's `files/` too.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Annotated
@@ -20,11 +26,16 @@ from flyteplugins_batcher.server._batch_jobs import ACTIVE
 from flyteplugins_batcher.server._batch_runner import BatchRunner
 from flyteplugins_batcher.server._files import FileStore
 from flyteplugins_batcher.server._inference import Inference
+from flyteplugins_batcher.server._leases import LeaseKeeper
 from flyteplugins_batcher.server._metrics import ServerMetrics
 from flyteplugins_batcher.server._settings import ServerSettings
-from flyteplugins_batcher.server._store import Store
+from flyteplugins_batcher.server._store import Store, shown_url
 
 logger = logging.getLogger("flyteplugins_batcher.server")
+
+SHARED_LEFTOVERS_AGE_S = 15 * 60.0
+"""With a shared database, files without a row are removed at start only once untouched this long:
+until then they may be another live replica's upload or output file in the making."""
 
 
 class Service:
@@ -44,7 +55,10 @@ class Service:
 
     def __init__(self, settings: ServerSettings) -> None:
         self.settings = settings
-        self.store = Store(settings.data_dir / "server.db")
+        if not settings.lease_s > 0:
+            raise ValueError(f"lease_s must be > 0, got {settings.lease_s}")
+        self.shared = bool(settings.database_url)
+        self.store = Store(settings.database_url or settings.data_dir / "server.db", lease_s=settings.lease_s)
         self.files = FileStore(settings.data_dir / "files", self.store, max_bytes=settings.max_upload_bytes)
         self.metrics = ServerMetrics(
             batchers={"llm": lambda: self.inference.llm_stats, "embeddings": lambda: self.inference.embedding_stats},
@@ -58,16 +72,19 @@ class Service:
             embedding_observers=[self.metrics.observer("embeddings")],
         )
         self.runner = BatchRunner(self.store, self.files, self.inference, settings)
+        self.leases = LeaseKeeper(self.store, self.runner, interval_s=settings.lease_s / 3)
         self.ready = False
         self.started_at = int(time.time())
 
     async def start(self) -> None:
-        """Load the models, clean up after a crash, resume the unfinished batches."""
-        removed = self.files.remove_leftovers()
+        """Load the models, clean up after a crash, resume the unfinished batches it can claim, keep their leases."""
+        logger.info("server %s: jobs in %s", self.store.owner, shown_url(self.store.url))
+        removed = self.files.remove_leftovers(older_than_s=SHARED_LEFTOVERS_AGE_S if self.shared else 0.0)
         if removed:
             logger.info("removed %d half-written files left by a crash", removed)
         await self.inference.load()
-        resumed = self.runner.resume()
+        resumed = self.runner.resume(take_over=not self.shared)
+        self.leases.start()
         self.ready = True
         logger.info(
             "serving %s%s on %s:%d (%d batches resumed)",
@@ -79,9 +96,17 @@ class Service:
         )
 
     async def stop(self) -> None:
-        """Stop the batches' tasks (they resume at the next start) and close the models and the store."""
+        """Stop the batches' tasks and give up their leases (they resume at once elsewhere, or at the next start)."""
         self.ready = False
+        await self.leases.stop()
         await self.runner.aclose()
+        try:
+            released = await asyncio.to_thread(self.store.release)
+        except Exception:  # the database away: the leases lapse instead
+            logger.exception("could not give up this server's batch leases; they lapse in %s s", self.settings.lease_s)
+        else:
+            if released:
+                logger.info("gave up %d unfinished batches for another server (or the next start) to resume", released)
         await self.inference.aclose()
         self.store.close()
 

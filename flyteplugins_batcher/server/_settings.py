@@ -52,6 +52,22 @@ class ServerSettings:
             (`https://app.example.com`); none by default, and a request from another origin is refused.
         short_windows: Also take completion windows in minutes and seconds (`90m`, `5s`), for tests and
             demos of a batch that expires. Off, a window is OpenAI's form, `<n>h`, from 1h to 168h.
+        database_url: The jobs' database. Empty (the default): SQLite in `data_dir` (`server.db`), for
+            this server alone. `postgresql://user:password@host:5432/db` (psycopg; `postgresql+psycopg://`
+            too): PostgreSQL, which several replicas share, each running the batches it holds a lease
+            on and taking over those of a replica that stops renewing; give them one shared `data_dir`
+            too, for the files. Its password never appears in logs or responses.
+        lease_s: How long a server's claim on a batch lasts without renewal (it renews every third of
+            it): a replica that dies has its batches taken over by another this long after.
+        batch_executor: What runs a batch's lines. `in-process` (the default): this server's own
+            engine, a chunk at a time. `flyte`: each batch is a Flyte run of the JSONL job
+            (`run_batch_file`, as `run-batch` runs it), whose chunks fan out to the reusable LLM and
+            embedding replicas; the batch follows the run (status, counts, cancel, expiry), and its
+            object names the run (`flyte_run`).
+        runs_uri: Where the `flyte` executor's runs keep their input, journal and outputs, a place the
+            server and the runs both reach. Empty (the default): `data_dir/runs`, with runs on flyte's
+            local runner in this process. An object-store prefix (`s3://bucket/batcher`, `gs://...`):
+            runs on the cluster the app is deployed to, of the job task deployed with it.
 
     Example:
         ```python
@@ -72,6 +88,10 @@ class ServerSettings:
     allowed_hosts: str = ""
     cors_origins: str = ""
     short_windows: bool = False
+    database_url: str = field(default="", repr=False)  # a URL may hold a password: not in the settings' repr
+    lease_s: float = 15.0
+    batch_executor: str = "in-process"
+    runs_uri: str = ""
 
     @property
     def max_upload_bytes(self) -> int:

@@ -2,7 +2,8 @@
 
 The clients are the official `openai` package with `_strict_response_validation=True`, so every
 response must match OpenAI's own types. Servers are started with `python -m flyteplugins_batcher serve`,
-through flyte's local serving, and stopped (or killed) as a process group.
+through flyte's local serving, and stopped (or killed) as a process group. Servers that share one
+database get it from `postgres_url`: a new database on a throwaway PostgreSQL (`_postgres.py`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 
 from benchmarks.server_process import ServerProcess, our_server
+from tests.server._postgres import PostgresServer, postgres_bin, start_postgres
 
 openai = pytest.importorskip("openai", reason="needs the test extra")
 
@@ -87,3 +89,20 @@ def jsonl(lines: list[Any]) -> bytes:
 def chat_line(custom_id: str, text: str, **body: Any) -> dict[str, Any]:
     body = {"messages": [{"role": "user", "content": text}], **body}
     return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body}
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """A throwaway PostgreSQL server on 127.0.0.1 for the session; skipped only where PostgreSQL is not installed."""
+    folder = postgres_bin()
+    if folder is None:
+        pytest.skip("PostgreSQL is not installed (`make test` installs Debian's postgresql package)")
+    server = start_postgres(folder)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def postgres_url(postgres: PostgresServer) -> str:
+    """The URL of a new, empty database on the session's PostgreSQL server (`postgresql://...`)."""
+    return postgres.new_database()

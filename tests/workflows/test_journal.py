@@ -94,7 +94,9 @@ def test_the_jsonl_job_journals_every_line_it_writes_with_its_line_number(run_lo
     assert sorted(item.line for item in entries) == list(range(1, 21))  # each line once
     by_line = {item.line: item for item in entries}
     assert not by_line[5].ok and by_line[5].output["error"]["code"] == "invalid_json"
-    results = {json.loads(text)["custom_id"]: json.loads(text) for text in open(summary.results.path)}
+    results = {
+        json.loads(text)["custom_id"]: json.loads(text) for text in Path(summary.results.path).read_text().splitlines()
+    }
     assert len(results) == 19 == sum(item.ok for item in entries)
     for item in entries:
         if item.ok:  # the journal's line is the result line, and its number is the request's

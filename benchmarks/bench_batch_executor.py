@@ -1,0 +1,205 @@
+"""The Batch API's two executors beside `run-batch` on one large file, and online latency while a batch runs.
+
+On the simulated GPU engine (vLLM's continuous batching with an H100's step times for an 8B
+model, sleeping instead of computing), one file of gsm8k chat lines is answered three ways:
+
+- **run-batch**: `python -m flyteplugins_batcher run-batch -i FILE -o DIR` (the JSONL job through
+  flyte's local runner), timed from the command's start to its exit, start-up included;
+- **server, flyte executor**: `serve --batch-executor flyte`: the batch is a run of the same job
+  (here on flyte's local runner in the server's process), timed from `POST /v1/batches` to the
+  batch's `completed`, as its client polls it (every 0.2 s);
+- **server, in-process executor**: `serve` (the default), timed the same way.
+
+Goal: the flyte executor takes at most 1.1x run-batch's time.
+
+Then online latency: 4 closed-loop clients send chat requests to the flyte-executor server, first
+idle, then while a batch of the same file runs, and the same to the in-process server. Reported:
+p50 and p99 latency and the busy/idle p99 ratio. Goal: the flyte executor's busy p99 within 2x of
+its idle p99. Locally the run's chunks share the server's engine (one process, one engine); online
+requests go ahead of batch lines in its batcher (`ONLINE_PRIORITY`). Deployed, the run's chunks go
+to the GPU replicas instead, and the app's engine serves online requests alone.
+
+    python benchmarks/bench_batch_executor.py [--lines 2000] [--time-scale 1] [--max-num-seqs 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks._charts import add_chart_flag, write_chart_data
+from benchmarks._tables import markdown_table
+from benchmarks.bench_serve import DEFAULT_DATA, Drive, drive, percentile, questions
+from benchmarks.server_process import ServerProcess, our_server
+
+
+@dataclass(frozen=True)
+class Timed:
+    """One way's time for the whole file, and what it answered."""
+
+    way: str
+    seconds: float
+    answered: int
+    failed: int
+
+
+def engine_flags(args: argparse.Namespace) -> list[str]:
+    options = {"time_scale": args.time_scale, "gpu": {"max_num_seqs": args.max_num_seqs}}
+    return ["--engine", "simulated", "--engine-args", json.dumps(options), "--max-new-tokens", str(args.max_tokens)]
+
+
+def write_file(path: Path, prompts: list[str], salt: str) -> Path:
+    """A batch file of chat lines; `salt` makes its prompts new to flyte's cache (no chunk is reused)."""
+    with path.open("w") as out:
+        for number, prompt in enumerate(prompts):
+            body = {"model": "simulated", "messages": [{"role": "user", "content": f"{prompt} ({salt})"}]}
+            line = {"custom_id": f"q{number}", "method": "POST", "url": "/v1/chat/completions", "body": body}
+            out.write(json.dumps(line) + "\n")
+    return path
+
+
+def run_batch(args: argparse.Namespace, file: Path, folder: Path) -> Timed:
+    """`run-batch` on the file, start-up included, as a user runs it."""
+    command = [sys.executable, "-m", "flyteplugins_batcher", "run-batch", "-i", str(file), "-o", str(folder / "out")]
+    started = time.perf_counter()
+    subprocess.run([*command, *engine_flags(args), "--model-mismatch", "ignore"], check=True, capture_output=True)
+    seconds = time.perf_counter() - started
+    results = (folder / "out" / "results.jsonl").read_text().splitlines()
+    errors = (folder / "out" / "errors.jsonl").read_text().splitlines()
+    return Timed("run-batch (command, start-up included)", seconds, len(results), len(errors))
+
+
+def server_batch(server: ServerProcess, way: str, file: Path) -> Timed:
+    """A batch of the file on a running server, from its creation to its end, as its client polls it."""
+    with httpx.Client(base_url=f"{server.url}/v1", timeout=60) as http:
+        uploaded = http.post("/files", files={"file": (file.name, file.read_bytes())}, data={"purpose": "batch"})
+        body = {"input_file_id": uploaded.json()["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"}
+        started = time.perf_counter()
+        batch = http.post("/batches", json=body).json()
+        while batch["status"] not in ("completed", "failed", "expired", "cancelled"):
+            time.sleep(0.2)
+            batch = http.get(f"/batches/{batch['id']}").json()
+        seconds = time.perf_counter() - started
+    if batch["status"] != "completed":
+        raise SystemExit(f"{way}: the batch ended {batch['status']}: {batch.get('errors')}")
+    counts = batch["request_counts"]
+    return Timed(way, seconds, counts["completed"], counts["failed"])
+
+
+def online(server: ServerProcess, prompts: list[str], args: argparse.Namespace) -> Drive:
+    return asyncio.run(drive(server.url, prompts, args.online_clients, 600, max_tokens=args.online_max_tokens))
+
+
+def online_beside_batch(server: ServerProcess, prompts: list[str], file: Path, args: argparse.Namespace) -> Drive:
+    """Online load while a batch of the file runs (started first, and running when the load starts)."""
+    with httpx.Client(base_url=f"{server.url}/v1", timeout=60) as http:
+        uploaded = http.post("/files", files={"file": (file.name, file.read_bytes())}, data={"purpose": "batch"})
+        body = {"input_file_id": uploaded.json()["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"}
+        batch = http.post("/batches", json=body).json()
+        while batch["request_counts"]["completed"] == 0:  # the batch's lines are in the engine
+            time.sleep(0.2)
+            batch = http.get(f"/batches/{batch['id']}").json()
+        seen = online(server, prompts, args)
+        still_running = http.get(f"/batches/{batch['id']}").json()["status"] == "in_progress"
+        http.post(f"/batches/{batch['id']}/cancel")
+    if not still_running:
+        print(f"note: the batch ended before the online load did ({args.online_requests} requests)", flush=True)
+    return seen
+
+
+def one_server(args: argparse.Namespace, executor: str, folder: Path, prompts: list[str]) -> dict[str, Any]:
+    """One server with `executor`: the whole file's time, then online latency idle and beside a batch."""
+    flags = [*engine_flags(args), "--no-embeddings", "--batch-executor", executor]
+    server = our_server(folder / f"data-{executor}", *flags)
+    try:
+        label = f"server, {executor} executor (create to completed)"
+        timed = server_batch(server, label, write_file(folder / f"{executor}.jsonl", prompts, f"{executor}-time"))
+        online_prompts = [f"{prompt} (online)" for prompt in prompts[: args.online_requests]]
+        idle = online(server, online_prompts, args)
+        busy_file = write_file(folder / f"{executor}-busy.jsonl", prompts, f"{executor}-busy")
+        busy = online_beside_batch(server, online_prompts, busy_file, args)
+    except Exception:
+        print(f"the server's log ends:\n{server.log_tail(80)}", flush=True)
+        raise
+    finally:
+        server.stop()
+    return {"timed": timed, "idle": idle, "busy": busy}
+
+
+def time_rows(timings: list[Timed]) -> list[list[object]]:
+    reference = timings[0].seconds
+    return [
+        [timed.way, f"{timed.seconds:.1f}", f"{timed.seconds / reference:.2f}x", timed.answered, timed.failed]
+        for timed in timings
+    ]
+
+
+def latency_rows(runs: dict[str, dict[str, Any]]) -> list[list[object]]:
+    rows: list[list[object]] = []
+    for executor, run in runs.items():
+        idle, busy = run["idle"], run["busy"]
+        ratio = percentile(busy.latencies, 0.99) / percentile(idle.latencies, 0.99)
+        for label, seen in (("idle", idle), ("beside a batch", busy)):
+            p50, p99 = percentile(seen.latencies, 0.5), percentile(seen.latencies, 0.99)
+            rows.append([executor, label, seen.answered, f"{p50 * 1000:.0f}", f"{p99 * 1000:.0f}", ""])
+        rows[-1][-1] = f"{ratio:.2f}x"
+    return rows
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lines", type=int, default=2000, help="chat lines in the batch file")
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="gsm8k JSONL the prompts come from")
+    parser.add_argument("--time-scale", type=float, default=1.0, help="the simulated engine's time scale")
+    parser.add_argument("--max-num-seqs", type=int, default=256, help="the simulated engine's sequences per step")
+    parser.add_argument("--max-tokens", type=int, default=256, help="tokens per answer (the engine's default)")
+    parser.add_argument("--online-clients", type=int, default=4, help="closed-loop online clients")
+    parser.add_argument("--online-requests", type=int, default=64, help="online requests per load")
+    parser.add_argument("--online-max-tokens", type=int, default=64, help="tokens per online answer")
+    add_chart_flag(parser)
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    prompts = questions(args.data, args.lines)
+    with tempfile.TemporaryDirectory(prefix="bench-executor-") as temporary:
+        folder = Path(temporary)
+        reference = run_batch(args, write_file(folder / "run-batch.jsonl", prompts, "run-batch"), folder)
+        runs = {executor: one_server(args, executor, folder, prompts) for executor in ("flyte", "in-process")}
+    timings = [reference, *(run["timed"] for run in runs.values())]
+    print(f"\n{args.lines} chat lines, {args.max_tokens} tokens at most, simulated H100 (time scale {args.time_scale})")
+    print(markdown_table(["way", "seconds", "vs run-batch", "answered", "failed"], time_rows(timings)))
+    print(f"\nonline: {args.online_clients} clients, {args.online_requests} requests, {args.online_max_tokens} tokens")
+    print(markdown_table(["executor", "load", "answered", "p50 ms", "p99 ms", "busy/idle p99"], latency_rows(runs)))
+    print(goals(timings, runs))
+    rows = [(timed.way.split(" (")[0], timed.seconds) for timed in timings]
+    title = "Time for one batch file (s), simulated H100"
+    write_chart_data(args.chart_data, title=title, unit="s", rows=rows, digits=1)
+
+
+def goals(timings: list[Timed], runs: dict[str, dict[str, Any]]) -> str:
+    flyte_ratio = timings[1].seconds / timings[0].seconds
+    busy, idle = runs["flyte"]["busy"].latencies, runs["flyte"]["idle"].latencies
+    busy_ratio = percentile(busy, 0.99) / percentile(idle, 0.99)
+    return (
+        f"\ngoals: the flyte executor takes {flyte_ratio:.2f}x run-batch's time "
+        f"(<= 1.1x: {'met' if flyte_ratio <= 1.1 else 'NOT met'}); online p99 beside a batch is {busy_ratio:.2f}x "
+        f"idle (<= 2x: {'met' if busy_ratio <= 2 else 'NOT met'})"
+    )
+
+
+if __name__ == "__main__":
+    main()
