@@ -10,16 +10,19 @@ model, sleeping instead of computing), one file of gsm8k chat lines is answered 
   batch's `completed`, as its client polls it (every 0.2 s);
 - **server, in-process executor**: `serve` (the default), timed the same way.
 
-Goal: the flyte executor takes at most 1.1x run-batch's time.
+The servers start first (their start-up is not timed; run-batch's is, as a user pays it). Rounds
+alternate the order of the three ways, each run on prompts of its own (no cached chunk is
+reused), and the table keeps each way's median. Goal: the flyte executor takes at most 1.1x
+run-batch's time.
 
 Then online latency: 4 closed-loop clients send chat requests to the flyte-executor server, first
-idle, then while a batch of the same file runs, and the same to the in-process server. Reported:
+idle, then while a batch of twice the file runs, and the same to the in-process server. Reported:
 p50 and p99 latency and the busy/idle p99 ratio. Goal: the flyte executor's busy p99 within 2x of
 its idle p99. Locally the run's chunks share the server's engine (one process, one engine); online
 requests go ahead of batch lines in its batcher (`ONLINE_PRIORITY`). Deployed, the run's chunks go
 to the GPU replicas instead, and the app's engine serves online requests alone.
 
-    python benchmarks/bench_batch_executor.py [--lines 2000] [--time-scale 1] [--max-num-seqs 256]
+    python benchmarks/bench_batch_executor.py [--lines 2000] [--rounds 3] [--time-scale 1] [--max-num-seqs 256]
 """
 
 from __future__ import annotations
@@ -119,31 +122,57 @@ def online_beside_batch(server: ServerProcess, prompts: list[str], file: Path, a
     return seen
 
 
-def one_server(args: argparse.Namespace, executor: str, folder: Path, prompts: list[str]) -> dict[str, Any]:
-    """One server with `executor`: the whole file's time, then online latency idle and beside a batch."""
-    flags = [*engine_flags(args), "--no-embeddings", "--batch-executor", executor]
-    server = our_server(folder / f"data-{executor}", *flags)
-    try:
-        label = f"server, {executor} executor (create to completed)"
-        timed = server_batch(server, label, write_file(folder / f"{executor}.jsonl", prompts, f"{executor}-time"))
-        online_prompts = [f"{prompt} (online)" for prompt in prompts[: args.online_requests]]
-        idle = online(server, online_prompts, args)
-        busy_file = write_file(folder / f"{executor}-busy.jsonl", prompts, f"{executor}-busy")
-        busy = online_beside_batch(server, online_prompts, busy_file, args)
-    except Exception:
-        print(f"the server's log ends:\n{server.log_tail(80)}", flush=True)
-        raise
-    finally:
-        server.stop()
-    return {"timed": timed, "idle": idle, "busy": busy}
+EXECUTORS = ("flyte", "in-process")
 
 
-def time_rows(timings: list[Timed]) -> list[list[object]]:
+def start_servers(args: argparse.Namespace, folder: Path) -> dict[str, ServerProcess]:
+    """A server per executor, on the same engine settings (started before any timing: start-up is not timed)."""
+    servers: dict[str, ServerProcess] = {}
+    for executor in EXECUTORS:
+        flags = [*engine_flags(args), "--no-embeddings", "--batch-executor", executor]
+        servers[executor] = our_server(folder / f"data-{executor}", *flags)
+    return servers
+
+
+def timed_rounds(
+    args: argparse.Namespace, servers: dict[str, ServerProcess], folder: Path, prompts: list[str]
+) -> list[list[Timed]]:
+    """Each way's time for the file, round after round, each round in another order; new prompts per run."""
+    ways = ["run-batch", *EXECUTORS]
+    rounds: list[list[Timed]] = []
+    for number in range(args.rounds):
+        order = ways[number % len(ways) :] + ways[: number % len(ways)]  # the machine's drift reaches every way
+        timings: dict[str, Timed] = {}
+        for way in order:
+            file = write_file(folder / f"{way}-{number}.jsonl", prompts, f"{way}-{number}")
+            if way == "run-batch":
+                timings[way] = run_batch(args, file, folder / f"run-{number}")
+            else:
+                timings[way] = server_batch(servers[way], f"server, {way} executor (create to completed)", file)
+            print(f"round {number + 1}: {timings[way].way}: {timings[way].seconds:.1f} s", flush=True)
+        rounds.append([timings[way] for way in ways])
+    return rounds
+
+
+def latencies(
+    args: argparse.Namespace, server: ServerProcess, executor: str, folder: Path, prompts: list[str]
+) -> dict[str, Drive]:
+    """Online latency on an idle server, then beside a batch of twice the file."""
+    online_prompts = [f"{prompt} (online)" for prompt in prompts[: args.online_requests]]
+    idle = online(server, online_prompts, args)
+    busy_file = write_file(folder / f"{executor}-busy.jsonl", prompts * 2, f"{executor}-busy")
+    return {"idle": idle, "busy": online_beside_batch(server, online_prompts, busy_file, args)}
+
+
+def time_rows(timings: list[Timed], rounds: list[list[Timed]]) -> list[list[object]]:
     reference = timings[0].seconds
-    return [
-        [timed.way, f"{timed.seconds:.1f}", f"{timed.seconds / reference:.2f}x", timed.answered, timed.failed]
-        for timed in timings
-    ]
+    rows: list[list[object]] = []
+    for position, timed in enumerate(timings):
+        each = " / ".join(f"{run[position].seconds:.1f}" for run in rounds)
+        rows.append(
+            [timed.way, f"{timed.seconds:.1f}", f"{timed.seconds / reference:.2f}x", timed.answered, timed.failed, each]
+        )
+    return rows
 
 
 def latency_rows(runs: dict[str, dict[str, Any]]) -> list[list[object]]:
@@ -165,6 +194,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--time-scale", type=float, default=1.0, help="the simulated engine's time scale")
     parser.add_argument("--max-num-seqs", type=int, default=256, help="the simulated engine's sequences per step")
     parser.add_argument("--max-tokens", type=int, default=256, help="tokens per answer (the engine's default)")
+    parser.add_argument("--rounds", type=int, default=3, help="timed rounds of the three ways (the median is kept)")
     parser.add_argument("--online-clients", type=int, default=4, help="closed-loop online clients")
     parser.add_argument("--online-requests", type=int, default=64, help="online requests per load")
     parser.add_argument("--online-max-tokens", type=int, default=64, help="tokens per online answer")
@@ -177,11 +207,25 @@ def main() -> None:
     prompts = questions(args.data, args.lines)
     with tempfile.TemporaryDirectory(prefix="bench-executor-") as temporary:
         folder = Path(temporary)
-        reference = run_batch(args, write_file(folder / "run-batch.jsonl", prompts, "run-batch"), folder)
-        runs = {executor: one_server(args, executor, folder, prompts) for executor in ("flyte", "in-process")}
-    timings = [reference, *(run["timed"] for run in runs.values())]
+        servers = start_servers(args, folder)
+        try:
+            rounds = timed_rounds(args, servers, folder, prompts)
+            runs = {executor: latencies(args, servers[executor], executor, folder, prompts) for executor in EXECUTORS}
+        except Exception:
+            for executor, server in servers.items():
+                print(f"the {executor} server's log ends:\n{server.log_tail(60)}", flush=True)
+            raise
+        finally:
+            for server in servers.values():
+                server.stop()
+    timings = [median_timed(way) for way in zip(*rounds, strict=True)]
     print(f"\n{args.lines} chat lines, {args.max_tokens} tokens at most, simulated H100 (time scale {args.time_scale})")
-    print(markdown_table(["way", "seconds", "vs run-batch", "answered", "failed"], time_rows(timings)))
+    print(f"median of {args.rounds} rounds (each round in another order)")
+    print(
+        markdown_table(
+            ["way", "seconds", "vs run-batch", "answered", "failed", "rounds (s)"], time_rows(timings, rounds)
+        )
+    )
     print(f"\nonline: {args.online_clients} clients, {args.online_requests} requests, {args.online_max_tokens} tokens")
     print(markdown_table(["executor", "load", "answered", "p50 ms", "p99 ms", "busy/idle p99"], latency_rows(runs)))
     print(goals(timings, runs))
@@ -190,8 +234,13 @@ def main() -> None:
     write_chart_data(args.chart_data, title=title, unit="s", rows=rows, digits=1)
 
 
+def median_timed(runs: tuple[Timed, ...]) -> Timed:
+    ordered = sorted(runs, key=lambda timed: timed.seconds)
+    return ordered[len(ordered) // 2]
+
+
 def goals(timings: list[Timed], runs: dict[str, dict[str, Any]]) -> str:
-    flyte_ratio = timings[1].seconds / timings[0].seconds
+    flyte_ratio = timings[1].seconds / timings[0].seconds  # medians
     busy, idle = runs["flyte"]["busy"].latencies, runs["flyte"]["idle"].latencies
     busy_ratio = percentile(busy, 0.99) / percentile(idle, 0.99)
     return (

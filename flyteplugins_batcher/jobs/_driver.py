@@ -210,6 +210,8 @@ async def fan_out(
 
     Raises:
         UnrecoverableRunError: A chunk failed with an error that retrying cannot fix.
+        Exception: What `on_chunk` raised: a chunk's answers that cannot be kept stop the run (no chunk
+            is sent after it), rather than being lost while the rest goes on.
     """
     if max_in_flight < 1:
         raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
@@ -232,7 +234,10 @@ async def fan_out(
         finally:
             slots.release()
         stats.record(outcome, started)
-        await on_chunk(chunk, outcome, reason)
+        try:
+            await on_chunk(chunk, outcome, reason)
+        except Exception as error:  # its answers could not be kept: going on would lose them, so the run stops
+            fatal.append(error)
 
     try:
         async for chunk in chunks:
@@ -251,7 +256,9 @@ async def fan_out(
         for task in running:
             task.cancel()
     if fatal:
-        raise UnrecoverableRunError(str(fatal[0])) from fatal[0]
+        if not_retryable(fatal[0]):
+            raise UnrecoverableRunError(str(fatal[0])) from fatal[0]
+        raise fatal[0]
     stats.wall_s = time.time() - started
     return stats
 
