@@ -35,7 +35,14 @@ from typing import Any, Protocol
 from flyteplugins_batcher.jobs._driver import RunOptions
 from flyteplugins_batcher.jobs._journal import read_segment
 from flyteplugins_batcher.server._files import FileStore
-from flyteplugins_batcher.server._flyte_runs import TERMINAL_PHASES, LocalRuns, RemoteRuns, RunHandle, RunLauncher
+from flyteplugins_batcher.server._flyte_runs import (
+    TERMINAL_PHASES,
+    LocalRuns,
+    RemoteRuns,
+    RunHandle,
+    RunLauncher,
+    run_prefix,
+)
 from flyteplugins_batcher.server._in_process import InProcessExecutor
 from flyteplugins_batcher.server._inference import Inference
 from flyteplugins_batcher.server._settings import ServerSettings
@@ -153,6 +160,7 @@ class FlyteExecutor:
         ingest = JournalIngest(self.store, batch["id"], f"{self.launcher.folder(batch['id'], run.name)}/journal")
         phase = await self._follow(batch, run, ingest, cancelled)
         await ingest.read()  # what the run wrote last
+        self.launcher.discard(batch["id"])  # every line it answered is in the store now
         if phase in ("failed", "timed_out") and not cancelled.is_set():
             logger.warning("batch %s: run %s %s: %s", batch["id"], run.name, phase, run.failure())
             where = f" ({run.url})" if "://" in run.url else ""
@@ -238,4 +246,4 @@ class FlyteExecutor:
 
 def run_name(batch_id: str, attempt: int) -> str:
     """A run's name for a batch's attempt: lowercase letters, digits and dashes, as Flyte's run names are."""
-    return f"{batch_id.replace('_', '-').lower()}-{attempt}"
+    return f"{run_prefix(batch_id)}{attempt}"

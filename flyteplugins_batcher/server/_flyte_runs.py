@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -72,6 +73,10 @@ class RunLauncher(Protocol):
 
     def folder(self, batch_id: str, run_name: str) -> str:
         """Where a run of a batch keeps its journal (`/journal`) and outputs (`/out`): a folder or a URI prefix."""
+        ...
+
+    def discard(self, batch_id: str) -> None:
+        """Remove what a batch's runs left, once the batch holds every line they answered."""
         ...
 
 
@@ -138,6 +143,12 @@ class LocalRuns:
     def folder(self, batch_id: str, run_name: str) -> str:
         return str((self.root / batch_id / run_name).resolve())
 
+    def discard(self, batch_id: str) -> None:
+        """Remove the batch's run folders and flyte's local metadata of its runs: the batch's files hold their lines."""
+        shutil.rmtree(self.root / batch_id, ignore_errors=True)
+        for metadata in (self.root / ".flyte").glob(f"{run_prefix(batch_id)}*"):
+            shutil.rmtree(metadata, ignore_errors=True)
+
 
 @dataclass
 class RemoteRun:
@@ -201,6 +212,14 @@ class RemoteRuns:
 
     def folder(self, batch_id: str, run_name: str) -> str:
         return f"{self.storage_uri}/{batch_id}/{run_name}"
+
+    def discard(self, batch_id: str) -> None:
+        """Nothing: a run's inputs and outputs stay in the object store with the run (its lifecycle rules apply)."""
+
+
+def run_prefix(batch_id: str) -> str:
+    """What the names of a batch's runs start with (Flyte's run names: lowercase letters, digits, dashes)."""
+    return f"{batch_id.replace('_', '-').lower()}-"
 
 
 def _first_line(error: object) -> str:

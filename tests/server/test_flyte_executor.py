@@ -63,6 +63,7 @@ def test_a_batch_is_a_flyte_run_its_counts_move_with_it_and_its_answers_are_the_
 
     assert seen.status == "in_progress" and flyte_run(seen)["name"] == f"{batch_id.replace('_', '-')}-1"
     assert batch.status == "completed" and flyte_run(batch)["phase"] == "succeeded"
+    assert not (server.data_dir / "runs" / batch_id).exists()  # the run's journal and files, once in the batch's
     counts = batch.request_counts
     assert (counts.total, counts.completed, counts.failed) == (41, 40, 1)
     answers = {

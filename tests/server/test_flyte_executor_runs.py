@@ -59,6 +59,7 @@ class Cluster:
         self.lines = lines if lines is not None else [1, 2, 3]
         self.runs: dict[str, ClusterRun] = {}
         self.started: list[str] = []
+        self.discarded: list[str] = []
 
     async def start(self, name: str, inputs: dict[str, Any]) -> ClusterRun:
         assert inputs["journal"] == f"{self.folder('b', name)}/journal" and inputs["max_failed_fraction"] == 1.0
@@ -74,6 +75,9 @@ class Cluster:
 
     def folder(self, batch_id: str, run_name: str) -> str:
         return str(self.root / batch_id / run_name)
+
+    def discard(self, batch_id: str) -> None:
+        self.discarded.append(batch_id)
 
 
 class Served:
@@ -123,7 +127,7 @@ def test_a_picked_up_batch_re_attaches_to_its_run_instead_of_starting_another(tm
     asyncio.run(executor(store, cluster, tmp_path).answer(store.batch("b") or batch, cancelled=asyncio.Event()))
 
     after = store.batch("b")
-    assert cluster.started == ["b-1"]  # followed, not started again
+    assert cluster.started == ["b-1"] and cluster.discarded == ["b"]  # followed, not started again
     assert after is not None and after["flyte_run"] == {
         "name": "b-1",
         "url": first.url,
