@@ -19,6 +19,7 @@ import functools
 import glob
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,11 +123,38 @@ def load_model(reference: str) -> Any:
     return model
 
 
+@functools.lru_cache(maxsize=1)
+def _length_counter(reference: str) -> Callable[[list[str]], list[int]]:
+    """Counts documents' tokens, each cut at one past the model's `max_seq_length`, off the model's own tokenizer.
+
+    A fast tokenizer keeps its truncation and padding settings in its Rust backend, and each call
+    sets them there. Counting with `model.tokenizer` (on the server's event loop, to cost a request)
+    while `model.encode` runs in a worker thread could switch padding off between the moment the
+    encoder set it and the moment it tokenized its batch, which then came back ragged: "Unable to
+    create tensor, you should probably activate truncation and/or padding". So counting gets a
+    backend of its own, set up once here and never changed, which any thread may call.
+    """
+    model = load_model(reference)
+    tokenizer, limit = model.tokenizer, model.max_seq_length + 1
+    if not getattr(tokenizer, "is_fast", False):
+        # A slow (pure Python) tokenizer takes truncation per call and keeps no such state.
+        return lambda texts: [len(ids) for ids in tokenizer(texts, truncation=True, max_length=limit)["input_ids"]]
+    from tokenizers import Tokenizer
+
+    own = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+    own.no_padding()
+    own.enable_truncation(max_length=limit)
+    return lambda texts: [len(encoding.ids) for encoding in own.encode_batch(texts)]
+
+
 def token_count(text: str) -> int:
-    """The document's length in model tokens (its cost: a padded batch costs its longest row)."""
-    model = load_model(model_reference())
-    limit = model.max_seq_length
-    return max(1, len(model.tokenizer(text, truncation=True, max_length=limit)["input_ids"]))
+    """The document's length in model tokens (its cost: a padded batch costs its longest row).
+
+    It never touches the tokenizer the model encodes with (`_length_counter` says why), so it is
+    safe on the event loop while a batch encodes in a worker thread.
+    """
+    reference = model_reference()
+    return max(1, min(_length_counter(reference)([text])[0], load_model(reference).max_seq_length))
 
 
 def encode_batch(texts: list[str]) -> list[Embedding | Exception]:
@@ -142,8 +170,8 @@ def encode_batch(texts: list[str]) -> list[Embedding | Exception]:
         return results
     batch = [texts[index] for index in valid]
     limit = model.max_seq_length
-    # One past the limit is enough to tell a document that gets truncated.
-    lengths = [len(ids) for ids in model.tokenizer(batch, truncation=True, max_length=limit + 1)["input_ids"]]
+    # Cut one past the limit: enough to tell a document that gets truncated.
+    lengths = _length_counter(model_reference())(batch)
     started = time.perf_counter()
     vectors = model.encode(batch, batch_size=len(batch), convert_to_numpy=True, normalize_embeddings=True)
     elapsed = time.perf_counter() - started

@@ -107,6 +107,35 @@ class APIError(Exception):
         headers = {"Retry-After": str(retry_after)}
         return cls(429, message, code="rate_limit_exceeded", headers=headers, queue_full=error)
 
+    @classmethod
+    def engine_unavailable(cls, error: BaseException, where: str) -> APIError:
+        """The engine failed while it generated (it died, say): 503, with an error id its log has.
+
+        The engine's own message may name paths, devices or its internals: it goes to the log, under
+        the error id, and never into the body. The model is loaded again for the next request.
+        """
+        incident = log_incident(f"{where}: the engine failed", error)
+        return cls(503, engine_failed_message(incident), code="engine_unavailable")
+
+
+def log_incident(what: str, error: BaseException) -> str:
+    """Log `error`, its traceback included, under a new error id; the id is what a client is told.
+
+    Returns:
+        The error id (12 hex digits).
+    """
+    incident = secrets.token_hex(6)
+    logger.error("%s (error id %s)", what, incident, exc_info=error)
+    return incident
+
+
+def engine_failed_message(incident: str) -> str:
+    """What a client is told when the engine failed under its request (no detail of the engine's)."""
+    return (
+        "The model failed while generating this answer and is being restarted; retry the request "
+        f"(error id {incident}; its log has it)."
+    )
+
 
 def _waiting(depth: int, limits: BatcherSettings | None) -> str:
     """Who waits, in the batcher's terms: its queue (`max_queue_size`) waits behind the batch being assembled."""
@@ -144,8 +173,7 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def unexpected(request: Request, error: Exception) -> JSONResponse:
         # The traceback goes to the log only: a body never carries a path, an exception's name or its text.
-        incident = secrets.token_hex(6)
-        logger.error("%s %s failed (error id %s)", request.method, request.url.path, incident, exc_info=error)
+        incident = log_incident(f"{request.method} {request.url.path} failed", error)
         message = f"The server had an error while processing your request (error id {incident}; its log has it)."
         return APIError(500, message, code="server_error").response()
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from flyteplugins_batcher import BatchObserver, BatchStats, TokenBatcher
 from flyteplugins_batcher.batch_api import BatchRequest, EmbeddingRequest
-from flyteplugins_batcher.engines import CancellationToken, Completion, DeltaListener, Engine
+from flyteplugins_batcher.engines import CancellationToken, Completion, DeltaListener, Engine, EngineNotLoadedError
 from flyteplugins_batcher.jobs._embed_replica import EmbeddingChunk, embed_request_chunk, embed_texts
 from flyteplugins_batcher.jobs._embeddings import Embedding, embed, load_model, model_reference
 from flyteplugins_batcher.jobs._embeddings import model_name as embedding_model_name
@@ -106,6 +106,15 @@ class Inference:
         return self.replica.shared.loaded_model
 
     @property
+    def context_length(self) -> int:
+        """The loaded LLM's context in tokens; 0 (unknown) while none is loaded."""
+        engine = self.engine
+        try:
+            return engine.context_length if engine is not None else 0
+        except EngineNotLoadedError:  # closed meanwhile
+            return 0
+
+    @property
     def llm_stats(self) -> BatchStats | None:
         """The LLM batcher's statistics, once it runs."""
         batcher = self.replica.shared.batcher
@@ -172,11 +181,12 @@ class Inference:
 
         Raises:
             QueueFullError: The embedding batcher's queue is full (answer 429).
-            ValueError: A text has no embedding.
+            EmptyDocumentError: A text has no embedding (the client's mistake).
+            Exception: The model failed (the server's: not the text's fault, whatever its type).
         """
         outcomes = await embed_texts(list(request.inputs), priority=ONLINE_PRIORITY, wait_for_room=False)
         for outcome in outcomes:
-            if isinstance(outcome, ValueError):
+            if isinstance(outcome, Exception):
                 raise outcome
         return outcomes  # type: ignore[return-value]
 

@@ -30,8 +30,8 @@ from flyteplugins_batcher.batch_api import (
     loads_bounded,
     parse_request,
 )
-from flyteplugins_batcher.engines import Completion, EngineDeadError, EngineNotLoadedError, InvalidPromptError
-from flyteplugins_batcher.jobs._llm_replica import process_replica
+from flyteplugins_batcher.engines import Completion, EngineDeadError, InvalidPromptError
+from flyteplugins_batcher.jobs._embeddings import EmptyDocumentError
 from flyteplugins_batcher.server._errors import APIError
 from flyteplugins_batcher.server._live import CLIENT_CLOSED_REQUEST, completion_unless_gone
 from flyteplugins_batcher.server._service import Service, ServiceDep
@@ -82,13 +82,14 @@ async def embeddings(request: Request, service: ServiceDep) -> dict[str, Any]:
     if service.inference.embedding_model is None:
         raise APIError(404, "This server does not serve embeddings.", code="model_not_found", param="model")
     body = await json_body(request)
-    parsed = _parse(body, "/v1/embeddings", service.inference.embedding_model)
+    inference = service.inference
+    parsed = _parse(body, "/v1/embeddings", inference.embedding_model, context_length=inference.context_length)
     assert isinstance(parsed, EmbeddingRequest)
     try:
-        vectors = await service.inference.embed(parsed)
+        vectors = await inference.embed(parsed)
     except QueueFullError as error:
         raise APIError.busy(error) from None
-    except ValueError as error:
+    except EmptyDocumentError as error:  # the text's fault; any other failure is the server's (a 500)
         raise APIError(400, str(error), code="invalid_request", param="input") from None
     tokens = sum(vector.tokens for vector in vectors)
     model = service.inference.embedding_model
@@ -98,7 +99,7 @@ async def embeddings(request: Request, service: ServiceDep) -> dict[str, Any]:
 async def _generate(request: Request, service: Service, url: str, id_prefix: str) -> Response:
     """The answer, or its events as they are made (`stream`); a client that leaves first cancels its record (499)."""
     body = await json_body(request)
-    parsed = _parse(body, url, service.inference.served_model)
+    parsed = _parse(body, url, service.inference.served_model, context_length=service.inference.context_length)
     assert isinstance(parsed, BatchRequest)
     model, response_id = service.inference.served_model, f"{id_prefix}{secrets.token_hex(12)}"
 
@@ -119,17 +120,18 @@ async def _generate(request: Request, service: Service, url: str, id_prefix: str
     except InvalidPromptError as error:
         raise APIError(400, str(error), code=error_code(error)) from None
     except EngineDeadError as error:
-        raise APIError(503, f"The model is restarting: {error}", code="engine_unavailable") from None
+        raise APIError.engine_unavailable(error, f"{request.method} {url}") from None
     if completion is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     return JSONResponse(answer(completion))
 
 
-def _parse(body: dict[str, Any], url: str, served_model: str) -> ParsedRequest:
+def _parse(body: dict[str, Any], url: str, served_model: str, *, context_length: int) -> ParsedRequest:
     """The request in `body`, as a batch line's body would be read; 404 for a model this server does not serve.
 
-    A `max_tokens` that fills the model's context is refused here, before the request is a record
-    (a record is costed, and its cost counted in the metrics, once it is submitted).
+    A `max_tokens` that fills the model's context (`context_length` tokens; 0: not checked here) is
+    refused here, before the request is a record (a record is costed, and its cost counted in the
+    metrics, once it is submitted).
 
     Raises:
         APIError: 400 naming what is wrong; 404 for another model.
@@ -142,18 +144,9 @@ def _parse(body: dict[str, Any], url: str, served_model: str) -> ParsedRequest:
         raise APIError(404, message, code="model_not_found", param="model")
     line = {"custom_id": "online", "url": url, "body": body}
     try:
-        return parse_request(line, 0, endpoints=(url,), context_length=_context_length())
+        return parse_request(line, 0, endpoints=(url,), context_length=context_length)
     except RequestLineError as error:
         raise APIError.from_line_error(error) from None
-
-
-def _context_length() -> int:
-    """The loaded LLM's context (0 before it loads): this process's replica is the server's (`Inference.load`)."""
-    engine = process_replica().shared.loaded_model
-    try:
-        return engine.context_length if engine is not None else 0
-    except EngineNotLoadedError:  # closed meanwhile
-        return 0
 
 
 async def json_body(request: Request) -> dict[str, Any]:

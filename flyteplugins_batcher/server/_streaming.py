@@ -31,6 +31,7 @@ from starlette.background import BackgroundTask
 
 from flyteplugins_batcher.batch_api import BatchRequest
 from flyteplugins_batcher.engines import Completion, EngineDeadError
+from flyteplugins_batcher.server._errors import engine_failed_message, log_incident
 from flyteplugins_batcher.server._inference import Inference, OnlineRecord
 from flyteplugins_batcher.server._live import CLIENT_CLOSED_REQUEST, TextDeltas, until_done_or_gone
 
@@ -88,9 +89,19 @@ class ChunkEvents:
         yield DONE
 
     def error(self, error: Exception) -> str:
-        """The event that ends a stream whose record failed after it started."""
-        code = "engine_unavailable" if isinstance(error, EngineDeadError) else "server_error"
-        return _event({"error": {"message": str(error), "type": "server_error", "param": None, "code": code}})
+        """The event that ends a stream whose record failed after it started: what happened, and an error id.
+
+        The error's own text (the engine's, which may name paths or its internals) goes to the log
+        under that id, with its traceback, and never into the event.
+        """
+        kind = "chat completion" if self.chat else "completion"
+        incident = log_incident(f"the streamed {kind} {self.head['id']} failed", error)
+        if isinstance(error, EngineDeadError):
+            message, code = engine_failed_message(incident), "engine_unavailable"
+        else:
+            message = f"The server had an error while generating this answer (error id {incident}; its log has it)."
+            code = "server_error"
+        return _event({"error": {"message": message, "type": "server_error", "param": None, "code": code}})
 
     def _choice(self, index: int, delta: dict[str, Any] | str, finish_reason: str | None = None) -> str:
         if self.chat:

@@ -119,6 +119,27 @@ def test_embeddings_equal_the_model_run_alone(smollm2_server: RunningServer) -> 
     assert floats.usage.prompt_tokens == floats.usage.total_tokens > len(texts)
 
 
+def test_concurrent_embeddings_of_different_lengths_are_all_answered(smollm2_server: RunningServer) -> None:
+    # Costing a request (on the event loop) once switched off the padding of a batch being encoded
+    # (in a worker thread): a 400 "Unable to create tensor" now and then (tests/server/test_embedding_race.py).
+    pytest.importorskip("sentence_transformers", reason="needs the embed extra")
+    from flyteplugins_batcher.jobs._embeddings import encode_batch
+
+    client = smollm2_server.client()
+    texts = [" ".join(["word"] * (1 + 9 * (n % 7))) + f" {n}" for n in range(42)]
+    requests = [texts[start : start + 3] for start in range(0, len(texts), 3)] * 2
+
+    def embed(inputs: list[str]) -> list[list[float]]:
+        answer = client.embeddings.create(model="all-MiniLM-L6-v2", input=inputs, encoding_format="float")
+        return [item.embedding for item in answer.data]
+
+    with ThreadPoolExecutor(len(requests)) as pool:
+        served = [vector for vectors in pool.map(embed, requests) for vector in vectors]
+
+    alone = np.asarray([embedding.vector for embedding in encode_batch(texts)] * 2)
+    assert np.abs(np.asarray(served) - alone).max() <= 1e-5
+
+
 def test_bad_requests_get_openai_error_bodies(smollm2_server: RunningServer) -> None:
     client = smollm2_server.client()
     model = "SmolLM2-135M-Instruct"

@@ -7,11 +7,15 @@ streamed gets. Times are compared with each other, never with a constant.
 
 from __future__ import annotations
 
+import json
 import time
+import typing
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
+from pydantic import BaseModel
 
 from tests.server.conftest import RunningServer, openai, simulated, start_server
 
@@ -80,18 +84,74 @@ def test_each_of_n_choices_streams_under_its_index(server: RunningServer) -> Non
 
 
 def test_a_streamed_text_completion_is_its_answer_with_openais_null_finish_reasons(server: RunningServer) -> None:
-    # OpenAI's (and vLLM's) text completion events carry `finish_reason: null` until the last one;
-    # the SDK's `CompletionChoice` types it as required, so its strict validation refuses OpenAI's own
-    # streams. This client validates as users' clients do (the default).
+    # OpenAI's own text completion events carry `finish_reason: null` until the last one (as vLLM's
+    # do; openai/openai-openapi#100), but the SDK types `CompletionChoice.finish_reason` as required,
+    # so its strict validation (`_strict_response_validation=True`) refuses OpenAI's own streams.
+    # The SDK's default client, which users have, builds the events without that check: it reads
+    # the stream here, and `test_every_event_has_openais_fields_and_types` validates each event strictly.
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
     whole = client.completions.create(model="simulated", prompt="Once upon a time", max_tokens=20)
 
-    events = list(client.completions.create(model="simulated", prompt="Once upon a time", max_tokens=20, stream=True))
+    events = list(
+        client.completions.create(
+            model="simulated",
+            prompt="Once upon a time",
+            max_tokens=20,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
 
-    assert "".join(event.choices[0].text for event in events) == whole.choices[0].text
-    assert [event.choices[0].finish_reason for event in events][-1] == "length" == whole.choices[0].finish_reason
-    assert {event.choices[0].finish_reason for event in events[:-1]} == {None} and len(events) >= 10
-    assert {event.object for event in events} == {"text_completion"}
+    texts, usage = events[:-1], events[-1]
+    assert all(isinstance(event, openai.types.Completion) for event in events)
+    assert "".join(event.choices[0].text for event in texts) == whole.choices[0].text
+    assert [event.choices[0].finish_reason for event in texts][-1] == "length" == whole.choices[0].finish_reason
+    assert {event.choices[0].finish_reason for event in texts[:-1]} == {None} and len(texts) >= 10
+    assert {(event.object, event.model) for event in events} == {("text_completion", "simulated")}
+    assert len({event.id for event in events}) == 1
+    assert all(isinstance(event.created, int) and event.created > 0 for event in events)
+    assert all((choice.index, choice.logprobs) == (0, None) for event in texts for choice in event.choices)
+    assert usage.choices == [] and usage.usage == whole.usage
+
+
+@pytest.mark.parametrize("endpoint", ["/v1/chat/completions", "/v1/completions"])
+def test_every_event_has_openais_fields_and_types(server: RunningServer, endpoint: str) -> None:
+    chat = endpoint == "/v1/chat/completions"
+    body = {"model": "simulated", "max_tokens": 12, "n": 2, "stream": True, "stream_options": {"include_usage": True}}
+    body.update({"messages": CHAT} if chat else {"prompt": "Once upon a time"})
+
+    with httpx.stream("POST", f"{server.url}{endpoint}", json=body, timeout=60) as response:
+        lines = [line.removeprefix("data: ") for line in response.iter_lines() if line.startswith("data: ")]
+
+    assert lines[-1] == "[DONE]"
+    events = [json.loads(line) for line in lines[:-1]]
+    kind = openai.types.chat.ChatCompletionChunk if chat else openai.types.Completion
+    last = {choice["index"]: number for number, event in enumerate(events) for choice in event["choices"]}
+    for number, event in enumerate(events):
+        assert_fields_of(kind, event)
+        if not chat:  # validated as the SDK types it, but for OpenAI's null finish_reason before a choice's end
+            for choice in event["choices"]:
+                assert (choice["finish_reason"] is None) == (number < last[choice["index"]])
+            event = {**event, "choices": [{**choice, "finish_reason": "length"} for choice in event["choices"]]}
+        kind.model_validate(event)
+    assert sorted(last) == [0, 1] and events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 24
+
+
+def assert_fields_of(kind: type[BaseModel], data: dict[str, Any]) -> None:
+    """`data` has only fields the SDK's `kind` knows, at every level (pydantic alone would let others pass)."""
+    assert set(data) <= set(kind.model_fields), f"{kind.__name__}: {sorted(set(data) - set(kind.model_fields))}"
+    for name, value in data.items():
+        inner = _model_in(kind.model_fields[name].annotation)
+        for item in value if isinstance(value, list) else [value]:
+            if inner is not None and isinstance(item, dict):
+                assert_fields_of(inner, item)
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model an annotation holds (`Optional[X]`, `List[X]`, `X`), if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return next((model for arg in typing.get_args(annotation) if (model := _model_in(arg)) is not None), None)
 
 
 def test_the_first_text_arrives_long_before_the_whole_answer(server: RunningServer) -> None:
