@@ -156,10 +156,11 @@ def load_engine(settings: EngineSettings) -> Engine:
     return engine
 
 
-def make_batcher(engine: Engine, settings: EngineSettings) -> TokenBatcher:
-    """The replica's batcher, from the engine's defaults and the run's overrides."""
+def make_batcher(engine: Engine, settings: EngineSettings, **extra: object) -> TokenBatcher:
+    """The replica's batcher, from the engine's defaults, the run's overrides and `extra` batcher keywords."""
     # "split": a record that breaks a whole batch must not fail the other tasks' records batched with it.
     overrides: dict[str, object] = {"batch_timeout_s": settings.batch_timeout_s, "on_error": "split", "name": "llm"}
+    overrides.update(extra)
     if settings.target_batch_tokens:
         overrides["target_batch_tokens"] = settings.target_batch_tokens
     if settings.max_batch_size:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -33,6 +34,26 @@ from flyteplugins_batcher.jobs._schema import EngineSettings
 
 ONLINE_PRIORITY = 1
 """Online requests' priority in the shared batchers; batch lines have 0."""
+
+ENGINE_QUEUE_SHARE = 0.25
+"""Records a self-scheduling engine may hold waiting, beyond those it runs, as a share of its capacity."""
+
+
+def server_admission(engine: Engine) -> dict[str, object]:
+    """Batcher keywords that keep a server's queue in its batcher, where online requests go first.
+
+    An engine that schedules requests itself (vLLM stream mode, the simulated engine) gets records
+    the moment they arrive, and a batch job keeps up to 4x its capacity inside it
+    (`engines/_stream_defaults.py`), in the engine's own first-come queue. An online request would
+    wait behind all of them: on the GPU-timed engine, a batch running beside online traffic made
+    the online p99 24x its idle value. A server lets the engine hold its capacity and a quarter
+    more (enough to refill the slots freed at each step), and keeps the rest in the batcher, where
+    `ONLINE_PRIORITY` puts a user's request ahead of batch lines.
+    """
+    capacity = engine.stats.max_num_seqs
+    if not capacity or engine.batcher_defaults().max_batch_size != 1:  # an engine that takes whole batches
+        return {}
+    return {"max_concurrent_batches": math.ceil(capacity * (1 + ENGINE_QUEUE_SHARE))}
 
 
 @dataclass(frozen=True)
@@ -210,7 +231,7 @@ class Inference:
         set_process_replica(None)
 
     def _observed_batcher(self, engine: Engine, settings: EngineSettings) -> TokenBatcher:
-        batcher = make_batcher(engine, settings)
+        batcher = make_batcher(engine, settings, **server_admission(engine))
         for observer in self._llm_observers:
             batcher.add_observer(observer)
         return batcher
