@@ -59,7 +59,9 @@ class Service:
             raise ValueError(f"lease_s must be > 0, got {settings.lease_s}")
         self.shared = bool(settings.database_url)
         self.store = Store(settings.database_url or settings.data_dir / "server.db", lease_s=settings.lease_s)
-        self.files = FileStore(settings.data_dir / "files", self.store, max_bytes=settings.max_upload_bytes)
+        self.files = FileStore(
+            settings.data_dir / "files", self.store, max_bytes=settings.max_upload_bytes, files_uri=settings.files_uri
+        )
         self.metrics = ServerMetrics(
             batchers={"llm": lambda: self.inference.llm_stats, "embeddings": lambda: self.inference.embedding_stats},
             engine=self._engine_stats,

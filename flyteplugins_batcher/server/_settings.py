@@ -68,6 +68,12 @@ class ServerSettings:
             server and the runs both reach. Empty (the default): `data_dir/runs`, with runs on flyte's
             local runner in this process. An object-store prefix (`s3://bucket/batcher`, `gs://...`):
             runs on the cluster the app is deployed to, of the job task deployed with it.
+        files_uri: Where the files (uploads, batches' output and error files) are kept for every replica.
+            Empty (the default): only in `data_dir/files`, which replicas share by sharing `data_dir`.
+            An object-store prefix (`s3://bucket/batcher/files`, `gs://...`; `file:///abs/path` for a
+            shared mount): every file is also put there before its row is committed, and that copy is
+            the one of record: a replica with a `data_dir` of its own fetches there the files another
+            made. One prefix per jobs database.
 
     Example:
         ```python
@@ -92,6 +98,7 @@ class ServerSettings:
     lease_s: float = 15.0
     batch_executor: str = "in-process"
     runs_uri: str = ""
+    files_uri: str = ""
 
     @property
     def max_upload_bytes(self) -> int:
