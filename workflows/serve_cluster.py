@@ -22,6 +22,7 @@ app_env = BatcherAppEnvironment(
         engine=EngineSettings(max_new_tokens=512),
         batch_executor="flyte",  # batches run as Flyte runs of the JSONL job
         runs_uri="s3://my-bucket/batcher/runs",  # where runs and the app meet: inputs, journals, outputs
+        files_uri="s3://my-bucket/batcher/files",  # uploads and batch outputs, shared by the app's replicas
     ),
     secrets=flyte.Secret(key="batcher-database-url", as_env_var="BATCH_SERVE_DATABASE_URL"),
     scaling=flyte.app.Scaling(replicas=(2, 2)),

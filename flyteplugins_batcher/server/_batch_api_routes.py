@@ -51,7 +51,8 @@ async def get_file(file_id: str, service: ServiceDep) -> dict[str, Any]:
 @router.get("/files/{file_id}/content")
 async def file_content(file_id: str, service: ServiceDep) -> FileResponse:
     row = service.files.get(file_id)
-    return FileResponse(service.files.content(file_id), media_type="application/jsonl", filename=row["filename"])
+    path = await asyncio.to_thread(service.files.content, file_id)  # it may come from the object store first
+    return FileResponse(path, media_type="application/jsonl", filename=row["filename"])
 
 
 @router.delete("/files/{file_id}")
@@ -77,7 +78,7 @@ async def create_batch(request: Request, service: ServiceDep) -> dict[str, Any]:
         raise APIError(400, "This server does not serve embeddings.", param="endpoint")
     model = service.inference.embedding_model if embeddings else service.inference.served_model
     input_file = service.files.get(creation.input_file_id, param="input_file_id")
-    service.files.content(creation.input_file_id, param="input_file_id")  # its bytes are there too
+    await asyncio.to_thread(service.files.content, creation.input_file_id, param="input_file_id")  # its bytes too
     batch = new_batch(creation, input_file=input_file, model=model or "")
     service.store.insert_batch(batch)
     service.runner.start(batch["id"])

@@ -178,7 +178,8 @@ class BatchRunner:
             await self._fail(batch_id, "server_error", message)
 
     async def _validate(self, batch: dict[str, Any]) -> dict[str, Any]:
-        path = self.files.content(batch["input_file_id"], param="input_file_id")  # gone: the batch fails, saying so
+        # gone: the batch fails, saying so; another replica's upload comes from the object store first
+        path = await asyncio.to_thread(self.files.content, batch["input_file_id"], param="input_file_id")
         total, errors = await asyncio.to_thread(scan_input, path, batch["endpoint"])
 
         def validated(current: dict[str, Any]) -> dict[str, Any] | None:
@@ -238,8 +239,8 @@ class BatchRunner:
         logger.info("batch %s %s: %s", batch["id"], batch["status"], batch["request_counts"])
 
     def _fail_unanswered(self, batch: dict[str, Any], code: str, message: str) -> int:
-        path = self.files.path(batch["input_file_id"])
-        if not path.is_file():  # its input is gone (the reason it failed): the lines it has are what it answered
+        path = self.files.local_path(batch["input_file_id"])  # a replica that took the batch over fetches it
+        if path is None:  # its input is gone (the reason it failed): the lines it has are what it answered
             return 0
         answered = self.store.answered_lines(batch["id"])
         records = unanswered_records(path, answered, code, message)

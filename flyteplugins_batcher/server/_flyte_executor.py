@@ -189,7 +189,7 @@ class FlyteExecutor:
         The job takes its option sets spread into inputs of their own (`flyteplugins_batcher/jobs/_options.py`).
         """
         folder = self.launcher.folder(batch["id"], name)
-        path = self.files.content(batch["input_file_id"], param="input_file_id")
+        path = await asyncio.to_thread(self.files.content, batch["input_file_id"], param="input_file_id")
         options = RunOptions(
             chunk_size=self.settings.batch_chunk_size,
             max_chunks_in_flight=self.settings.batch_chunks_in_flight,

@@ -48,9 +48,10 @@ class InProcessExecutor:
         Raises:
             UnrecoverableRunError: The engine cannot run the batch at all.
         """
+        path = await asyncio.to_thread(self.files.content, batch["input_file_id"], param="input_file_id")
         lines = BatchLines(
             batch,
-            self.files.content(batch["input_file_id"], param="input_file_id"),
+            path,
             self._rules(batch["endpoint"]),
             store=self.store,
             inference=self.inference,

@@ -7,7 +7,7 @@ gives their leases up for another replica to take at once, and closes the models
 
 The jobs' database is SQLite in the data folder, this server's alone (at start it takes every
 unfinished batch), or PostgreSQL at `database_url`, shared by replicas (each takes only the
-batches nobody holds), which share the data folder's `files/` too.
+batches nobody holds), which share their files through one data folder or one `files_uri`.
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ class ServerSettings:
             this server alone. `postgresql://user:password@host:5432/db` (psycopg; `postgresql+psycopg://`
             too): PostgreSQL, which several replicas share, each running the batches it holds a lease
             on and taking over those of a replica that stops renewing; give them one shared `data_dir`
-            too, for the files. Its password never appears in logs or responses.
+            or one `files_uri` too, for the files. Its password never appears in logs or responses.
         lease_s: How long a server's claim on a batch lasts without renewal (it renews every third of
             it): a replica that dies has its batches taken over by another this long after.
         batch_executor: What runs a batch's lines. `in-process` (the default): this server's own
