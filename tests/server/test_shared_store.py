@@ -169,7 +169,8 @@ def test_the_creating_replica_owns_a_batch_and_only_its_writes_are_taken(replica
     mine.insert_batch(a_batch())
 
     lease = other.lease("batch_1")
-    assert lease is not None and lease.owner == mine.owner and 0 < lease.seconds_left <= LEASE_S
+    # The database's clock arithmetic may round a hair over the lease (0.40000009536743164 was seen).
+    assert lease is not None and lease.owner == mine.owner and 0 < lease.seconds_left <= LEASE_S + 0.001
     assert not other.claim("batch_1") and other.claim_lapsed() == [] and other.renew() == {}
     with pytest.raises(LeaseLost):
         other.record_lines("batch_1", [LineRecord(1, True, {})])
