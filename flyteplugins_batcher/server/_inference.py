@@ -5,7 +5,8 @@ around a `SharedBatcher`, `flyteplugins_batcher/jobs/_embeddings.py`'s `@batched
 and a batch line are records in the same batchers, batched with every other request in flight.
 Online requests are submitted with a higher priority than batch lines: when the queue backs up,
 a user waiting on an answer goes first, and a waiting batch line gains a priority level per
-`priority_aging_s`, so batches are slowed, not starved. An online request never waits for room
+`priority_aging_s`, so batches are slowed, not starved (a line that has waited 5 minutes goes before
+new online requests). An online request never waits for room
 in the queue: a full queue is a `QueueFullError`, which the server answers with 429.
 
 An online request is an `OnlineRecord`: its future, and the cancellation token its `Request`
@@ -32,8 +33,13 @@ from flyteplugins_batcher.jobs._llm_replica import LLMReplica, make_batcher, run
 from flyteplugins_batcher.jobs._request_lines import JobChunk, JobOutcome, to_item
 from flyteplugins_batcher.jobs._schema import EngineSettings
 
-ONLINE_PRIORITY = 1
-"""Online requests' priority in the shared batchers; batch lines have 0."""
+ONLINE_PRIORITY = 30
+"""Online requests' priority in the shared batchers; batch lines have 0.
+
+A waiting record gains a level per `priority_aging_s` (10 s), so a batch line overtakes new online
+requests only after waiting 5 minutes: batches are slowed, not starved. At 1, a batch of a few
+thousand lines (each waiting over 10 s in the queue) caught up with online requests at once, and
+they waited behind it: the online p99 beside a batch was 16x its idle value."""
 
 ENGINE_QUEUE_SHARE = 0.25
 """Records a self-scheduling engine may hold waiting, beyond those it runs, as a share of its capacity."""
