@@ -38,6 +38,7 @@ from flyteplugins_batcher.server._files import FileStore
 from flyteplugins_batcher.server._flyte_runs import (
     TERMINAL_PHASES,
     LocalRuns,
+    ProcessRuns,
     RemoteRuns,
     RunHandle,
     RunLauncher,
@@ -60,6 +61,9 @@ ABORT_WAIT_S = 60.0
 EXECUTORS = ("in-process", "flyte")
 """The values of `ServerSettings.batch_executor`."""
 
+LOCAL_RUNS = ("server", "process")
+"""The values of `ServerSettings.local_runs`."""
+
 
 class BatchExecutor(Protocol):
     """What answers a batch's lines, recording them in the store as they finish (`BatchRunner` owns its status)."""
@@ -79,10 +83,22 @@ def batch_executor(settings: ServerSettings, store: Store, files: FileStore, inf
         return InProcessExecutor(store, files, inference, settings)
     if settings.batch_executor != "flyte":
         raise ValueError(f"batch_executor must be one of {list(EXECUTORS)}, got {settings.batch_executor!r}")
+    return FlyteExecutor(store, files, settings, run_launcher(settings), inference)
+
+
+def run_launcher(settings: ServerSettings) -> RunLauncher:
+    """Remote runs for a remote `runs_uri`; else local runs in the server (`local_runs="server"`) or in processes.
+
+    Raises:
+        ValueError: An unknown `local_runs`.
+    """
     uri = settings.runs_uri.strip()
-    remote = "://" in uri and not uri.startswith("file://")
-    launcher = RemoteRuns(uri) if remote else LocalRuns(Path(uri.removeprefix("file://") or settings.data_dir / "runs"))
-    return FlyteExecutor(store, files, settings, launcher, inference)
+    if "://" in uri and not uri.startswith("file://"):
+        return RemoteRuns(uri)
+    folder = Path(uri.removeprefix("file://") or settings.data_dir / "runs")
+    if settings.local_runs not in LOCAL_RUNS:
+        raise ValueError(f"local_runs must be one of {list(LOCAL_RUNS)}, got {settings.local_runs!r}")
+    return LocalRuns(folder) if settings.local_runs == "server" else ProcessRuns(folder)
 
 
 class RunFailedError(RuntimeError):

@@ -19,8 +19,11 @@ and the server can both reach: its input file, its journal and its output folder
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import shutil
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -28,10 +31,15 @@ from typing import Any, Protocol
 import flyte
 from flyte.io import File
 
+from flyteplugins_batcher.server._run_process import die_with_parent
+
 logger = logging.getLogger("flyteplugins_batcher.server")
 
 TERMINAL_PHASES = frozenset({"succeeded", "failed", "aborted", "timed_out", "recovered"})
 """The phases of a run that has ended."""
+
+PROCESS_STOP_S = 10.0
+"""Seconds an aborted run's process has to stop after SIGTERM before it is killed."""
 
 JOB_TASK_NAME = "batch_jsonl_driver.main"
 """The JSONL job's task as deployed (`flyteplugins_batcher.jobs.run_batch_file`)."""
@@ -120,7 +128,7 @@ class LocalRuns:
 
     def __init__(self, folder: Path) -> None:
         self.root = folder
-        self._runs: dict[str, LocalRun] = {}
+        self._runs: dict[str, RunHandle] = {}
 
     async def start(self, name: str, inputs: dict[str, Any]) -> RunHandle:
         from flyteplugins_batcher.jobs._batch_jsonl import main as job
@@ -129,7 +137,7 @@ class LocalRuns:
         metadata = self.root / ".flyte"
         context = flyte.with_runcontext(mode="local", name=name, run_base_dir=str(metadata))
         task = asyncio.create_task(context.run.aio(job, **inputs), name=f"run-{name}")
-        run = LocalRun(name, str(metadata / name), task)
+        run = LocalRun(name, "", task)  # no address: a local run has no UI, and its folder is not for clients
         self._runs[name] = run
         task.add_done_callback(lambda _: logger.info("run %s ended: %s", name, run.failure() or "done"))
         return run
@@ -148,6 +156,64 @@ class LocalRuns:
         shutil.rmtree(self.root / batch_id, ignore_errors=True)
         for metadata in (self.root / ".flyte").glob(f"{run_prefix(batch_id)}*"):
             shutil.rmtree(metadata, ignore_errors=True)
+
+
+@dataclass
+class ProcessRun:
+    """A local run in a process of its own (`flyteplugins_batcher/server/_run_process.py`)."""
+
+    name: str
+    url: str
+    process: subprocess.Popen[bytes]
+    log: Path
+    aborted: bool = False
+
+    async def phase(self) -> str:
+        code = self.process.poll()
+        if code is None:
+            return "running"
+        if self.aborted:
+            return "aborted"
+        return "succeeded" if code == 0 else "failed"
+
+    async def abort(self) -> None:
+        self.aborted = True
+        self.process.terminate()
+        try:
+            await asyncio.wait_for(asyncio.to_thread(self.process.wait), PROCESS_STOP_S)
+        except TimeoutError:
+            self.process.kill()
+            await asyncio.to_thread(self.process.wait)
+
+    def failure(self) -> str:
+        lines = self.log.read_text(errors="replace").strip().splitlines() if self.log.is_file() else []
+        return lines[-1][:300] if lines else ""
+
+
+class ProcessRuns(LocalRuns):
+    """Local runs, each a process of its own with its own replica (engine and batcher), as runs on a cluster are.
+
+    The server's engine then answers online requests alone, at the cost of a second model in memory.
+    A run dies with the server that started it; the next attempt reuses its finished chunks (flyte's
+    local cache is shared by the processes of one user).
+    """
+
+    async def start(self, name: str, inputs: dict[str, Any]) -> RunHandle:
+        folder = Path(self.folder(_batch_of(name), name))
+        folder.mkdir(parents=True, exist_ok=True)
+        log = folder / "run.log"
+        arguments = json.dumps({**inputs, "input": inputs["input"].path})
+        with log.open("wb") as output:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "flyteplugins_batcher.server._run_process", arguments],
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=die_with_parent,  # only a prctl call between fork and exec
+            )
+        run = ProcessRun(name, "", process, log)
+        self._runs[name] = run
+        return run
 
 
 @dataclass
@@ -215,6 +281,11 @@ class RemoteRuns:
 
     def discard(self, batch_id: str) -> None:
         """Nothing: a run's inputs and outputs stay in the object store with the run (its lifecycle rules apply)."""
+
+
+def _batch_of(run_name: str) -> str:
+    """The batch id a run's name was made from (`batch-<hex>-<attempt>` is run `attempt` of `batch_<hex>`)."""
+    return run_name.rsplit("-", 1)[0].replace("-", "_", 1)
 
 
 def run_prefix(batch_id: str) -> str:

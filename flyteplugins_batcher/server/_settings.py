@@ -68,6 +68,12 @@ class ServerSettings:
             server and the runs both reach. Empty (the default): `data_dir/runs`, with runs on flyte's
             local runner in this process. An object-store prefix (`s3://bucket/batcher`, `gs://...`):
             runs on the cluster the app is deployed to, of the job task deployed with it.
+        local_runs: Where the `flyte` executor's local runs (no remote `runs_uri`) run their chunks.
+            `server` (the default): on the server's own engine, in its process (one model in memory;
+            online requests go first in its batcher, but share the engine's steps with the batch).
+            `process`: each run is a process of its own with its own engine, as a run on a cluster
+            has its GPU replicas, so that the server's engine answers online requests alone (a second
+            model in memory).
         files_uri: Where the files (uploads, batches' output and error files) are kept for every replica.
             Empty (the default): only in `data_dir/files`, which replicas share by sharing `data_dir`.
             An object-store prefix (`s3://bucket/batcher/files`, `gs://...`; `file:///abs/path` for a
@@ -98,6 +104,7 @@ class ServerSettings:
     lease_s: float = 15.0
     batch_executor: str = "in-process"
     runs_uri: str = ""
+    local_runs: str = "server"
     files_uri: str = ""
 
     @property

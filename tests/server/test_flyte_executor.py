@@ -52,9 +52,12 @@ def flyte_run(batch: Any) -> dict[str, Any]:
     return (batch.model_extra or {})["flyte_run"]
 
 
-def test_a_batch_is_a_flyte_run_its_counts_move_with_it_and_its_answers_are_the_in_process_ones(start) -> None:
+@pytest.mark.parametrize("local_runs", ["server", "process"])
+def test_a_batch_is_a_flyte_run_its_counts_move_with_it_and_its_answers_are_the_in_process_ones(
+    start, local_runs: str
+) -> None:
     lines = [*questions(40), chat_line("bad", "x", max_tokens=0)]
-    server = start(*ENGINE, *FLYTE)
+    server = start(*ENGINE, *FLYTE, "--local-runs", local_runs)
     client = server.client()
     batch_id = create_batch(server, lines)
 
@@ -62,6 +65,7 @@ def test_a_batch_is_a_flyte_run_its_counts_move_with_it_and_its_answers_are_the_
     batch = wait_for_batch(client, batch_id, timeout_s=180)
 
     assert seen.status == "in_progress" and flyte_run(seen)["name"] == f"{batch_id.replace('_', '-')}-1"
+    assert flyte_run(seen)["url"] == ""  # a local run has no address, and its folder is not for clients
     assert batch.status == "completed" and flyte_run(batch)["phase"] == "succeeded"
     assert not (server.data_dir / "runs" / batch_id).exists()  # the run's journal and files, once in the batch's
     counts = batch.request_counts
@@ -87,8 +91,9 @@ def test_a_batch_is_a_flyte_run_its_counts_move_with_it_and_its_answers_are_the_
     assert answers == expected  # the same job code, the same engine: the same answers
 
 
-def test_cancel_aborts_the_run_keeps_what_it_finished_and_fails_the_rest(start) -> None:
-    server = start(*ENGINE, *FLYTE)
+@pytest.mark.parametrize("local_runs", ["server", "process"])
+def test_cancel_aborts_the_run_keeps_what_it_finished_and_fails_the_rest(start, local_runs: str) -> None:
+    server = start(*ENGINE, *FLYTE, "--local-runs", local_runs)
     client = server.client()
     batch_id = create_batch(server, questions(60))
     wait_for_batch(client, batch_id, until=lambda b: b.request_counts.completed >= 4, timeout_s=180)
@@ -115,13 +120,14 @@ def test_an_expired_batch_aborts_its_run(start) -> None:
     assert {line["error"]["code"] for line in lines_of(server, batch.error_file_id)} == {"batch_expired"}
 
 
-def test_a_killed_server_runs_the_batch_again_and_answers_each_line_once(start) -> None:
-    server = start(*ENGINE, *FLYTE)
+@pytest.mark.parametrize("local_runs", ["server", "process"])
+def test_a_killed_server_runs_the_batch_again_and_answers_each_line_once(start, local_runs: str) -> None:
+    server = start(*ENGINE, *FLYTE, "--local-runs", local_runs)
     batch_id = create_batch(server, questions(60))
     partial = wait_for_batch(server.client(), batch_id, until=lambda b: b.request_counts.completed >= 8, timeout_s=180)
 
     server.kill()
-    restarted = start(*ENGINE, *FLYTE, data_dir=server.data_dir)
+    restarted = start(*ENGINE, *FLYTE, "--local-runs", local_runs, data_dir=server.data_dir)
     batch = wait_for_batch(restarted.client(), batch_id, timeout_s=240)
 
     assert partial.request_counts.completed < 60 and flyte_run(partial)["attempt"] == 1
