@@ -5,9 +5,10 @@ model, sleeping instead of computing), one file of gsm8k chat lines is answered 
 
 - **run-batch**: `python -m flyteplugins_batcher run-batch -i FILE -o DIR` (the JSONL job through
   flyte's local runner), timed from the command's start to its exit, start-up included;
-- **server, flyte executor**: `serve --batch-executor flyte`: the batch is a run of the same job
-  (here on flyte's local runner in the server's process), timed from `POST /v1/batches` to the
-  batch's `completed`, as its client polls it (every 0.2 s);
+- **server, flyte executor**: `serve --batch-executor flyte --local-runs process`: the batch is a
+  run of the same job, in a process of its own with its own replica (as on a cluster, where the
+  run's chunks go to the GPU replicas), timed from `POST /v1/batches` to the batch's `completed`,
+  as its client polls it (every 0.2 s);
 - **server, in-process executor**: `serve` (the default), timed the same way.
 
 The servers start first (their start-up is not timed; run-batch's is, as a user pays it). Rounds
@@ -18,9 +19,9 @@ run-batch's time.
 Then online latency: 4 closed-loop clients send chat requests to the flyte-executor server, first
 idle, then while a batch of twice the file runs, and the same to the in-process server. Reported:
 p50 and p99 latency and the busy/idle p99 ratio. Goal: the flyte executor's busy p99 within 2x of
-its idle p99. Locally the run's chunks share the server's engine (one process, one engine); online
-requests go ahead of batch lines in its batcher (`ONLINE_PRIORITY`). Deployed, the run's chunks go
-to the GPU replicas instead, and the app's engine serves online requests alone.
+its idle p99: the app's engine serves online requests while the run's replica answers the batch.
+The in-process executor shares one engine between both: online requests go ahead of batch lines in
+its batcher (`ONLINE_PRIORITY`), but share every step with the batch's sequences.
 
     python benchmarks/bench_batch_executor.py [--lines 2000] [--rounds 3] [--time-scale 1] [--max-num-seqs 256]
 """
@@ -130,6 +131,8 @@ def start_servers(args: argparse.Namespace, folder: Path) -> dict[str, ServerPro
     servers: dict[str, ServerProcess] = {}
     for executor in EXECUTORS:
         flags = [*engine_flags(args), "--no-embeddings", "--batch-executor", executor]
+        if executor == "flyte":  # the deployed shape: the run has a replica of its own, the server's engine is online's
+            flags += ["--local-runs", args.local_runs]
         servers[executor] = our_server(folder / f"data-{executor}", *flags)
     return servers
 
@@ -187,6 +190,40 @@ def latency_rows(runs: dict[str, dict[str, Any]]) -> list[list[object]]:
     return rows
 
 
+def ingest_rate(folder: Path, lines: int, database: str) -> float:
+    """Lines per second the server records from a run's journal (segments of 2,000 result lines) into `database`."""
+    from flyteplugins_batcher.jobs._journal import JournalEntry, JournalWriter
+    from flyteplugins_batcher.server._flyte_executor import JournalIngest
+    from flyteplugins_batcher.server._store import Store
+
+    async def write() -> None:
+        journal = JournalWriter(str(folder / "journal"), interval_s=0)
+        body = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "x" * 800}}]}
+        for line in range(1, lines + 1):
+            journal.add(JournalEntry(line, True, {"custom_id": f"q{line}", "response": {"body": body}}, 60, 200))
+            if line % 2000 == 0:
+                await journal.flush()
+        await journal.close()
+
+    asyncio.run(write())
+    store = Store(database or folder / "server.db")
+    counts = {"total": lines, "completed": 0, "failed": 0}
+    store.insert_batch(
+        {
+            "id": "batch_ingest",
+            "status": "in_progress",
+            "request_counts": counts,
+            "usage": {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0},
+        }
+    )
+    started = time.perf_counter()
+    recorded = asyncio.run(JournalIngest(store, "batch_ingest", str(folder / "journal")).read())
+    seconds = time.perf_counter() - started
+    store.close()
+    assert recorded == lines
+    return lines / seconds
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lines", type=int, default=2000, help="chat lines in the batch file")
@@ -194,6 +231,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--time-scale", type=float, default=1.0, help="the simulated engine's time scale")
     parser.add_argument("--max-num-seqs", type=int, default=256, help="the simulated engine's sequences per step")
     parser.add_argument("--max-tokens", type=int, default=256, help="tokens per answer (the engine's default)")
+    parser.add_argument("--ingest-lines", type=int, default=20000, help="journal lines for the ingest rate")
+    parser.add_argument("--database-url", default="", help="also measure the ingest rate on this PostgreSQL")
+    parser.add_argument("--local-runs", default="process", help="the flyte server's local runs: process or server")
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds of the three ways (the median is kept)")
     parser.add_argument("--online-clients", type=int, default=4, help="closed-loop online clients")
     parser.add_argument("--online-requests", type=int, default=64, help="online requests per load")
@@ -229,9 +269,23 @@ def main() -> None:
     print(f"\nonline: {args.online_clients} clients, {args.online_requests} requests, {args.online_max_tokens} tokens")
     print(markdown_table(["executor", "load", "answered", "p50 ms", "p99 ms", "busy/idle p99"], latency_rows(runs)))
     print(goals(timings, runs))
+    print_ingest_rates(args)
     rows = [(timed.way.split(" (")[0], timed.seconds) for timed in timings]
     title = "Time for one batch file (s), simulated H100"
     write_chart_data(args.chart_data, title=title, unit="s", rows=rows, digits=1)
+
+
+def print_ingest_rates(args: argparse.Namespace) -> None:
+    """How fast the server keeps up with runs: lines recorded per second from a journal, per database."""
+    rows = []
+    for name, database in (("SQLite", ""), ("PostgreSQL", args.database_url)):
+        if name == "SQLite" or database:
+            with tempfile.TemporaryDirectory(prefix="bench-ingest-") as temporary:
+                rows.append(
+                    [name, args.ingest_lines, f"{ingest_rate(Path(temporary), args.ingest_lines, database):,.0f}"]
+                )
+    print(f"\nrecording a run's journal ({args.ingest_lines} lines of about 1 KB)")
+    print(markdown_table(["database", "lines", "lines/s"], rows))
 
 
 def median_timed(runs: tuple[Timed, ...]) -> Timed:
