@@ -47,7 +47,7 @@ from flyteplugins_batcher.server._flyte_runs import (
 from flyteplugins_batcher.server._in_process import InProcessExecutor
 from flyteplugins_batcher.server._inference import Inference
 from flyteplugins_batcher.server._settings import ServerSettings
-from flyteplugins_batcher.server._store import LineRecord, Store
+from flyteplugins_batcher.server._store import Store
 
 logger = logging.getLogger("flyteplugins_batcher.server")
 
@@ -124,9 +124,8 @@ class JournalIngest:
         """Record every segment written since the last read; returns how many lines they held."""
         lines = 0
         while (entries := await read_segment(self.location, self.next_segment)) is not None:
-            records = [LineRecord(e.line, e.ok, e.output, e.input_tokens, e.output_tokens) for e in entries]
-            await asyncio.to_thread(self.store.record_lines, self.batch_id, records)
-            lines += len(records)
+            await asyncio.to_thread(self.store.record_lines, self.batch_id, entries)  # an entry is a LineRecord
+            lines += len(entries)
             self.next_segment += 1
         return lines
 

@@ -34,6 +34,8 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
+from flyteplugins_batcher.jobs._journal import JournalEntry
+
 metadata = sa.MetaData()
 
 files_table = sa.Table(
@@ -86,15 +88,9 @@ class LeaseLost(Exception):
         self.batch_id = batch_id
 
 
-@dataclass(frozen=True)
-class LineRecord:
-    """One answered line of a batch: its number, whether it succeeded, its output line, its tokens."""
-
-    line: int
-    ok: bool
-    output: dict[str, Any]
-    input_tokens: int = 0
-    output_tokens: int = 0
+LineRecord = JournalEntry
+"""One answered line of a batch: its number, whether it succeeded, its output line, its tokens (a run journal's
+entry, which the flyte executor records as it is)."""
 
 
 @dataclass(frozen=True)
