@@ -143,7 +143,9 @@ def test_a_cancelled_batch_stops_its_lines_in_flight_and_keeps_what_was_answered
     # handed out and not started, never ran (had they run, they would add 60 tokens each).
     assert metrics[PROCESSED] == counts.completed and batch.usage.output_tokens == counts.completed * tokens
     assert metrics[GENERATED] - batch.usage.output_tokens < (slots + 1) * tokens
-    assert metrics[CANCELLED] == metrics[DISPATCHED] - metrics[PROCESSED] > slots  # waiting lines were cancelled too
+    # Every line handed to the engine and not finished was cancelled, and so were lines still waiting in
+    # the batcher (the engine holds its slots and a quarter more; the rest waits where it can be dropped).
+    assert metrics[CANCELLED] >= metrics[DISPATCHED] - metrics[PROCESSED] and metrics[CANCELLED] > slots
 
 
 def _lines(client: openai.OpenAI, file_id: str | None) -> list[dict]:
