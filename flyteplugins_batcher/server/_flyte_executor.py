@@ -47,7 +47,7 @@ from flyteplugins_batcher.server._flyte_runs import (
 from flyteplugins_batcher.server._in_process import InProcessExecutor
 from flyteplugins_batcher.server._inference import Inference
 from flyteplugins_batcher.server._settings import ServerSettings
-from flyteplugins_batcher.server._store import Store
+from flyteplugins_batcher.server._store import LeaseLost, Store
 
 logger = logging.getLogger("flyteplugins_batcher.server")
 
@@ -173,8 +173,12 @@ class FlyteExecutor:
         """
         run = await self._run_of(batch)
         ingest = JournalIngest(self.store, batch["id"], f"{self.launcher.folder(batch['id'], run.name)}/journal")
-        phase = await self._follow(batch, run, ingest, cancelled)
-        await ingest.read()  # what the run wrote last
+        try:
+            phase = await self._follow(batch, run, ingest, cancelled)
+            await ingest.read()  # what the run wrote last
+        except LeaseLost:
+            await self._let_go(run)
+            raise
         self.launcher.discard(batch["id"])  # every line it answered is in the store now
         if phase in ("failed", "timed_out") and not cancelled.is_set():
             logger.warning("batch %s: run %s %s: %s", batch["id"], run.name, phase, run.failure())
@@ -194,9 +198,22 @@ class FlyteExecutor:
         name = run_name(batch["id"], attempt)
         self._record_run(batch["id"], {"name": name, "url": "", "phase": "starting", "attempt": attempt})
         run = await self.launcher.start(name, await self._inputs(batch, name))
-        self._record_run(batch["id"], {"name": name, "url": run.url, "phase": "queued", "attempt": attempt})
+        try:
+            self._record_run(batch["id"], {"name": name, "url": run.url, "phase": "queued", "attempt": attempt})
+        except LeaseLost:
+            await self._let_go(run)
+            raise
         logger.info("batch %s: started run %s (attempt %d)", batch["id"], name, attempt)
         return run
+
+    async def _let_go(self, run: RunHandle) -> None:
+        """Another replica runs the batch now: stop a run that dies with this server, or it would repeat that work.
+
+        A cluster's run goes on: the replica that took the batch over follows it by name.
+        """
+        if self.launcher.runs_are_ours:
+            logger.info("run %s: its batch was taken over by another replica; stopping it", run.name)
+            await run.abort()
 
     async def _inputs(self, batch: dict[str, Any], name: str) -> dict[str, Any]:
         """The JSONL job's inputs for a run of `batch`: its file, where to write, the server's settings.

@@ -87,6 +87,11 @@ class RunLauncher(Protocol):
         """Remove what a batch's runs left, once the batch holds every line they answered."""
         ...
 
+    @property
+    def runs_are_ours(self) -> bool:
+        """Whether runs live and die with this server (local), so that one that lost its batch must be stopped."""
+        ...
+
 
 @dataclass
 class LocalRun:
@@ -145,6 +150,10 @@ class LocalRuns:
     async def attach(self, name: str) -> RunHandle | None:
         return self._runs.get(name)
 
+    @property
+    def runs_are_ours(self) -> bool:
+        return True
+
     async def input_file(self, path: Path, batch_id: str) -> File:
         return File(path=str(path.resolve()))
 
@@ -156,6 +165,8 @@ class LocalRuns:
         shutil.rmtree(self.root / batch_id, ignore_errors=True)
         for metadata in (self.root / ".flyte").glob(f"{run_prefix(batch_id)}*"):
             shutil.rmtree(metadata, ignore_errors=True)
+        for name in [name for name in self._runs if name.startswith(run_prefix(batch_id))]:
+            del self._runs[name]  # a server that runs batches for months keeps none of their runs
 
 
 @dataclass
@@ -281,6 +292,11 @@ class RemoteRuns:
 
     def discard(self, batch_id: str) -> None:
         """Nothing: a run's inputs and outputs stay in the object store with the run (its lifecycle rules apply)."""
+
+    @property
+    def runs_are_ours(self) -> bool:
+        """False: a cluster's run outlives a server; the replica that takes its batch over follows it by name."""
+        return False
 
 
 def _batch_of(run_name: str) -> str:

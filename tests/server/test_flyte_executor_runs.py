@@ -19,7 +19,7 @@ from flyte.io import File
 from flyteplugins_batcher.jobs._journal import JournalEntry, JournalWriter
 from flyteplugins_batcher.server._flyte_executor import FlyteExecutor, RunFailedError, run_name
 from flyteplugins_batcher.server._settings import ServerSettings
-from flyteplugins_batcher.server._store import Store
+from flyteplugins_batcher.server._store import LeaseLost, Store
 
 
 class ClusterRun:
@@ -78,6 +78,8 @@ class Cluster:
 
     def discard(self, batch_id: str) -> None:
         self.discarded.append(batch_id)
+
+    runs_are_ours = False
 
 
 class Served:
@@ -161,3 +163,23 @@ def test_a_failed_run_names_itself_and_no_internals_and_its_journal_lines_stay(t
     assert "b-1" in message and "https://union.example/runs/b-1" in message
     assert "Traceback" not in message and "/srv/" not in message
     assert store.answered_lines("b") == {2}
+
+
+def test_a_local_run_whose_batch_another_replica_took_over_is_stopped(tmp_path: Path) -> None:
+    store = Store(tmp_path / "server.db")
+    cluster = Cluster(tmp_path / "runs")
+    cluster.runs_are_ours = True  # local runs: they die with the server that lost the batch
+    batch = a_batch(store, tmp_path)
+    other = Store(tmp_path / "server.db")
+    started = cluster.start
+
+    async def start_then_lose_the_lease(name: str, inputs: dict[str, Any]) -> ClusterRun:
+        run = await started(name, inputs)
+        assert other.claim("b", force=True)  # another replica takes the batch over as the run starts
+        return run
+
+    cluster.start = start_then_lose_the_lease  # type: ignore[method-assign]
+    with pytest.raises(LeaseLost):
+        asyncio.run(executor(store, cluster, tmp_path).answer(batch, cancelled=asyncio.Event()))
+
+    assert cluster.runs["b-1"].aborted  # not left running to answer lines the other replica answers
