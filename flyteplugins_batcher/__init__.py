@@ -15,10 +15,10 @@ Example:
 
 from __future__ import annotations
 
-from flyteplugins_batcher._batched import BatchedFunction, batched
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from flyteplugins_batcher._batcher import DynamicBatcher
-from flyteplugins_batcher._device_monitor import DeviceMonitor, DeviceUtilization
-from flyteplugins_batcher._environment import ReplicaStarvationWarning, inference_environment
 from flyteplugins_batcher._errors import (
     BatcherClosedError,
     BatcherError,
@@ -31,28 +31,55 @@ from flyteplugins_batcher._errors import (
     ResultCountError,
     UnrecoverableError,
 )
-from flyteplugins_batcher._histogram import Distribution
-from flyteplugins_batcher._invoke import BlockingProcessFnWarning
-from flyteplugins_batcher._lifecycle import BatcherState
-from flyteplugins_batcher._observers import BatchObserver, SettledOutcome
-from flyteplugins_batcher._openmp import release_openmp_pool
-from flyteplugins_batcher._records import (
+from flyteplugins_batcher._measure.histogram import Distribution
+from flyteplugins_batcher._measure.observers import BatchObserver
+from flyteplugins_batcher._measure.stats import BatchStats, BusyClock
+from flyteplugins_batcher._measure.timeline import Timeline
+from flyteplugins_batcher._pipeline.invoke import BlockingProcessFnWarning
+from flyteplugins_batcher._pipeline.lifecycle import BatcherState
+from flyteplugins_batcher._process.device_monitor import DeviceMonitor, DeviceUtilization
+from flyteplugins_batcher._process.openmp import release_openmp_pool
+from flyteplugins_batcher._process.sizing import InFlight, size_in_flight
+from flyteplugins_batcher._settings import BatcherOptions, BatcherSettings
+from flyteplugins_batcher._token_batcher import TokenBatcher
+from flyteplugins_batcher._types import (
     Cancellable,
     CostEstimator,
     CostEstimatorFn,
+    DispatchReason,
     InferenceFn,
     ProcessFn,
     Prompt,
+    SettledOutcome,
     TokenEstimator,
     TokenEstimatorFn,
 )
-from flyteplugins_batcher._settings import BatcherOptions, BatcherSettings, Grouping, OnError, Oversized
-from flyteplugins_batcher._shared import SharedBatcher
-from flyteplugins_batcher._sizing import InFlight, size_in_flight
-from flyteplugins_batcher._stats import BatchStats, DispatchReason
-from flyteplugins_batcher._timeline import Timeline
-from flyteplugins_batcher._token_batcher import TokenBatcher
 from flyteplugins_batcher._version import __version__
+
+if TYPE_CHECKING:
+    from flyteplugins_batcher._process.batched import BatchedFunction, batched
+    from flyteplugins_batcher._process.environment import ReplicaStarvationWarning, inference_environment
+    from flyteplugins_batcher._process.shared import SharedBatcher
+
+# The helpers for processes shared on Flyte import `flyte` and `async_lru`; they load on first use, so that
+# the batcher runs wherever asyncio does (a FastAPI app, a Ray actor, a GPU machine with only torch).
+_LAZY = {
+    "BatchedFunction": "flyteplugins_batcher._process.batched",
+    "batched": "flyteplugins_batcher._process.batched",
+    "ReplicaStarvationWarning": "flyteplugins_batcher._process.environment",
+    "inference_environment": "flyteplugins_batcher._process.environment",
+    "SharedBatcher": "flyteplugins_batcher._process.shared",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "BatchObserver",
@@ -66,6 +93,7 @@ __all__ = [
     "BatcherSettings",
     "BatcherState",
     "BlockingProcessFnWarning",
+    "BusyClock",
     "Cancellable",
     "CostBudgetExceededError",
     "CostEstimator",
@@ -75,11 +103,8 @@ __all__ = [
     "DispatchReason",
     "Distribution",
     "DynamicBatcher",
-    "Grouping",
     "InFlight",
     "InferenceFn",
-    "OnError",
-    "Oversized",
     "ProcessFn",
     "ProcessFnCancelledError",
     "Prompt",

@@ -30,19 +30,19 @@ from typing import Any, TypeVar
 
 from typing_extensions import Unpack
 
-from flyteplugins_batcher._cost import CostResolver
-from flyteplugins_batcher._dispatch import Dispatcher
-from flyteplugins_batcher._envelope import Envelope
 from flyteplugins_batcher._errors import BatcherFailedError
-from flyteplugins_batcher._invoke import is_async_callable
 from flyteplugins_batcher._keywords import SettingsKeywords, with_settings_signature
-from flyteplugins_batcher._lifecycle import ACTIVE, BatcherState, Lifecycle
-from flyteplugins_batcher._observers import BatchObserver
-from flyteplugins_batcher._records import CostEstimatorFn, ProcessFn, RecordT, ResultT
+from flyteplugins_batcher._measure.observers import BatchObserver
+from flyteplugins_batcher._measure.stats import BatchStats, StatsRecorder
+from flyteplugins_batcher._pipeline.cost import CostResolver
+from flyteplugins_batcher._pipeline.dispatch import Dispatcher
+from flyteplugins_batcher._pipeline.envelope import Envelope
+from flyteplugins_batcher._pipeline.invoke import is_async_callable
+from flyteplugins_batcher._pipeline.lifecycle import ACTIVE, BatcherState, Lifecycle
+from flyteplugins_batcher._pipeline.settle import Settler
+from flyteplugins_batcher._pipeline.streams import RecordStreams
 from flyteplugins_batcher._settings import BatcherSettings
-from flyteplugins_batcher._settle import Settler
-from flyteplugins_batcher._stats import BatchStats, StatsRecorder
-from flyteplugins_batcher._streams import RecordStreams
+from flyteplugins_batcher._types import CostEstimatorFn, ProcessFn, RecordT, ResultT
 
 logger = logging.getLogger("flyteplugins_batcher")
 

@@ -9,8 +9,8 @@ from typing_extensions import Unpack
 
 from flyteplugins_batcher._batcher import DynamicBatcher
 from flyteplugins_batcher._keywords import TokenSettingsKeywords, with_settings_signature
-from flyteplugins_batcher._records import CostEstimatorFn, ProcessFn, RecordT, ResultT
 from flyteplugins_batcher._settings import BatcherSettings, normalize_keywords
+from flyteplugins_batcher._types import CostEstimatorFn, ProcessFn, RecordT, ResultT
 
 
 class TokenBatcher(DynamicBatcher[RecordT, ResultT]):

@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from flyteplugins_batcher._settings import BatcherOptions, BatcherSettings
+from flyteplugins_batcher import BatcherOptions, BatcherSettings
 from flyteplugins_batcher.engines._completion import Completion
 from flyteplugins_batcher.engines._config import GenerationConfig
 from flyteplugins_batcher.engines._engine_errors import (
@@ -43,7 +43,7 @@ from flyteplugins_batcher.engines._prompts import (
 from flyteplugins_batcher.engines._structured import check_generation
 
 if TYPE_CHECKING:
-    from flyteplugins_batcher._token_batcher import TokenBatcher
+    from flyteplugins_batcher import TokenBatcher
 
 _TOKENIZE_CACHE_SIZE = 8192
 """Rendered prompts whose token ids are kept: the batcher's estimate and `generate` each tokenize a record."""
@@ -348,7 +348,7 @@ class Engine(abc.ABC):
             **overrides: Any `TokenBatcher` keyword (for example `target_batch_tokens`), applied
                 over `batcher_defaults()`; a misspelt one raises `TypeError` here.
         """
-        from flyteplugins_batcher._token_batcher import TokenBatcher
+        from flyteplugins_batcher import TokenBatcher
 
         options = BatcherOptions.parse(overrides, base=self.batcher_defaults())
         return TokenBatcher.from_settings(

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from flyteplugins_batcher._errors import UnrecoverableError
+from flyteplugins_batcher import UnrecoverableError
+
+
+def shown(value: object, limit: int = 80) -> str:
+    """`value` as a message names a record: its repr, its head only past `limit` characters."""
+    try:
+        text = repr(value)
+    except Exception as error:  # a broken __repr__ must not hide the error being reported
+        return f"<{type(value).__name__} with failing repr: {error!r}>"
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
+
 
 InvalidPromptCode = Literal["invalid_prompt", "context_length_exceeded", "invalid_request"]
 """The machine-readable reason an `InvalidPromptError` carries (`code`), as OpenAI's batch error lines name it."""

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-from flyteplugins_batcher._stats import BusyClock
+from flyteplugins_batcher import BusyClock
 from flyteplugins_batcher.engines._completion import Completion
 from flyteplugins_batcher.engines._engine_errors import RequestCancelledError
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from flyteplugins_batcher._errors import short_repr
+from flyteplugins_batcher.engines._engine_errors import shown
 
 
 def parse_json_object(text: str, what: str) -> dict[str, Any]:
@@ -26,7 +26,7 @@ def parse_json_object(text: str, what: str) -> dict[str, Any]:
     try:
         parsed = json.loads(text)
     except json.JSONDecodeError as error:
-        raise ValueError(f"{what} must be JSON text, got {short_repr(text)}: {error}") from None
+        raise ValueError(f"{what} must be JSON text, got {shown(text)}: {error}") from None
     if not isinstance(parsed, dict):
-        raise ValueError(f"{what} must be a JSON object, got {type(parsed).__name__}: {short_repr(text)}")
+        raise ValueError(f"{what} must be a JSON object, got {type(parsed).__name__}: {shown(text)}")
     return parsed

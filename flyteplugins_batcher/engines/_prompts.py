@@ -5,10 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from flyteplugins_batcher._errors import short_repr
-from flyteplugins_batcher._records import Prompt
+from flyteplugins_batcher import Prompt
 from flyteplugins_batcher.engines._config import GenerationConfig
-from flyteplugins_batcher.engines._engine_errors import InvalidPromptError
+from flyteplugins_batcher.engines._engine_errors import InvalidPromptError, shown
 from flyteplugins_batcher.engines._live import CancellationToken, DeltaListener
 
 ChatMessages = Sequence[Mapping[str, str]]
@@ -112,8 +111,8 @@ def describe(index: int, record: object) -> str:
     """Names a record in error messages: its position, its id if it has one, and a short repr."""
     if isinstance(record, Request):
         label = f"id={record.id!r}, " if record.id is not None else ""
-        return f"record {index} ({label}{short_repr(record.prompt, 60)})"
-    return f"record {index} ({short_repr(record, 60)})"
+        return f"record {index} ({label}{shown(record.prompt, 60)})"
+    return f"record {index} ({shown(record, 60)})"
 
 
 def normalize_record(record: object) -> str | list[Mapping[str, str]]:
@@ -137,14 +136,14 @@ def normalize_record(record: object) -> str | list[Mapping[str, str]]:
         for message in messages:
             if not isinstance(message, Mapping) or not isinstance(message.get("content"), str) or "role" not in message:
                 raise InvalidPromptError(
-                    f"chat messages must be mappings with 'role' and string 'content'; got {short_repr(message)}"
+                    f"chat messages must be mappings with 'role' and string 'content'; got {shown(message)}"
                 )
         if not any(message["content"].strip() for message in messages):
             raise InvalidPromptError("empty prompt: every chat message is empty")
         return messages
     raise InvalidPromptError(
         f"a prompt record must be a str, a Prompt, chat messages or a Request; got {type(record).__name__}: "
-        f"{short_repr(record)}"
+        f"{shown(record)}"
     )
 
 

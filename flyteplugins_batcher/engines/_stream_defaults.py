@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flyteplugins_batcher._settings import BatcherSettings
+from flyteplugins_batcher import BatcherSettings
 
 STREAM_OVERCOMMIT = 2
 """Estimated tokens in flight may reach this multiple of the KV cache: estimates count every record's

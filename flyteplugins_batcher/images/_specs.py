@@ -36,7 +36,9 @@ from pathlib import Path
 
 import flyte
 
-from flyteplugins_batcher._version import DISTRIBUTION, __version__
+from flyteplugins_batcher import __version__
+
+DISTRIBUTION = "flyteplugins-batcher"
 
 PYTHON_VERSION = (3, 11)
 REGISTRY_ENV = "BATCH_LLM_IMAGE_REGISTRY"

@@ -19,7 +19,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from flyteplugins_batcher._timeline import Timeline
+from flyteplugins_batcher import Timeline
 from flyteplugins_batcher.jobs._report_svg import (
     PLOT_LEFT,
     PLOT_WIDTH,

@@ -11,8 +11,7 @@ from typing import Any
 
 from flyte.io import File
 
-from flyteplugins_batcher import BatchStats
-from flyteplugins_batcher._timeline import Timeline
+from flyteplugins_batcher import BatchStats, Timeline
 from flyteplugins_batcher.engines import Completion, EngineStats, GenerationConfig, Request, ResponseFormat, Sample
 from flyteplugins_batcher.jobs._reruns import ItemOutcomes
 

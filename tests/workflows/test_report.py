@@ -9,7 +9,7 @@ import pytest
 from flyte.io import File
 from flyte.types import TypeEngine
 
-from flyteplugins_batcher._timeline import Timeline, TimelineRecorder
+from flyteplugins_batcher._measure.timeline import Timeline, TimelineRecorder
 from flyteplugins_batcher.jobs._report import final_html
 from flyteplugins_batcher.jobs._report_charts import (
     RATE_BUCKETS,

@@ -20,7 +20,7 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from flyteplugins_batcher._settings import BatcherSettings
+from flyteplugins_batcher import BatcherSettings
 from flyteplugins_batcher.engines._base import LoadedModel, Outcome, StreamingEngine
 from flyteplugins_batcher.engines._completion import Completion, FinishReason, Sample
 from flyteplugins_batcher.engines._engine_errors import EngineNotLoadedError, RequestCancelledError

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from flyteplugins_batcher._settings import BatcherSettings
+from flyteplugins_batcher import BatcherSettings
 from flyteplugins_batcher.engines import _install
 from flyteplugins_batcher.engines._base import BatchEngine, LoadedModel, Outcome
 from flyteplugins_batcher.engines._completion import Completion, Sample, trim_at_stop

@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from flyteplugins_batcher._settings import BatcherSettings
+from flyteplugins_batcher import BatcherSettings
 from flyteplugins_batcher.engines import _install
 from flyteplugins_batcher.engines._base import BatchEngine, Engine, LoadedModel, Outcome
 from flyteplugins_batcher.engines._completion import Completion, FinishReason, Sample

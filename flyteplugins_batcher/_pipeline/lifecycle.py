@@ -15,13 +15,13 @@ import logging
 from collections.abc import Callable
 from typing import Protocol
 
-from flyteplugins_batcher._dispatch import Dispatcher
 from flyteplugins_batcher._errors import (
     BatcherClosedError,
     BatcherFailedError,
     BatcherNotRunningError,
     UnrecoverableError,
 )
+from flyteplugins_batcher._pipeline.dispatch import Dispatcher
 
 logger = logging.getLogger("flyteplugins_batcher")
 

@@ -25,8 +25,9 @@ import contextlib
 from collections import deque
 from collections.abc import Iterator
 
-from flyteplugins_batcher._envelope import QUEUED, STAGED, Envelope, RecordState, move, take_live
+from flyteplugins_batcher._pipeline.envelope import QUEUED, STAGED, Envelope, move, take_live
 from flyteplugins_batcher._settings import Grouping
+from flyteplugins_batcher._types import RecordState
 
 
 class PendingQueue:

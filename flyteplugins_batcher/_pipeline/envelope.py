@@ -21,25 +21,11 @@ when it has one (`_records.Cancellable`; `tell_when_cancelled`), and then ends `
 from __future__ import annotations
 
 import asyncio
-import enum
 import functools
 from typing import Any
 
 from flyteplugins_batcher._errors import short_repr
-
-
-class RecordState(enum.Enum):
-    """Where a record is in the batcher."""
-
-    QUEUED = "queued"  # in the waiting room
-    STAGED = "staged"  # in a batch formed ahead, waiting for a runner
-    RUNNING = "running"  # in a batch a runner took
-    DROPPED = "dropped"  # left the queue without running (cancelled or past its deadline); the Settler ends it
-    COMPLETED = "completed"  # went through the process function: its future has the result or the error
-    FAILED = "failed"  # the batcher failed before the record completed
-    CANCELLED = "cancelled"  # by its caller, by `stop(cancel_pending=True)`, or by an abort
-    EXPIRED = "expired"  # its deadline passed before it was dispatched
-
+from flyteplugins_batcher._types import RecordState
 
 QUEUED = RecordState.QUEUED
 STAGED = RecordState.STAGED

@@ -1,13 +1,44 @@
-"""Record-side contracts: the cost and cancellation protocols, the `Prompt` record and the callable type aliases."""
+"""The types the batcher's parts share: a record's contracts (cost, cancellation, `Prompt`), the callable
+type aliases, and the names of states, dispatch reasons and outcomes."""
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar, runtime_checkable
+from typing import Literal, Protocol, TypeVar, runtime_checkable
 
 RecordT = TypeVar("RecordT")
 ResultT = TypeVar("ResultT")
+
+
+class RecordState(enum.Enum):
+    """Where a record is in the batcher."""
+
+    QUEUED = "queued"  # in the waiting room
+    STAGED = "staged"  # in a batch formed ahead, waiting for a runner
+    RUNNING = "running"  # in a batch a runner took
+    DROPPED = "dropped"  # left the queue without running (cancelled or past its deadline); the Settler ends it
+    COMPLETED = "completed"  # went through the process function: its future has the result or the error
+    FAILED = "failed"  # the batcher failed before the record completed
+    CANCELLED = "cancelled"  # by its caller, by `stop(cancel_pending=True)`, or by an abort
+    EXPIRED = "expired"  # its deadline passed before it was dispatched
+
+
+DispatchReason = Literal["full", "budget", "timeout", "idle", "drain"]
+"""Why a batch went out:
+
+- `full`: it reached `max_batch_size`.
+- `budget`: the next record would have pushed it over `target_batch_cost`.
+- `timeout`: its oldest record had waited `batch_timeout_s`.
+- `idle`: the engine had nothing in flight and at least `min_batch_size` records were waiting.
+- `drain`: the batcher was stopping or flushed (for example at the end of `run`/`map`).
+"""
+
+SettledOutcome = Literal["completed", "failed", "cancelled", "expired"]
+"""How records ended: went through the process function (`completed`, some of them perhaps with their own
+error), failed with the batcher, were cancelled by their caller (before they ran, or while they ran if they could
+be told to stop: `Cancellable`), or passed their deadline before dispatch."""
 
 
 @runtime_checkable

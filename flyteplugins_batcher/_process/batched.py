@@ -10,12 +10,12 @@ from typing_extensions import Unpack
 
 from flyteplugins_batcher._batcher import DynamicBatcher
 from flyteplugins_batcher._keywords import SubmitOptions
-from flyteplugins_batcher._observers import BatchObserver
-from flyteplugins_batcher._records import ProcessFn, RecordT, ResultT
+from flyteplugins_batcher._measure.observers import BatchObserver
+from flyteplugins_batcher._measure.stats import BatchStats
+from flyteplugins_batcher._process.shared import SharedBatcher
 from flyteplugins_batcher._settings import BatcherOptions
-from flyteplugins_batcher._shared import SharedBatcher
-from flyteplugins_batcher._stats import BatchStats
 from flyteplugins_batcher._token_batcher import TokenBatcher
+from flyteplugins_batcher._types import ProcessFn, RecordT, ResultT
 
 
 class BatchedFunction(Generic[RecordT, ResultT]):

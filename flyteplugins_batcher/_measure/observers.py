@@ -8,17 +8,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from flyteplugins_batcher._stats import DispatchReason
+    from flyteplugins_batcher._types import DispatchReason, SettledOutcome
 
 logger = logging.getLogger("flyteplugins_batcher")
-
-SettledOutcome = Literal["completed", "failed", "cancelled", "expired"]
-"""How records ended: went through the process function (`completed`, some of them perhaps with their own
-error), failed with the batcher, were cancelled by their caller (before they ran, or while they ran if they could
-be told to stop: `Cancellable`), or passed their deadline before dispatch."""
 
 
 class BatchObserver(Protocol):

@@ -21,10 +21,10 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field
 
-from flyteplugins_batcher._envelope import QUEUED, RUNNING, STAGED, Envelope, take_live
-from flyteplugins_batcher._pending import PendingQueue
+from flyteplugins_batcher._pipeline.envelope import QUEUED, RUNNING, STAGED, Envelope, take_live
+from flyteplugins_batcher._pipeline.pending import PendingQueue
 from flyteplugins_batcher._settings import BatcherSettings
-from flyteplugins_batcher._stats import DispatchReason
+from flyteplugins_batcher._types import DispatchReason
 
 
 @dataclass(eq=False)

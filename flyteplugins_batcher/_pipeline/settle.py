@@ -15,7 +15,9 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from flyteplugins_batcher._envelope import (
+from flyteplugins_batcher._errors import RecordExpiredError, UnrecoverableError, add_note, short_repr
+from flyteplugins_batcher._measure.stats import StatsRecorder
+from flyteplugins_batcher._pipeline.envelope import (
     CANCELLED,
     COMPLETED,
     ENDS,
@@ -26,8 +28,6 @@ from flyteplugins_batcher._envelope import (
     RecordState,
     is_cancellable,
 )
-from flyteplugins_batcher._errors import RecordExpiredError, UnrecoverableError, add_note, short_repr
-from flyteplugins_batcher._stats import StatsRecorder
 
 logger = logging.getLogger("flyteplugins_batcher")
 

@@ -13,7 +13,7 @@ import heapq
 import time
 from collections.abc import Callable
 
-from flyteplugins_batcher._envelope import WAITING, Envelope
+from flyteplugins_batcher._pipeline.envelope import WAITING, Envelope
 
 _SLACK = 64
 """Entries that can no longer expire tolerated beyond twice the records in the batcher before the heap is rebuilt."""

@@ -13,9 +13,9 @@ from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, C
 from typing import TYPE_CHECKING, Any, Generic
 
 from flyteplugins_batcher._errors import BatcherClosedError, BatcherFailedError, BatcherNotRunningError
-from flyteplugins_batcher._records import RecordT, ResultT
+from flyteplugins_batcher._pipeline.settle import Settler
 from flyteplugins_batcher._settings import BatcherSettings
-from flyteplugins_batcher._settle import Settler
+from flyteplugins_batcher._types import RecordT, ResultT
 
 
 class RecordStreams(Generic[RecordT, ResultT]):

@@ -20,16 +20,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from flyteplugins_batcher._envelope import Envelope
 from flyteplugins_batcher._errors import (
     ProcessFnCancelledError,
     ResultCountError,
     UnrecoverableError,
 )
-from flyteplugins_batcher._invoke import BlockingStepMonitor, is_async_callable
-from flyteplugins_batcher._openmp import release_openmp_pool
-from flyteplugins_batcher._staging import Batch, StagingArea
-from flyteplugins_batcher._stats import BatchClock
+from flyteplugins_batcher._measure.stats import BatchClock
+from flyteplugins_batcher._pipeline.envelope import Envelope
+from flyteplugins_batcher._pipeline.invoke import BlockingStepMonitor, is_async_callable
+from flyteplugins_batcher._pipeline.staging import Batch, StagingArea
+from flyteplugins_batcher._process.openmp import release_openmp_pool
 
 logger = logging.getLogger("flyteplugins_batcher")
 

@@ -13,7 +13,7 @@ import math
 from collections import deque
 
 from flyteplugins_batcher._errors import QueueFullError
-from flyteplugins_batcher._pending import PendingQueue
+from flyteplugins_batcher._pipeline.pending import PendingQueue
 
 
 class Backpressure:

@@ -15,16 +15,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from flyteplugins_batcher._backpressure import Backpressure
-from flyteplugins_batcher._deadlines import DeadlineWatch
-from flyteplugins_batcher._envelope import CANCELLED, COMPLETED, FAILED, Envelope, tell_when_cancelled
 from flyteplugins_batcher._errors import BatcherFailedError
-from flyteplugins_batcher._records import ProcessFn
-from flyteplugins_batcher._runners import RunnerHooks, RunnerPool
+from flyteplugins_batcher._measure.stats import StatsRecorder
+from flyteplugins_batcher._pipeline.backpressure import Backpressure
+from flyteplugins_batcher._pipeline.deadlines import DeadlineWatch
+from flyteplugins_batcher._pipeline.envelope import CANCELLED, COMPLETED, FAILED, Envelope, tell_when_cancelled
+from flyteplugins_batcher._pipeline.runners import RunnerHooks, RunnerPool
+from flyteplugins_batcher._pipeline.settle import Settler
+from flyteplugins_batcher._pipeline.staging import Batch, Plan, StagingArea
 from flyteplugins_batcher._settings import BatcherSettings
-from flyteplugins_batcher._settle import Settler
-from flyteplugins_batcher._staging import Batch, Plan, StagingArea
-from flyteplugins_batcher._stats import StatsRecorder
+from flyteplugins_batcher._types import ProcessFn
 
 _monotonic = time.monotonic
 

@@ -5,27 +5,18 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from flyteplugins_batcher._deprecation import warn_deprecated
-from flyteplugins_batcher._envelope import COMPLETED, FAILED, RecordState
-from flyteplugins_batcher._histogram import Distribution, LogHistogram
-from flyteplugins_batcher._observers import Observers, SettledOutcome
-from flyteplugins_batcher._timeline import Timeline, TimelineRecorder, completion_tokens
+from flyteplugins_batcher._measure.histogram import Distribution, LogHistogram
+from flyteplugins_batcher._measure.observers import Observers
+from flyteplugins_batcher._measure.timeline import Timeline, TimelineRecorder, completion_tokens
+from flyteplugins_batcher._types import DispatchReason, RecordState, SettledOutcome
 
 if TYPE_CHECKING:
-    from flyteplugins_batcher._envelope import Envelope
-    from flyteplugins_batcher._staging import Batch
+    from flyteplugins_batcher._pipeline.envelope import Envelope
+    from flyteplugins_batcher._pipeline.staging import Batch
 
-DispatchReason = Literal["full", "budget", "timeout", "idle", "drain"]
-"""Why a batch went out:
-
-- `full`: it reached `max_batch_size`.
-- `budget`: the next record would have pushed it over `target_batch_cost`.
-- `timeout`: its oldest record had waited `batch_timeout_s`.
-- `idle`: the engine had nothing in flight and at least `min_batch_size` records were waiting.
-- `drain`: the batcher was stopping or flushed (for example at the end of `run`/`map`).
-"""
 
 DISPATCH_REASONS: tuple[DispatchReason, ...] = ("full", "budget", "timeout", "idle", "drain")
 
@@ -147,8 +138,8 @@ def _ms(seconds: float) -> str:
 
 
 _OUTCOMES: dict[RecordState, SettledOutcome] = {
-    COMPLETED: "completed",
-    FAILED: "failed",
+    RecordState.COMPLETED: "completed",
+    RecordState.FAILED: "failed",
     RecordState.CANCELLED: "cancelled",
     RecordState.EXPIRED: "expired",
 }
@@ -288,11 +279,11 @@ class StatsRecorder:
         `failed` of them (when they completed) got an exception.
         """
         count = len(latencies)
-        if end is COMPLETED:
+        if end is RecordState.COMPLETED:
             self._completed += count
             self._failed += failed
             self._latency.add_many(latencies)
-        elif end is FAILED:
+        elif end is RecordState.FAILED:
             self._failed += count
         elif end is RecordState.CANCELLED:
             self._cancelled += count
