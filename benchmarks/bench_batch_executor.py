@@ -192,7 +192,8 @@ def latency_rows(runs: dict[str, dict[str, Any]]) -> list[list[object]]:
 
 def ingest_rate(folder: Path, lines: int, database: str) -> float:
     """Lines per second the server records from a run's journal (segments of 2,000 result lines) into `database`."""
-    from flyteplugins_batcher.jobs._journal import JournalEntry, JournalWriter
+    from flyteplugins_batcher.jobs._journal import JournalWriter
+    from flyteplugins_batcher.replica import FinishedLine
     from flyteplugins_batcher.server._flyte_executor import JournalIngest
     from flyteplugins_batcher.server._store import Store
 
@@ -200,7 +201,7 @@ def ingest_rate(folder: Path, lines: int, database: str) -> float:
         journal = JournalWriter(str(folder / "journal"), interval_s=0)
         body = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "x" * 800}}]}
         for line in range(1, lines + 1):
-            journal.add(JournalEntry(line, True, {"custom_id": f"q{line}", "response": {"body": body}}, 60, 200))
+            journal.add(FinishedLine(line, True, {"custom_id": f"q{line}", "response": {"body": body}}, 60, 200))
             if line % 2000 == 0:
                 await journal.flush()
         await journal.close()

@@ -48,7 +48,7 @@ import numpy as np  # noqa: E402
 import flyteplugins_batcher as ours  # noqa: E402
 from benchmarks._charts import add_chart_flag, write_chart_data  # noqa: E402
 from benchmarks._tables import markdown_table  # noqa: E402
-from flyteplugins_batcher.jobs._embeddings import load_model, model_reference  # noqa: E402
+from flyteplugins_batcher.engines import EmbeddingModel  # noqa: E402
 
 DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "gsm8k" / "test.jsonl"
 BATCH = 64
@@ -259,7 +259,7 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     texts = load_corpus(args.data, args.texts)
-    model = Model(load_model(model_reference()))
+    model = Model(EmbeddingModel().load())
     model.encode(texts[:BATCH], BATCH)  # warm up
     ways = all_ways(model, texts)
     if args.ways:

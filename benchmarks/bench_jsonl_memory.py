@@ -40,8 +40,8 @@ def write_requests(path: Path, count: int) -> None:
 async def run_driver(path: Path, chunk_size: int, max_in_flight: int) -> int:
     from flyteplugins_batcher.engines import GenerationConfig
     from flyteplugins_batcher.jobs._driver import fan_out
-    from flyteplugins_batcher.jobs._jsonl_job import Job
-    from flyteplugins_batcher.jobs._schema import ChunkOutcome, ItemResult, ReplicaSnapshot, RequestChunk
+    from flyteplugins_batcher.jobs._jsonl.job import Job
+    from flyteplugins_batcher.replica import ChunkOutcome, ItemResult, ReplicaSnapshot, RequestChunk
 
     async def answer(chunk: RequestChunk) -> ChunkOutcome:  # a trivial engine: echo, at once
         await asyncio.sleep(0)

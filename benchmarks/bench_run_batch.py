@@ -39,7 +39,8 @@ if str(REPO_ROOT) not in sys.path:
 
 from benchmarks._charts import add_chart_flag, write_chart_data  # noqa: E402
 from benchmarks._tables import markdown_table  # noqa: E402
-from flyteplugins_batcher.engines import BUNDLED_MODEL_NAME, bundled_smollm2_path  # noqa: E402
+from flyteplugins_batcher.engines import bundled_smollm2_path  # noqa: E402
+from flyteplugins_batcher.engines._smollm2 import BUNDLED_MODEL_NAME  # noqa: E402
 
 DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "gsm8k" / "test.jsonl"
 SAMPLE_DATA = REPO_ROOT / "flyteplugins_batcher" / "jobs" / "data" / "gsm8k_sample.jsonl"

@@ -1,9 +1,9 @@
 """Scale, measured the way a GPU cluster behaves: the real driver, R replica processes, a GPU-timed engine.
 
-The real JSONL job (`flyteplugins_batcher/jobs/_jsonl_job.py`'s chunks through
+The real JSONL job (`flyteplugins_batcher/jobs/_jsonl/job.py`'s chunks through
 `flyteplugins_batcher/jobs/_driver.py`'s `fan_out`, results written to `results.jsonl`) runs against R
 replica processes (spawned), each running the real replica code path
-(`flyteplugins_batcher.jobs._llm_replica.run_chunk`: the shared batcher, the engine's
+(`LLMReplica.run_chunk`, `flyteplugins_batcher.replica`: the shared batcher, the engine's
 `TokenBatcher` settings, stream mode) around `SimulatedEngine`: vLLM's continuous batching with an
 H100's step times, sleeping instead of computing. A router in the driver queues calls as Flyte
 does (FIFO; a call goes to any replica with one of its `concurrency` slots free) with a one-way
@@ -60,8 +60,9 @@ from benchmarks.scale_harness import (  # noqa: E402
     write_requests,
 )
 from flyteplugins_batcher import InFlight, size_in_flight  # noqa: E402
-from flyteplugins_batcher.engines import OutputLengths, SimulatedEngine, SimulatedGpu  # noqa: E402
-from flyteplugins_batcher.jobs._schema import EngineSettings  # noqa: E402
+from flyteplugins_batcher.engines import SimulatedEngine  # noqa: E402
+from flyteplugins_batcher.engines.simulated import OutputLengths, SimulatedGpu  # noqa: E402
+from flyteplugins_batcher.replica import EngineSettings  # noqa: E402
 
 DEFAULT_QUESTIONS = REPO_ROOT.parent / "shared" / "data" / "gsm8k" / "test.jsonl"
 BEFORE = InFlight(chunk_size=32, concurrency=10, chunks_in_flight=16, requests_per_replica=320)

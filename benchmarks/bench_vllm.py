@@ -47,14 +47,9 @@ if str(REPO_ROOT) not in sys.path:
 from benchmarks._charts import add_chart_flag, write_chart_data  # noqa: E402
 from benchmarks._tables import markdown_table  # noqa: E402
 from flyteplugins_batcher import TokenBatcher  # noqa: E402
-from flyteplugins_batcher.engines import (  # noqa: E402
-    BUNDLED_MODEL_NAME,
-    Completion,
-    GenerationConfig,
-    bundled_smollm2_path,
-    create_engine,
-    parse_engine_args,
-)
+from flyteplugins_batcher.engines import Completion, GenerationConfig, bundled_smollm2_path, create_engine  # noqa: E402
+from flyteplugins_batcher.engines._smollm2 import BUNDLED_MODEL_NAME  # noqa: E402
+from flyteplugins_batcher.engines.vllm import parse_engine_args  # noqa: E402
 from flyteplugins_batcher.engines.vllm._args import running_on_cpu, with_device_defaults  # noqa: E402
 
 DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "gsm8k" / "test.jsonl"

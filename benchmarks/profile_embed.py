@@ -41,7 +41,7 @@ import numpy as np  # noqa: E402
 import flyteplugins_batcher as ours  # noqa: E402
 from benchmarks._tables import markdown_table  # noqa: E402
 from benchmarks.bench_embed import BATCH, DEFAULT_DATA, load_corpus, through_producers  # noqa: E402
-from flyteplugins_batcher.jobs._embeddings import load_model, model_reference  # noqa: E402
+from flyteplugins_batcher.engines import EmbeddingModel  # noqa: E402
 
 
 @dataclass
@@ -174,7 +174,7 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     texts = load_corpus(args.data, args.texts)
-    model = TimedModel(load_model(model_reference()))
+    model = TimedModel(EmbeddingModel().load())
     model.encode(texts[:BATCH])  # warm up
     ways: dict[str, Callable[[], Any]] = {
         "model.encode(all)": lambda: model.encode(texts),

@@ -1,7 +1,7 @@
 """A fleet of replica processes behind a router that queues calls the way Flyte does, fed by the real JSONL job.
 
 - `ReplicaProcess`: one spawned process running the real replica code path
-  (`flyteplugins_batcher.jobs._llm_replica.run_chunk`: the shared batcher, the engine's `TokenBatcher` settings,
+  (`LLMReplica.run_chunk`, `flyteplugins_batcher.replica`: the shared batcher, the engine's `TokenBatcher` settings,
   stream mode) around whichever engine the settings name (the simulated GPU, or real vLLM).
   Calls and their results travel over pipes; `kill()` ends it with SIGKILL.
 - `Router`: Flyte's queue in front of reusable replicas. A call waits (FIFO) until any live
@@ -9,7 +9,7 @@
   result travels back for `latency_s` (the slot frees when the replica finishes). A call whose
   replica died is retried on the others, as Flyte retries a chunk whose task died.
 - `run_job`: the real driver (`flyteplugins_batcher.jobs._driver.fan_out` over
-  `flyteplugins_batcher.jobs._jsonl_job.Job`'s chunks, results written to `results.jsonl` by the job)
+  `flyteplugins_batcher.jobs._jsonl.job.Job`'s chunks, results written to `results.jsonl` by the job)
   through a `Router`, optionally killing one replica halfway; it returns what happened, with every replica state
   the chunks brought back.
 """
@@ -38,9 +38,8 @@ from flyteplugins_batcher import BlockingProcessFnWarning
 from flyteplugins_batcher.batch_api import parse_request_line
 from flyteplugins_batcher.engines import Request
 from flyteplugins_batcher.jobs._driver import fan_out
-from flyteplugins_batcher.jobs._jsonl_job import Job
-from flyteplugins_batcher.jobs._request_lines import to_item
-from flyteplugins_batcher.jobs._schema import (
+from flyteplugins_batcher.jobs._jsonl.job import Job
+from flyteplugins_batcher.replica import (
     ChatMessage,
     ChunkOutcome,
     EngineSettings,
@@ -88,7 +87,11 @@ def write_requests(path: Path, count: int, questions: Sequence[str], *, max_toke
 def request_items(path: Path) -> list[RequestItem]:
     """The chunk item of every line, as the JSONL job makes it."""
     with path.open(encoding="utf-8") as lines:
-        return [to_item(parse_request_line(text, number)) for number, text in enumerate(lines, start=1) if text.strip()]
+        return [
+            RequestItem.of(parse_request_line(text, number))
+            for number, text in enumerate(lines, start=1)
+            if text.strip()
+        ]
 
 
 def engine_requests(path: Path, settings: EngineSettings) -> list[Request]:
@@ -110,7 +113,7 @@ def serve_replica(calls: multiprocessing.connection.Connection, answers: multipr
 
 
 async def _serve(calls: multiprocessing.connection.Connection, answers: multiprocessing.connection.Connection) -> None:
-    from flyteplugins_batcher.jobs._llm_replica import process_replica
+    from flyteplugins_batcher.replica import LLMReplica
 
     loop = asyncio.get_running_loop()
     inbox: asyncio.Queue[Any] = asyncio.Queue()
@@ -131,22 +134,22 @@ async def _serve(calls: multiprocessing.connection.Connection, answers: multipro
         task = asyncio.create_task(_answer(message, answers))
         running.add(task)
         task.add_done_callback(running.discard)
-    await process_replica().aclose()
+    await LLMReplica.of_process().aclose()
 
 
 async def _answer(message: tuple[str, int, Any], answers: multiprocessing.connection.Connection) -> None:
-    from flyteplugins_batcher.jobs._llm_replica import process_replica, run_chunk
+    from flyteplugins_batcher.replica import LLMReplica
 
     kind, call_id, payload = message
     try:
         if kind == "chunk":
-            value: Any = await run_chunk(*payload)
+            value: Any = await LLMReplica.of_process().run_chunk(*payload)
         elif kind == "load":  # load the engine; its state before any work
-            replica = process_replica()
+            replica = LLMReplica.of_process()
             batcher = await replica.shared.get(payload)
             value = replica.snapshot(batcher, replica.shared.loaded_model)
         else:  # "probe": what the harness itself costs
-            engine = process_replica().shared.loaded_model
+            engine = LLMReplica.of_process().shared.loaded_model
             value = {"cpu_s": time.process_time(), "lag_s": getattr(engine, "lag_s", 0.0)}
         answers.send((call_id, True, value))
     except Exception as error:

@@ -12,8 +12,8 @@ from typing import Any
 
 from benchmarks._tables import markdown_table
 from benchmarks.scale_harness import JobRun, ReplicaProcess, request_items
-from flyteplugins_batcher.engines import SimulatedGpu
-from flyteplugins_batcher.jobs._schema import EngineSettings, RequestChunk
+from flyteplugins_batcher.engines.simulated import SimulatedGpu
+from flyteplugins_batcher.replica import EngineSettings, RequestChunk
 
 GOALS = {"occupancy": 0.95, "makespan_x_ideal": 1.05, "scaling": 7.6, "long_makespan_x_ideal": 1.10}
 
@@ -224,7 +224,7 @@ def header(result: dict[str, Any], args: argparse.Namespace) -> str:
     )
     return (
         f"{source}\nThe real JSONL job and fan_out against R replica processes running "
-        "flyteplugins_batcher.jobs._llm_replica.run_chunk (shared TokenBatcher, stream mode); "
+        "LLMReplica.run_chunk (shared TokenBatcher, stream mode); "
         f"calls wait FIFO for a free replica slot, {args.latency:g} s "
         f"each way. In-flight work: {defaults}. Occupancy: while work remains (until the last call leaves the driver), "
         "running sequences per step over max_num_seqs x the share of time the engine had work; run occupancy: per "

@@ -9,7 +9,7 @@ Then point any OpenAI client at it: `OpenAI(base_url="http://127.0.0.1:8000/v1",
 
 import flyte
 
-from flyteplugins_batcher.jobs import EngineSettings
+from flyteplugins_batcher.replica import EngineSettings
 from flyteplugins_batcher.server import BatcherAppEnvironment, ServerSettings
 
 app_env = BatcherAppEnvironment(

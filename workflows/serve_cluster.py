@@ -13,7 +13,7 @@ batches over. The batch object names its run (`flyte_run`), to open in Flyte's U
 import flyte
 import flyte.app
 
-from flyteplugins_batcher.jobs import EngineSettings
+from flyteplugins_batcher.replica import EngineSettings
 from flyteplugins_batcher.server import BatcherAppEnvironment, ServerSettings
 
 app_env = BatcherAppEnvironment(

@@ -15,6 +15,7 @@ import typing
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import docstring_parser
 import rich_click as click
 
 OptionDecorator = Callable[[Callable[..., Any]], Callable[..., Any]]
@@ -38,9 +39,7 @@ def option_for(name: str, annotation: Any, default: Any, help_text: str) -> clic
 
 def input_options(func: Callable[..., Any], *, skip: Iterable[str] = ()) -> OptionDecorator:
     """One option per input of `func` (a job's spread task function), less `skip`, with its default."""
-    from flyteplugins_batcher.jobs._options import input_help
-
-    described, hints, skipped = input_help(func), typing.get_type_hints(func), set(skip)
+    described, hints, skipped = _documented(func, "param"), typing.get_type_hints(func), set(skip)
     return _attach(
         option_for(parameter.name, hints[parameter.name], parameter.default, described.get(parameter.name, ""))
         for parameter in inspect.signature(func).parameters.values()
@@ -55,11 +54,9 @@ def setting_options(*classes: type) -> OptionDecorator:
     class too. Which options the command line gave, `given_on_command_line` tells: the rest keep
     what the settings read from the environment (`BATCH_SERVE_*`), else their defaults.
     """
-    from flyteplugins_batcher.jobs._options import option_help
-
     options = []
     for cls in classes:
-        hints, described = typing.get_type_hints(cls), option_help(cls)
+        hints, described = typing.get_type_hints(cls), _documented(cls, "attribute")
         for item in dataclasses.fields(cls):
             if item.init and not dataclasses.is_dataclass(hints[item.name]):
                 options.append(option_for(item.name, hints[item.name], _field_default(item), described[item.name]))
@@ -90,6 +87,12 @@ def _attach(options: Iterable[click.Option]) -> OptionDecorator:
         return command
 
     return decorate
+
+
+def _documented(documented: Any, section: str) -> dict[str, str]:
+    """The help of each input (`param`: a function's `Args:`) or field (`attribute`: a dataclass's `Attributes:`)."""
+    params = docstring_parser.parse(documented.__doc__ or "").params
+    return {param.arg_name: " ".join((param.description or "").split()) for param in params if param.args[0] == section}
 
 
 def _field_default(item: dataclasses.Field[Any]) -> Any:

@@ -8,6 +8,7 @@ takes run here unchanged, but for `-o`, which names a folder here.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -17,11 +18,12 @@ import rich_click as click
 from flyteplugins_batcher.batch_api import EMBEDDINGS_ENDPOINT
 from flyteplugins_batcher.cli._options import given, input_options
 from flyteplugins_batcher.cli._run import local_file, run_locally
-from flyteplugins_batcher.jobs import EngineSettings, process_replica, run_batch_file
-from flyteplugins_batcher.jobs._options import build_option_set
+from flyteplugins_batcher.jobs import run_batch_file
+from flyteplugins_batcher.replica import EngineSettings, LLMReplica
 
 _JOB = run_batch_file.func
 _VLLM_FLAGS = ("enforce_eager",)  # a boolean flag in vLLM, a text field of the job
+_ENGINE_FIELDS = tuple(field.name for field in dataclasses.fields(EngineSettings))  # the job's inputs spread them
 
 
 def _engine_args(engine_args: str, max_num_seqs: int | None) -> str:
@@ -60,8 +62,8 @@ def _preload(inputs: dict[str, Any], input_path: Path) -> None:
     """
     if "generation" not in _line_kinds(input_path):
         return
-    settings = build_option_set(_JOB, EngineSettings, inputs)
-    process_replica().shared.preload(settings)
+    settings = EngineSettings(**{name: inputs[name] for name in _ENGINE_FIELDS if name in inputs})
+    LLMReplica.of_process().shared.preload(settings)
 
 
 def _output_dir(value: Path) -> Path:

@@ -20,7 +20,7 @@ from typing import Any
 import rich_click as click
 
 from flyteplugins_batcher.cli._options import given_on_command_line, setting_options
-from flyteplugins_batcher.jobs._schema import EngineSettings
+from flyteplugins_batcher.replica import EngineSettings
 from flyteplugins_batcher.server._settings import PREFIX, ServerSettings
 
 ACTIVATE_TIMEOUT_S = 900.0

@@ -8,14 +8,15 @@ Three jobs, each a driver task with its environment, and the replica tasks they 
   occupancy and accuracy in its report.
 - `embed_corpus` (`embed_driver_env`): a corpus embedded into one Parquet file.
 
-The replicas are process-level singletons on reusable containers: `gpu_env` runs `infer_chunk`
-(one engine and one shared `TokenBatcher` per process, `LLMReplica`), `embed_env` runs
-`embed_chunk` and `embed_requests` (one `@batched` embedding model per process). Their sizes come
-from `BATCH_LLM_*` and `EMBED_*` variables, read when this package is imported.
+The replica tasks run on reusable containers: `gpu_env` runs `infer_chunk` (on this process's
+`LLMReplica`: one engine and one shared `TokenBatcher`), `embed_env` runs `embed_chunk` and
+`embed_requests` (on this process's `EmbeddingReplica`; both in `flyteplugins_batcher.replica`).
+Their sizes come from `BATCH_LLM_*` and `EMBED_*` variables, read when this package is imported.
 
 The machinery is public too, for jobs of your own: `fan_out` (bounded chunks in flight, failures
-per chunk), `retrying_reused_failures` (reruns), `Job` (a JSONL file read lazily), `Progress`
-(the progress line and the live report), `task_with_options` (option dataclasses as task inputs).
+per chunk), `retrying_reused_failures` (reruns), `Progress` (the progress line and the live
+report), `task_with_options` (option dataclasses as task inputs), and `read_journal_segment` (a
+run's finished lines as it goes, for a follower such as the Batch API server).
 
 Example:
     ```python
@@ -31,98 +32,37 @@ Example:
 
 from __future__ import annotations
 
-from flyteplugins_batcher.jobs._batch_jsonl import OUTPUT_FILES as BATCH_OUTPUT_FILES
-from flyteplugins_batcher.jobs._batch_jsonl import driver_env as jsonl_driver_env
-from flyteplugins_batcher.jobs._batch_jsonl import main as run_batch_file
-from flyteplugins_batcher.jobs._batch_llm import driver_env as gsm8k_driver_env
-from flyteplugins_batcher.jobs._batch_llm import main as solve_gsm8k
-from flyteplugins_batcher.jobs._driver import (
-    Counts,
-    FanOutStats,
-    JsonLines,
-    RunOptions,
-    UnrecoverableRunError,
-    check_failures,
-    fan_out,
-    finish_run,
-)
-from flyteplugins_batcher.jobs._embed import EmbedSummary
-from flyteplugins_batcher.jobs._embed import driver_env as embed_driver_env
-from flyteplugins_batcher.jobs._embed import main as embed_corpus
-from flyteplugins_batcher.jobs._embed_replica import EMBED_POOL, embed_chunk, embed_env, embed_requests
-from flyteplugins_batcher.jobs._environments import ReplicaPool, driver_environment
-from flyteplugins_batcher.jobs._jsonl_job import Job
-from flyteplugins_batcher.jobs._llm_replica import (
-    LLM_POOL,
-    LLM_SIZING,
-    LLMReplica,
-    gpu_env,
-    infer_chunk,
-    load_engine,
-    process_replica,
-    run_chunk,
-    set_process_replica,
-)
+from flyteplugins_batcher.jobs._corpus.job import EmbedSummary, embed_corpus, embed_driver_env
+from flyteplugins_batcher.jobs._driver import RunOptions, UnrecoverableRunError, fan_out
+from flyteplugins_batcher.jobs._environments import embed_env, gpu_env
+from flyteplugins_batcher.jobs._gsm8k.job import gsm8k_driver_env, solve_gsm8k
+from flyteplugins_batcher.jobs._journal import read_journal_segment
+from flyteplugins_batcher.jobs._jsonl.task import jsonl_driver_env, run_batch_file
 from flyteplugins_batcher.jobs._options import task_with_options
-from flyteplugins_batcher.jobs._outputs import Destination, OutputDirError, WorkFolder
+from flyteplugins_batcher.jobs._replica_tasks import embed_chunk, embed_requests, infer_chunk
 from flyteplugins_batcher.jobs._report import Progress
 from flyteplugins_batcher.jobs._reruns import retrying_reused_failures
-from flyteplugins_batcher.jobs._schema import (
-    ChatMessage,
-    ChunkOutcome,
-    EngineSettings,
-    ItemResult,
-    ReplicaSnapshot,
-    RequestChunk,
-    RequestItem,
-    RunSummary,
-)
+from flyteplugins_batcher.jobs._summary import RunSummary
 
 __all__ = [
-    "BATCH_OUTPUT_FILES",
-    "EMBED_POOL",
-    "LLM_POOL",
-    "LLM_SIZING",
-    "ChatMessage",
-    "ChunkOutcome",
-    "Counts",
-    "Destination",
     "EmbedSummary",
-    "EngineSettings",
-    "FanOutStats",
-    "ItemResult",
-    "Job",
-    "JsonLines",
-    "LLMReplica",
-    "OutputDirError",
     "Progress",
-    "ReplicaPool",
-    "ReplicaSnapshot",
-    "RequestChunk",
-    "RequestItem",
     "RunOptions",
     "RunSummary",
     "UnrecoverableRunError",
-    "WorkFolder",
-    "check_failures",
-    "driver_environment",
     "embed_chunk",
     "embed_corpus",
     "embed_driver_env",
     "embed_env",
     "embed_requests",
     "fan_out",
-    "finish_run",
     "gpu_env",
     "gsm8k_driver_env",
     "infer_chunk",
     "jsonl_driver_env",
-    "load_engine",
-    "process_replica",
+    "read_journal_segment",
     "retrying_reused_failures",
     "run_batch_file",
-    "run_chunk",
-    "set_process_replica",
     "solve_gsm8k",
     "task_with_options",
 ]

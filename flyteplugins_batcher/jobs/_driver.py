@@ -33,7 +33,8 @@ from flyteplugins_batcher import size_in_flight
 from flyteplugins_batcher.jobs._environments import ReplicaPool
 from flyteplugins_batcher.jobs._outputs import PublishError, WorkFolder
 from flyteplugins_batcher.jobs._report import Progress, final_html, print_report_location
-from flyteplugins_batcher.jobs._schema import ReplicaSnapshot, RunSummary
+from flyteplugins_batcher.jobs._summary import RunSummary
+from flyteplugins_batcher.replica import ReplicaSnapshot
 
 logger = logging.getLogger("flyteplugins_batcher.jobs._driver")
 

@@ -1,9 +1,13 @@
-"""Flyte environments of the workflows: pools of reusable replicas sized from environment variables, and drivers.
+"""Flyte environments of the jobs: pools of reusable replicas sized from environment variables, and drivers.
 
 Replicas, concurrent calls per replica and the GPU type are environment-level settings, fixed when
 a workflow module is imported: set `<PREFIX>_REPLICAS`, `<PREFIX>_CONCURRENCY` and `<PREFIX>_GPU`
 (for example `A100:1`, or `none` for CPU replicas) before `flyte run` / `flyte deploy`. The LLM
 replicas read `BATCH_LLM_*`, the embedding replicas `EMBED_*`.
+
+The LLM replicas' default concurrency (and the jobs' default chunk size, `LLM_SIZING`) comes from
+`size_in_flight` for the engine's `max_num_seqs`: `BATCH_LLM_MAX_NUM_SEQS`, else vLLM's default for
+the GPU type (1024 on H100-class GPUs, 256 elsewhere).
 """
 
 from __future__ import annotations
@@ -13,8 +17,8 @@ from dataclasses import dataclass
 
 import flyte
 
-from flyteplugins_batcher import inference_environment
-from flyteplugins_batcher.images import driver_image
+from flyteplugins_batcher import InFlight, inference_environment, size_in_flight
+from flyteplugins_batcher.images import driver_image, embed_image, gpu_image
 
 
 @dataclass(frozen=True)
@@ -70,3 +74,39 @@ def driver_environment(name: str, *depends_on: flyte.TaskEnvironment) -> flyte.T
         resources=flyte.Resources(cpu=2, memory="4Gi"),
         depends_on=list(depends_on),
     )
+
+
+DEFAULT_GPU = "L4:1"
+
+
+_LARGE_GPUS = ("H100", "H200", "H20", "GH200", "B200", "B300", "GB200", "MI300")
+"""GPUs of 70 GiB or more (other than the A100), to which vLLM (0.9+) gives 1024 sequences by default."""
+
+
+def vllm_default_max_num_seqs(gpu: str | None) -> int:
+    """vLLM's default `max_num_seqs` on a GPU requested as `"H100:1"`: 1024 on H100-class GPUs, else 256."""
+    kind = (gpu or "").split(":")[0].upper()
+    return 1024 if kind.startswith(_LARGE_GPUS) else 256
+
+
+def sizing_from_environment() -> InFlight:
+    """In-flight work sized for `BATCH_LLM_MAX_NUM_SEQS`, else for vLLM's default on `BATCH_LLM_GPU`."""
+    capacity = os.environ.get("BATCH_LLM_MAX_NUM_SEQS") or vllm_default_max_num_seqs(
+        os.environ.get("BATCH_LLM_GPU", DEFAULT_GPU)
+    )
+    return size_in_flight(int(capacity))
+
+
+LLM_SIZING = sizing_from_environment()
+
+
+LLM_POOL = ReplicaPool.from_environment("BATCH_LLM", replicas=2, concurrency=LLM_SIZING.concurrency, gpu=DEFAULT_GPU)
+
+
+gpu_env = LLM_POOL.environment("batch_llm_gpu", image=gpu_image)
+
+
+EMBED_POOL = ReplicaPool.from_environment("EMBED", replicas=2, concurrency=8)
+
+
+embed_env = EMBED_POOL.environment("embed_gpu", image=embed_image)

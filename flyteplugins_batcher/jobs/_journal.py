@@ -15,40 +15,18 @@ The Batch API server's `flyte` executor follows its runs this way: the segments 
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import flyte.storage
 
+from flyteplugins_batcher.replica import FinishedLine
+
 DEFAULT_INTERVAL_S = 2.0
 """Least seconds between two segments while a run goes (the last is written at the end whatever the interval)."""
-
-
-@dataclass(frozen=True)
-class JournalEntry:
-    """One finished line: its 1-based number in the input, whether it was answered, its output line, its tokens."""
-
-    line: int
-    ok: bool
-    output: dict[str, Any]
-    input_tokens: int = 0
-    output_tokens: int = 0
-
-    def to_json(self) -> str:
-        tokens = [self.input_tokens, self.output_tokens]
-        return json.dumps({"line": self.line, "ok": self.ok, "output": self.output, "tokens": tokens})
-
-    @classmethod
-    def from_json(cls, text: str) -> JournalEntry:
-        data = json.loads(text)
-        input_tokens, output_tokens = data.get("tokens", (0, 0))
-        return cls(int(data["line"]), bool(data["ok"]), data["output"], int(input_tokens), int(output_tokens))
 
 
 def segment_name(number: int) -> str:
@@ -75,7 +53,7 @@ class JournalWriter:
     Example:
         ```python
         journal = JournalWriter("/data/runs/batch_1")
-        journal.add(JournalEntry(line=3, ok=True, output=result_line))
+        journal.add(FinishedLine(line=3, ok=True, output=result_line))
         await journal.flush()  # a segment, if interval_s has passed since the last
         await journal.close()  # the rest
         ```
@@ -93,7 +71,7 @@ class JournalWriter:
         if not _is_remote(self.location):
             _local(self.location).mkdir(parents=True, exist_ok=True)
 
-    def add(self, entry: JournalEntry) -> None:
+    def add(self, entry: FinishedLine) -> None:
         """Keep a finished line for the next segment."""
         self._pending.append(entry.to_json())
 
@@ -128,7 +106,7 @@ def _write_whole(target: Path, data: bytes) -> None:
         raise
 
 
-async def read_segment(location: str, number: int) -> list[JournalEntry] | None:
+async def read_journal_segment(location: str, number: int) -> list[FinishedLine] | None:
     """The lines of a journal's `number`th segment, or `None` while it does not exist."""
     path = f"{location.rstrip('/')}/{segment_name(number)}"
     if _is_remote(location):
@@ -140,4 +118,4 @@ async def read_segment(location: str, number: int) -> list[JournalEntry] | None:
             data = _local(path).read_bytes()
         except FileNotFoundError:
             return None
-    return [JournalEntry.from_json(text) for text in data.decode().splitlines() if text.strip()]
+    return [FinishedLine.from_json(text) for text in data.decode().splitlines() if text.strip()]

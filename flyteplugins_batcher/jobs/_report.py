@@ -13,7 +13,8 @@ import flyte.report
 from flyteplugins_batcher.jobs._progress import ProgressLine, format_duration
 from flyteplugins_batcher.jobs._report_charts import timeline_section
 from flyteplugins_batcher.jobs._report_svg import CHART_WIDTH, PLOT_LEFT, svg, text
-from flyteplugins_batcher.jobs._schema import ReplicaSnapshot, RunSummary
+from flyteplugins_batcher.jobs._summary import RunSummary
+from flyteplugins_batcher.replica import ReplicaSnapshot
 
 logger = logging.getLogger("flyteplugins_batcher.jobs._report")
 

@@ -32,7 +32,7 @@ from flyteplugins_batcher.jobs._report_svg import (
     time_axis,
     value_axis,
 )
-from flyteplugins_batcher.jobs._schema import ReplicaSnapshot
+from flyteplugins_batcher.replica import ReplicaSnapshot
 
 BUSY_COLOR = "#2f80ed"
 IDLE_COLOR = "#e4e7eb"

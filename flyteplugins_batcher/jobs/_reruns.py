@@ -14,9 +14,8 @@ most one level, walked through cache hits.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from typing_extensions import Self
 
@@ -50,45 +49,6 @@ ChunkT = TypeVar("ChunkT", bound=RetryableChunk)
 OutcomeT = TypeVar("OutcomeT", bound=RetryableOutcome)
 SaltedInfer = Callable[[ChunkT, str], Awaitable[OutcomeT]]
 """Runs a chunk with a cache salt: `infer(chunk, salt)` (a fresh salt makes it run again instead of reusing it)."""
-
-
-class ItemOutcomes:
-    """What the workflows' chunk outcomes share: which items this run computed, and merging a retry.
-
-    A dataclass that mixes it in has `finished_at` (when its replica finished it), `results` (one per
-    item, each with an `error_code`, empty when it succeeded), `replica`, and `fresh`: `None` when all
-    its items share `finished_at`'s run, else the positions this run computed (its retried items).
-    """
-
-    finished_at: float
-    fresh: list[int] | None
-    results: list[Any]
-
-    def computed_since(self, position: int, started: float) -> bool:
-        """Whether the item at `position` was computed by the run that started at `started` (not reused)."""
-        if self.fresh is not None:
-            return position in self.fresh
-        return self.finished_at >= started
-
-    def was_retried(self, position: int) -> bool:
-        """Whether the item at `position` had failed in an earlier run and this run computed it again."""
-        return self.fresh is not None and position in self.fresh
-
-    def failed_positions(self) -> list[int]:
-        return [position for position, result in enumerate(self.results) if result.error_code]
-
-    def with_retried(self, positions: Sequence[int], retried: Self, started: float) -> Self:
-        """This (reused) outcome with the items at `positions` replaced by their retry's outcomes.
-
-        Everything but the results (the replica's state, when it finished) is the later outcome's, so
-        that a retry that ran in this run counts in the run's statistics.
-        """
-        results = list(self.results)
-        for retry_position, position in enumerate(positions):
-            results[position] = retried.results[retry_position]
-        fresh = [position for index, position in enumerate(positions) if retried.computed_since(index, started)]
-        latest = retried if retried.finished_at > self.finished_at else self
-        return dataclasses.replace(latest, results=results, fresh=fresh)  # type: ignore[type-var]
 
 
 def retrying_reused_failures(

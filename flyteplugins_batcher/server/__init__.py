@@ -17,13 +17,13 @@ The way of a request, one module per step:
   `_streaming` sends a streamed answer's events as the engine makes its text, and `_live` cancels
   the record of a client who leaves (streamed or not).
 - `_files`, `_batch_jobs`, `_batch_runner`: an uploaded file, a batch over it, and the runner that
-  sends its lines through the JSONL job's code (`flyteplugins_batcher/jobs/_request_lines.py`),
+  sends its lines through the JSONL job's code (`flyteplugins_batcher/replica/_lines.py`),
   recording each answered line in `_store` before it counts.
 - `_errors`: every failure in OpenAI's error shape; `_metrics`: what `/metrics` exports.
 
 Example:
     ```python
-    from flyteplugins_batcher.jobs import EngineSettings
+    from flyteplugins_batcher.replica import EngineSettings
     from flyteplugins_batcher.server import BatcherAppEnvironment, ServerSettings
 
     app_env = BatcherAppEnvironment(settings=ServerSettings(engine=EngineSettings(model="Qwen/Qwen2.5-7B-Instruct")))

@@ -47,7 +47,7 @@ class BatcherAppEnvironment(FastAPIAppEnvironment):
 
     Example:
         ```python
-        from flyteplugins_batcher.jobs import EngineSettings
+        from flyteplugins_batcher.replica import EngineSettings
         from flyteplugins_batcher.server import BatcherAppEnvironment, ServerSettings
 
         app_env = BatcherAppEnvironment(
@@ -87,9 +87,9 @@ class BatcherAppEnvironment(FastAPIAppEnvironment):
         self.env_vars = {"BATCH_SERVE_HOST": DEPLOYED_HOST, **(self.env_vars or {})}
         self._check_replicas()
         if self.settings.batch_executor == "flyte":
-            from flyteplugins_batcher.jobs._batch_jsonl import driver_env
+            from flyteplugins_batcher.jobs import jsonl_driver_env
 
-            self.add_dependency(driver_env)  # deployed with the app: its batches are runs of the job
+            self.add_dependency(jsonl_driver_env)  # deployed with the app: its batches are runs of the job
         self.port = self.settings.port
         self.uvicorn_config = uvicorn.Config(
             self.app,

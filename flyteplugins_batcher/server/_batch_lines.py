@@ -2,7 +2,7 @@
 
 `BatchLines` runs one pass over a batch's input file. Lines already answered (by this server
 before it was killed and restarted) are skipped; the rest are parsed and cut into chunks exactly
-as `workflows/batch_jsonl.py` does (`flyteplugins_batcher/jobs/_request_lines.py`), the chunks run on this process's
+as the JSONL job does (`flyteplugins_batcher.replica`'s `LineRules` and `ChunkCutter`), the chunks run on this process's
 replica (`Inference.run_chunk`, the body of the workflows' replica tasks), and each chunk's
 answers are committed together with the batch's counts before they count.
 """
@@ -23,23 +23,14 @@ from flyteplugins_batcher.batch_api import (
     ParsedRequest,
     RequestLineError,
     SeenIds,
-    error_line,
     loads_bounded,
     read_request_lines,
 )
 from flyteplugins_batcher.engines import EngineConfigError
-from flyteplugins_batcher.jobs._driver import fan_out
-from flyteplugins_batcher.jobs._llm_replica import CANCELLED
-from flyteplugins_batcher.jobs._request_lines import (
-    ChunkCutter,
-    JobChunk,
-    JobOutcome,
-    LineRules,
-    chunk_answers,
-    read_requests,
-)
+from flyteplugins_batcher.jobs import fan_out
+from flyteplugins_batcher.replica import ChunkCutter, FinishedLine, JobChunk, JobOutcome, LineRules
 from flyteplugins_batcher.server._inference import Inference
-from flyteplugins_batcher.server._store import LineRecord, Store
+from flyteplugins_batcher.server._store import Store
 
 logger = logging.getLogger("flyteplugins_batcher.server")
 
@@ -137,13 +128,13 @@ class BatchLines:
     async def _chunks(self, answered: set[int]) -> AsyncIterator[JobChunk]:
         cutter = ChunkCutter(self.chunk_size, EMBEDDING_CHUNK_TEXTS)
         with self.path.open("rb") as lines, SeenIds() as seen:
-            for number, request in read_requests(lines, self.rules, seen):
+            for number, request in self.rules.read(lines, seen):
                 if self.should_stop():
                     return
                 if number in answered:
                     continue
                 if isinstance(request, RequestLineError):
-                    self.store.record_lines(self.batch_id, [_failed(request)])
+                    self.store.record_lines(self.batch_id, [FinishedLine.failed(request)])
                     continue
                 self._requests[request.custom_id] = request
                 chunk = cutter.add(request)
@@ -168,22 +159,12 @@ class BatchLines:
 
     async def _record(self, chunk: JobChunk, outcome: JobOutcome | None, reason: str) -> None:
         requests = {item.key: self._requests.pop(item.key) for item in chunk.items}
-        answers = chunk_answers(self.rules, chunk, outcome, reason, requests)
-        records = [
-            LineRecord(
-                answer.request.line,
-                answer.failure is None,
-                answer.output,
-                input_tokens=answer.prompt_tokens,
-                output_tokens=answer.completion_tokens,
-            )
-            for answer in answers
-            if answer.failure is None or answer.failure.code != CANCELLED  # the batch's end fails those
-        ]
+        # A line stopped by a cancel has no answer: the batch's end fails it.
+        records = [line for line in self.rules.answers(chunk, outcome, reason, requests) if line is not None]
         await asyncio.to_thread(self.store.record_lines, self.batch_id, records)
 
 
-def unanswered_records(path: Path, answered: set[int], code: str, message: str) -> list[LineRecord]:
+def unanswered_records(path: Path, answered: set[int], code: str, message: str) -> list[FinishedLine]:
     """An error record for every request line not answered (a cancelled or expired batch's rest)."""
     records = []
     with path.open("rb") as lines:
@@ -192,12 +173,8 @@ def unanswered_records(path: Path, answered: set[int], code: str, message: str) 
                 continue
             custom_id = _string_field(text, "custom_id") if isinstance(text, str) else None
             failure = RequestLineError(code, message, line=number, custom_id=custom_id)
-            records.append(_failed(failure))
+            records.append(FinishedLine.failed(failure))
     return records
-
-
-def _failed(error: RequestLineError) -> LineRecord:
-    return LineRecord(error.line, False, error_line(error, request_number=error.line))
 
 
 def seconds_left(batch: dict[str, Any]) -> float:

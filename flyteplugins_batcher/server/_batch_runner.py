@@ -22,7 +22,7 @@ import secrets
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from flyteplugins_batcher.jobs._driver import UnrecoverableRunError
+from flyteplugins_batcher.jobs import UnrecoverableRunError
 from flyteplugins_batcher.server._batch_jobs import TRANSITIONS, moved, validation_errors
 from flyteplugins_batcher.server._batch_lines import scan_input, seconds_left, unanswered_records
 from flyteplugins_batcher.server._errors import APIError

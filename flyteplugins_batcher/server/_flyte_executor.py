@@ -32,8 +32,7 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
-from flyteplugins_batcher.jobs._driver import RunOptions
-from flyteplugins_batcher.jobs._journal import read_segment
+from flyteplugins_batcher.jobs import RunOptions, read_journal_segment
 from flyteplugins_batcher.server._files import FileStore
 from flyteplugins_batcher.server._flyte_runs import (
     TERMINAL_PHASES,
@@ -123,8 +122,10 @@ class JournalIngest:
     async def read(self) -> int:
         """Record every segment written since the last read; returns how many lines they held."""
         lines = 0
-        while (entries := await read_segment(self.location, self.next_segment)) is not None:
-            await asyncio.to_thread(self.store.record_lines, self.batch_id, entries)  # an entry is a LineRecord
+        while (entries := await read_journal_segment(self.location, self.next_segment)) is not None:
+            await asyncio.to_thread(
+                self.store.record_lines, self.batch_id, entries
+            )  # a journal's entries are finished lines
             lines += len(entries)
             self.next_segment += 1
         return lines

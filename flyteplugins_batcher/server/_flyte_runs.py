@@ -41,7 +41,7 @@ TERMINAL_PHASES = frozenset({"succeeded", "failed", "aborted", "timed_out", "rec
 PROCESS_STOP_S = 10.0
 """Seconds an aborted run's process has to stop after SIGTERM before it is killed."""
 
-JOB_TASK_NAME = "batch_jsonl_driver.main"
+JOB_TASK_NAME = "batch_jsonl_driver.run_batch_file"
 """The JSONL job's task as deployed (`flyteplugins_batcher.jobs.run_batch_file`)."""
 
 
@@ -136,7 +136,7 @@ class LocalRuns:
         self._runs: dict[str, RunHandle] = {}
 
     async def start(self, name: str, inputs: dict[str, Any]) -> RunHandle:
-        from flyteplugins_batcher.jobs._batch_jsonl import main as job
+        from flyteplugins_batcher.jobs import run_batch_file as job
 
         flyte.init()  # local: no cluster, no config file
         metadata = self.root / ".flyte"

@@ -12,7 +12,7 @@ from typing import Any
 
 from flyteplugins_batcher import size_in_flight
 from flyteplugins_batcher.batch_api import ENDPOINTS
-from flyteplugins_batcher.jobs._request_lines import LineRules
+from flyteplugins_batcher.replica import LineRules
 from flyteplugins_batcher.server._batch_lines import BatchLines, seconds_left
 from flyteplugins_batcher.server._files import FileStore
 from flyteplugins_batcher.server._inference import Inference

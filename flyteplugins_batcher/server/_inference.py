@@ -1,8 +1,9 @@
 """The models the server answers with: this process's LLM replica and embedding function.
 
-They are the singletons the workflows' replicas use (`flyteplugins_batcher/jobs/_llm_replica.py`'s `LLMReplica`
-around a `SharedBatcher`, `flyteplugins_batcher/jobs/_embeddings.py`'s `@batched` `embed`), so an online request
-and a batch line are records in the same batchers, batched with every other request in flight.
+They are the replicas the jobs' tasks use (`flyteplugins_batcher.replica`: `LLMReplica` around a
+`SharedBatcher`, `EmbeddingReplica` around a batched function), so an online request and a batch line
+are records in the same batchers, batched with every other request in flight. The server makes its
+own and installs them as the process's, so that a local Flyte run in this process uses them too.
 Online requests are submitted with a higher priority than batch lines: when the queue backs up,
 a user waiting on an answer goes first, and a waiting batch line gains a priority level per
 `priority_aging_s`, so batches are slowed, not starved (a line that has waited 5 minutes goes before
@@ -25,13 +26,23 @@ from dataclasses import dataclass
 
 from flyteplugins_batcher import BatchObserver, BatchStats, TokenBatcher
 from flyteplugins_batcher.batch_api import BatchRequest, EmbeddingRequest
-from flyteplugins_batcher.engines import CancellationToken, Completion, DeltaListener, Engine, EngineNotLoadedError
-from flyteplugins_batcher.jobs._embed_replica import EmbeddingChunk, embed_request_chunk, embed_texts
-from flyteplugins_batcher.jobs._embeddings import Embedding, embed, load_model, model_reference
-from flyteplugins_batcher.jobs._embeddings import model_name as embedding_model_name
-from flyteplugins_batcher.jobs._llm_replica import LLMReplica, make_batcher, run_chunk, set_process_replica
-from flyteplugins_batcher.jobs._request_lines import JobChunk, JobOutcome, to_item
-from flyteplugins_batcher.jobs._schema import EngineSettings
+from flyteplugins_batcher.engines import (
+    CancellationToken,
+    Completion,
+    DeltaListener,
+    Embedding,
+    Engine,
+    EngineNotLoadedError,
+)
+from flyteplugins_batcher.replica import (
+    EmbeddingChunk,
+    EmbeddingReplica,
+    EngineSettings,
+    JobChunk,
+    JobOutcome,
+    LLMReplica,
+    RequestItem,
+)
 
 ONLINE_PRIORITY = 30
 """Online requests' priority in the shared batchers; batch lines have 0.
@@ -126,6 +137,7 @@ class Inference:
         self._llm_observers = list(llm_observers)
         self._embedding_observers = list(embedding_observers)
         self.replica = LLMReplica(make_batcher=self._observed_batcher)
+        self.embedding_replica = EmbeddingReplica() if embeddings else None
 
     @property
     def engine(self) -> Engine | None:
@@ -150,7 +162,8 @@ class Inference:
     @property
     def embedding_stats(self) -> BatchStats | None:
         """The embedding batcher's statistics, once it runs."""
-        return embed.stats if self.embeddings and embed.batcher is not None else None
+        replica = self.embedding_replica
+        return replica.embed.stats if replica is not None and replica.embed.batcher is not None else None
 
     @property
     def served_model(self) -> str:
@@ -161,19 +174,20 @@ class Inference:
     @property
     def embedding_model(self) -> str | None:
         """The embedding model's name, or `None` when embeddings are not served."""
-        return embedding_model_name() if self.embeddings else None
+        return self.embedding_replica.model.name if self.embedding_replica is not None else None
 
     async def load(self) -> None:
         """Load the LLM (and the embedding model), and start the LLM's batcher on this event loop.
 
-        This process's chunks (`flyteplugins_batcher.jobs._llm_replica.run_chunk`) run on this replica from now on.
+        They are this process's replicas from now on: a local Flyte run in this process runs its chunks on them.
         """
-        set_process_replica(self.replica)
+        self.replica.install()
         await self.replica.shared.get(self.engine_settings)
-        if self.embeddings:
-            await asyncio.to_thread(load_model, model_reference())
+        if self.embedding_replica is not None:
+            self.embedding_replica.install()
+            await self.embedding_replica.load()
             for observer in self._embedding_observers:
-                embed.add_observer(observer)
+                self.embedding_replica.embed.add_observer(observer)
 
     async def complete(self, request: BatchRequest) -> Completion:
         """One online request's completion, batched with everything else in flight; cancelled if this is.
@@ -198,7 +212,9 @@ class Inference:
         batcher = await self.replica.shared.get(self.engine_settings)
         token = CancellationToken()
         record = dataclasses.replace(
-            to_item(request).engine_request(self.engine_settings.generation()), cancellation=token, on_delta=on_delta
+            RequestItem.of(request).engine_request(self.engine_settings.generation()),
+            cancellation=token,
+            on_delta=on_delta,
         )
         future = await batcher.submit(record, priority=ONLINE_PRIORITY, wait_for_room=False)
         return OnlineRecord(future, token, record.generation.n if record.generation is not None else 1)
@@ -211,7 +227,8 @@ class Inference:
             EmptyDocumentError: A text has no embedding (the client's mistake).
             Exception: The model failed (the server's: not the text's fault, whatever its type).
         """
-        outcomes = await embed_texts(list(request.inputs), priority=ONLINE_PRIORITY, wait_for_room=False)
+        replica = self._embedding()
+        outcomes = await replica.embed_texts(list(request.inputs), priority=ONLINE_PRIORITY, wait_for_room=False)
         for outcome in outcomes:
             if isinstance(outcome, Exception):
                 raise outcome
@@ -220,24 +237,26 @@ class Inference:
     async def run_chunk(self, chunk: JobChunk, *, stop: asyncio.Event | None = None) -> JobOutcome:
         """A chunk of a batch job's lines, as the workflows' replicas run one; once `stop` is set, the rest stops.
 
-        A line cancelled so (queued: it never runs; running: it stops where the engine can stop it)
-        gets the error code `CANCELLED`.
+        A line stopped so (queued: it never runs; running: it stops where the engine can stop it) has
+        no answer (`ItemResult.was_stopped`).
         """
         if isinstance(chunk, EmbeddingChunk):
-            return await embed_request_chunk(chunk)
-        if stop is None:
-            return await run_chunk(chunk, self.engine_settings)
+            return await self._embedding().run_chunk(chunk)
         return await self.replica.run_chunk(chunk, self.engine_settings, stop=stop)
 
     async def aclose(self) -> None:
         """Stop the batchers and close the models."""
         await self.replica.aclose()
-        if self.embeddings:
-            await embed.aclose()
-        set_process_replica(None)
+        if self.embedding_replica is not None:
+            await self.embedding_replica.aclose()
+
+    def _embedding(self) -> EmbeddingReplica:
+        if self.embedding_replica is None:
+            raise RuntimeError("this server does not serve embeddings")
+        return self.embedding_replica
 
     def _observed_batcher(self, engine: Engine, settings: EngineSettings) -> TokenBatcher:
-        batcher = make_batcher(engine, settings, **server_admission(engine))
+        batcher = engine.batcher(**settings.batcher_keywords(), **server_admission(engine))
         for observer in self._llm_observers:
             batcher.add_observer(observer)
         return batcher

@@ -30,8 +30,7 @@ from flyteplugins_batcher.batch_api import (
     loads_bounded,
     parse_request,
 )
-from flyteplugins_batcher.engines import Completion, EngineDeadError, InvalidPromptError
-from flyteplugins_batcher.jobs._embeddings import EmptyDocumentError
+from flyteplugins_batcher.engines import Completion, EmptyDocumentError, EngineDeadError, InvalidPromptError
 from flyteplugins_batcher.server._errors import APIError
 from flyteplugins_batcher.server._live import CLIENT_CLOSED_REQUEST, completion_unless_gone
 from flyteplugins_batcher.server._service import Service, ServiceDep

@@ -4,8 +4,8 @@ The flyte executor starts it when a server's local runs are separate processes
 (`ServerSettings.local_runs="process"`): the run has its own replica, its own engine and batcher,
 as a run on a cluster has GPU replicas of its own, and the server's engine answers online requests
 alone. INPUTS is the job's inputs as JSON, with `input` a local path; the run goes through flyte's
-local runner (`flyteplugins_batcher/cli/_run.py`), and its exit status says how it ended (0:
-succeeded). It dies with the server that started it (Linux: the parent-death signal).
+local runner, as the server's own local runs do (`LocalRuns`), and its exit status says how it ended
+(0: succeeded). It dies with the server that started it (Linux: the parent-death signal).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
+import logging
 import signal
 import sys
 from pathlib import Path
@@ -33,15 +34,23 @@ def die_with_parent() -> None:
 
 def run(inputs: dict[str, Any]) -> None:
     """Run the JSONL job with `inputs` (`input`: a local path) on flyte's local runner in this process."""
-    from flyteplugins_batcher.cli._run import local_file, run_locally
-    from flyteplugins_batcher.jobs._batch_jsonl import main as job
+    import flyte
+    from flyte.io import File
 
-    run_locally(job, **{**inputs, "input": local_file(Path(inputs["input"]))})
+    from flyteplugins_batcher.jobs import run_batch_file
+
+    logging.getLogger("flyte").setLevel(logging.WARNING)
+    flyte.init()  # local: no cluster, no config file
+    local_input = File(path=str(Path(inputs["input"]).resolve()))
+    flyte.with_runcontext(mode="local").run(run_batch_file, **{**inputs, "input": local_input})
 
 
 if __name__ == "__main__":
     try:
         run(json.loads(sys.argv[1]))
-    except Exception as error:  # the job's own message, for the run's log; the exit status says it failed
-        print(f"run failed: {error}", file=sys.stderr)
+    except (
+        Exception
+    ) as error:  # the job's own message (flyte's last line), for the run's log; the exit status says it failed
+        reason = str(error).strip().splitlines()[-1:] or [type(error).__name__]
+        print(f"run failed: {reason[0]}", file=sys.stderr)
         sys.exit(1)

@@ -21,7 +21,6 @@ from fastapi import Depends, Request
 
 from flyteplugins_batcher import BatcherSettings
 from flyteplugins_batcher.engines import EngineStats
-from flyteplugins_batcher.jobs._embeddings import embed
 from flyteplugins_batcher.server._batch_jobs import ACTIVE
 from flyteplugins_batcher.server._batch_runner import BatchRunner
 from flyteplugins_batcher.server._files import FileStore
@@ -117,7 +116,8 @@ class Service:
         if batcher == "llm":
             running = self.inference.replica.shared.batcher
         else:
-            running = embed.batcher if self.inference.embedding_model else None
+            replica = self.inference.embedding_replica
+            running = replica.embed.batcher if replica is not None else None
         return running.settings if running is not None else None
 
     def _engine_stats(self) -> EngineStats | None:

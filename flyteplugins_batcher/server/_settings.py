@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flyteplugins_batcher.jobs._schema import EngineSettings
+from flyteplugins_batcher.replica import EngineSettings
 
 PREFIX = "BATCH_SERVE_"
 

@@ -34,7 +34,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
-from flyteplugins_batcher.jobs._journal import JournalEntry
+from flyteplugins_batcher.replica import FinishedLine
 
 metadata = sa.MetaData()
 
@@ -86,11 +86,6 @@ class LeaseLost(Exception):
     def __init__(self, batch_id: str) -> None:
         super().__init__(f"batch {batch_id} is no longer run by this server")
         self.batch_id = batch_id
-
-
-LineRecord = JournalEntry
-"""One answered line of a batch: its number, whether it succeeded, its output line, its tokens (a run journal's
-entry, which the flyte executor records as it is)."""
 
 
 @dataclass(frozen=True)
@@ -279,7 +274,7 @@ class Store:
 
     # -- answered lines ----------------------------------------------------------------------------
 
-    def record_lines(self, batch_id: str, records: Sequence[LineRecord]) -> dict[str, Any] | None:
+    def record_lines(self, batch_id: str, records: Sequence[FinishedLine]) -> dict[str, Any] | None:
         """Keep answered lines and add them to the batch's counts, in one transaction; returns the batch.
 
         A line recorded before (a chunk that ran again after a restart) is neither stored nor counted twice.
@@ -471,7 +466,7 @@ def _insert_file(db: Connection, row: dict[str, Any]) -> None:
     db.execute(sa.insert(files_table).values(**{key: row[key] for key in columns}, expires_at=row.get("expires_at")))
 
 
-def _insert_lines(db: Connection, batch_id: str, records: Sequence[LineRecord]) -> set[int]:
+def _insert_lines(db: Connection, batch_id: str, records: Sequence[FinishedLine]) -> set[int]:
     """Insert the lines not recorded before (`ON CONFLICT DO NOTHING`); returns the numbers of those inserted."""
     insert = postgresql.insert if db.dialect.name == "postgresql" else sqlite.insert
     rows = [

@@ -91,7 +91,7 @@ def test_a_job_command_has_a_flag_for_every_input_of_its_job_with_the_jobs_defau
 def test_serve_has_a_flag_for_every_server_and_engine_setting_with_its_default():
     import dataclasses
 
-    from flyteplugins_batcher.jobs import EngineSettings
+    from flyteplugins_batcher.replica import EngineSettings
     from flyteplugins_batcher.server import ServerSettings
 
     options = {option.name: option for option in serve.params}
@@ -163,12 +163,12 @@ def test_run_batch_starts_loading_the_model_before_the_job_and_the_job_uses_that
 
     from click.testing import CliRunner
 
-    from flyteplugins_batcher.jobs import LLMReplica, set_process_replica
+    from flyteplugins_batcher.replica import LLMReplica
 
     requests = tmp_path / "requests.jsonl"
     requests.write_text(chat("a", "hi") + "\n" + chat("b", "ho") + "\n")
     replica = LLMReplica()
-    set_process_replica(replica)
+    replica.install()
     try:
         loads = []
         original = replica.shared.preload
@@ -181,7 +181,6 @@ def test_run_batch_starts_loading_the_model_before_the_job_and_the_job_uses_that
         assert len(loads) == 1 and loads[0].max_new_tokens == 5
         assert replica.shared.loads == 1  # the job's chunks ran on the preloaded engine
     finally:
-        set_process_replica(None)
         asyncio.run(replica.aclose())
 
 

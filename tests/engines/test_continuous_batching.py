@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from flyteplugins_batcher.engines import (
+from flyteplugins_batcher.engines import EngineStats
+from flyteplugins_batcher.engines.simulated import (
     ContinuousBatchScheduler,
-    EngineStats,
     OutputLengths,
     SequenceJob,
     SimulatedGpu,
@@ -154,7 +154,7 @@ def test_output_lengths_are_the_same_in_every_process_and_change_with_the_seeds(
     lengths = OutputLengths()
     here = [lengths.draw([index, 1, 2, 3]) for index in range(50)]
     code = (
-        "from flyteplugins_batcher.engines import OutputLengths; "
+        "from flyteplugins_batcher.engines.simulated import OutputLengths; "
         "print([OutputLengths().draw([index, 1, 2, 3]) for index in range(50)])"
     )
 

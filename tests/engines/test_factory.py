@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from flyteplugins_batcher.engines import ENGINE_NAMES, GenerationConfig, create_engine, vllm_usable
+from flyteplugins_batcher.engines import GenerationConfig, create_engine
+from flyteplugins_batcher.engines._factory import ENGINE_NAMES, vllm_usable
 
 needs_transformers = pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="needs the cpu extra")
 

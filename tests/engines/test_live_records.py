@@ -15,15 +15,12 @@ import pytest
 from flyteplugins_batcher.engines import (
     CancellationToken,
     Completion,
-    ContinuousBatchScheduler,
     GenerationConfig,
-    OutputLengths,
     Request,
     RequestCancelledError,
-    SequenceJob,
     SimulatedEngine,
-    SimulatedGpu,
 )
+from flyteplugins_batcher.engines.simulated import ContinuousBatchScheduler, OutputLengths, SequenceJob, SimulatedGpu
 
 
 class Pieces:

@@ -12,12 +12,11 @@ from flyteplugins_batcher.engines import (
     EngineNotLoadedError,
     GenerationConfig,
     InvalidPromptError,
-    OutputLengths,
     Request,
     SimulatedEngine,
-    SimulatedGpu,
     create_engine,
 )
+from flyteplugins_batcher.engines.simulated import OutputLengths, SimulatedGpu
 
 PROMPTS = [f"Question {index}: what is {index} times {index + 3}? Show the steps." for index in range(300)]
 """More prompts than the default 256 slots, so slots are refilled as sequences leave."""

@@ -18,18 +18,11 @@ from typing import TYPE_CHECKING
 import pytest
 
 from flyteplugins_batcher import Prompt
-from flyteplugins_batcher.engines import (
-    CACHE_DIR_ENV,
-    Completion,
-    GenerationConfig,
-    InvalidPromptError,
-    PromptRecord,
-    Request,
-    cache_root,
-    check_model_reference,
-    publish_directory,
-    trim_at_stop,
-)
+from flyteplugins_batcher.engines import Completion, GenerationConfig, InvalidPromptError, Request
+from flyteplugins_batcher.engines._completion import trim_at_stop
+from flyteplugins_batcher.engines._model_reference import check_model_reference
+from flyteplugins_batcher.engines._prompts import PromptRecord
+from flyteplugins_batcher.engines._smollm2 import CACHE_DIR_ENV, cache_root, publish_directory
 
 if TYPE_CHECKING:
     from flyteplugins_batcher.engines import TransformersEngine

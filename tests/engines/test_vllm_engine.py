@@ -24,7 +24,6 @@ pytest.importorskip("vllm", reason="needs vLLM: `make install` adds its CPU buil
 from benchmarks.structured_cases import Validity, held_out_cases, held_out_requests, invalid_reason
 from flyteplugins_batcher import SharedBatcher
 from flyteplugins_batcher.engines import (
-    ENGINE_EXIT_GRACE_S,
     Completion,
     EngineConfigError,
     EngineDeadError,
@@ -35,6 +34,7 @@ from flyteplugins_batcher.engines import (
     ResponseFormat,
     create_engine,
 )
+from flyteplugins_batcher.engines.vllm import ENGINE_EXIT_GRACE_S
 
 pytestmark = pytest.mark.slow
 

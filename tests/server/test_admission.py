@@ -14,7 +14,7 @@ import json
 import time
 
 from flyteplugins_batcher.engines import GenerationConfig, Request
-from flyteplugins_batcher.jobs import EngineSettings
+from flyteplugins_batcher.replica import EngineSettings
 from flyteplugins_batcher.server._inference import ONLINE_PRIORITY, Inference, server_admission
 
 OPTIONS = {"time_scale": 0.5, "gpu": {"max_num_seqs": 4}, "output_lengths": {"mean": 32, "spread": 0}}

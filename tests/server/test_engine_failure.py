@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from flyteplugins_batcher.jobs import EngineSettings
+from flyteplugins_batcher.replica import EngineSettings
 from flyteplugins_batcher.server import ServerSettings, create_app
 from tests.server.conftest import openai
 
@@ -125,7 +125,7 @@ def test_an_embedding_model_failure_is_a_500_with_an_error_id_not_a_400_with_its
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     pytest.importorskip("sentence_transformers", reason="needs the embed extra")
-    from flyteplugins_batcher.jobs import _embeddings
+    from flyteplugins_batcher.replica import EmbeddingReplica
 
     caplog.set_level(logging.ERROR, logger="flyteplugins_batcher.server")
     engine = EngineSettings(engine="simulated", engine_args=json.dumps({"time_scale": 0.25}))
@@ -138,7 +138,7 @@ def test_an_embedding_model_failure_is_a_500_with_an_error_id_not_a_400_with_its
             # A ValueError, as torch raises for a batch it cannot stack: the model's failure, not the text's.
             raise ValueError(f"Unable to create tensor ({SECRET})")
 
-        monkeypatch.setattr(_embeddings, "encode_batch", failing)
+        monkeypatch.setattr(EmbeddingReplica.of_process().model, "encode", failing)  # the server's, installed
         with pytest.raises(openai.InternalServerError) as failed:
             embeddings.create(model="all-MiniLM-L6-v2", input=["fine"], encoding_format="float")
 

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 from flyte.io import File
 
-from flyteplugins_batcher.jobs._journal import JournalEntry, JournalWriter
+from flyteplugins_batcher.jobs._journal import JournalWriter
+from flyteplugins_batcher.replica import FinishedLine
 from flyteplugins_batcher.server._flyte_executor import FlyteExecutor, RunFailedError, run_name
 from flyteplugins_batcher.server._settings import ServerSettings
 from flyteplugins_batcher.server._store import LeaseLost, Store
@@ -39,7 +40,7 @@ class ClusterRun:
         if phase == self.final:
             journal = JournalWriter(f"{self.folder}/journal")
             for line in self.lines:
-                journal.add(JournalEntry(line, True, {"custom_id": f"r{line}"}, 3, 5))
+                journal.add(FinishedLine(line, True, {"custom_id": f"r{line}"}, 3, 5))
             await journal.close()
         return phase
 

@@ -99,7 +99,7 @@ def test_a_completions_prompt_reaches_the_model_as_written(smollm2_server: Runni
 
 def test_embeddings_equal_the_model_run_alone(smollm2_server: RunningServer) -> None:
     pytest.importorskip("sentence_transformers", reason="needs the embed extra")
-    from flyteplugins_batcher.jobs._embeddings import encode_batch
+    from flyteplugins_batcher.engines import EmbeddingModel
 
     client = smollm2_server.client()
     texts = ["Tea.", "A reusable container keeps the model in memory between tasks.", "Blue."]
@@ -112,7 +112,7 @@ def test_embeddings_equal_the_model_run_alone(smollm2_server: RunningServer) -> 
     ).json()
 
     served = np.asarray([item.embedding for item in floats.data])
-    alone = np.asarray([embedding.vector for embedding in encode_batch(texts)])
+    alone = np.asarray([embedding.vector for embedding in EmbeddingModel().encode(texts)])
     assert served.shape == (3, 384) and np.abs(served - alone).max() <= 1e-5
     decoded = np.asarray([np.frombuffer(base64.b64decode(item["embedding"]), "<f4") for item in packed["data"]])
     assert np.abs(decoded - served).max() <= 1e-6
@@ -123,7 +123,7 @@ def test_concurrent_embeddings_of_different_lengths_are_all_answered(smollm2_ser
     # Costing a request (on the event loop) once switched off the padding of a batch being encoded
     # (in a worker thread): a 400 "Unable to create tensor" now and then (tests/server/test_embedding_race.py).
     pytest.importorskip("sentence_transformers", reason="needs the embed extra")
-    from flyteplugins_batcher.jobs._embeddings import encode_batch
+    from flyteplugins_batcher.engines import EmbeddingModel
 
     client = smollm2_server.client()
     texts = [" ".join(["word"] * (1 + 9 * (n % 7))) + f" {n}" for n in range(42)]
@@ -136,7 +136,7 @@ def test_concurrent_embeddings_of_different_lengths_are_all_answered(smollm2_ser
     with ThreadPoolExecutor(len(requests)) as pool:
         served = [vector for vectors in pool.map(embed, requests) for vector in vectors]
 
-    alone = np.asarray([embedding.vector for embedding in encode_batch(texts)] * 2)
+    alone = np.asarray([embedding.vector for embedding in EmbeddingModel().encode(texts)] * 2)
     assert np.abs(np.asarray(served) - alone).max() <= 1e-5
 
 

@@ -18,13 +18,13 @@ from typing import Any
 
 import pytest
 
-from flyteplugins_batcher.server import _batch_runner
+from flyteplugins_batcher.replica import FinishedLine
 from flyteplugins_batcher.server._batch_jobs import batch_creation, moved, new_batch
 from flyteplugins_batcher.server._batch_runner import BatchRunner
 from flyteplugins_batcher.server._files import FileStore
 from flyteplugins_batcher.server._leases import LeaseKeeper
 from flyteplugins_batcher.server._settings import ServerSettings
-from flyteplugins_batcher.server._store import Lease, LeaseLost, LineRecord, Store, engine_url, shown_url
+from flyteplugins_batcher.server._store import Lease, LeaseLost, Store, engine_url, shown_url
 
 LEASE_S = 0.4
 """Short, so that a lease lapses within a test."""
@@ -113,10 +113,10 @@ def test_batches_are_kept_listed_newest_first_and_found_by_status(replica: Store
 def test_a_line_recorded_twice_is_kept_and_counted_once_even_in_a_large_chunk(replica: StoreFactory) -> None:
     store = replica()
     store.insert_batch(a_batch(total=1203))
-    many = [LineRecord(n, n % 3 != 0, {"n": n}, 2, 1) for n in range(1, 1201)]  # over one INSERT's rows
+    many = [FinishedLine(n, n % 3 != 0, {"n": n}, 2, 1) for n in range(1, 1201)]  # over one INSERT's rows
 
     store.record_lines("batch_1", many[:10])
-    batch = store.record_lines("batch_1", [*many, LineRecord(5, False, {"again": 5}), LineRecord(1201, True, {})])
+    batch = store.record_lines("batch_1", [*many, FinishedLine(5, False, {"again": 5}), FinishedLine(1201, True, {})])
 
     assert batch is not None and batch["request_counts"] == {"total": 1203, "completed": 801, "failed": 400}
     assert batch["usage"]["input_tokens"] == 2 * 1200 and batch["usage"]["total_tokens"] == 3 * 1200
@@ -173,11 +173,11 @@ def test_the_creating_replica_owns_a_batch_and_only_its_writes_are_taken(replica
     assert lease is not None and lease.owner == mine.owner and 0 < lease.seconds_left <= LEASE_S + 0.001
     assert not other.claim("batch_1") and other.claim_lapsed() == [] and other.renew() == {}
     with pytest.raises(LeaseLost):
-        other.record_lines("batch_1", [LineRecord(1, True, {})])
+        other.record_lines("batch_1", [FinishedLine(1, True, {})])
     with pytest.raises(LeaseLost):
         other.change_batch("batch_1", lambda batch: moved(batch, "finalizing"))
     cancelled = other.change_batch("batch_1", lambda batch: moved(batch, "cancelling"), fenced=False)  # any replica
-    assert mine.record_lines("batch_1", [LineRecord(1, True, {})])["request_counts"]["completed"] == 1
+    assert mine.record_lines("batch_1", [FinishedLine(1, True, {})])["request_counts"]["completed"] == 1
     assert cancelled["status"] == "cancelling" and mine.renew() == {"batch_1": "cancelling"}
     assert mine.claim("batch_1")  # its own: renewed
 
@@ -185,7 +185,7 @@ def test_the_creating_replica_owns_a_batch_and_only_its_writes_are_taken(replica
 def test_a_lapsed_lease_is_taken_over_and_the_old_owner_is_fenced_off(replica: StoreFactory) -> None:
     old, new = replica(), replica()
     old.insert_batch(a_batch())
-    old.record_lines("batch_1", [LineRecord(1, True, {})])
+    old.record_lines("batch_1", [FinishedLine(1, True, {})])
 
     lapse()
     claimed = new.claim_lapsed()
@@ -193,11 +193,11 @@ def test_a_lapsed_lease_is_taken_over_and_the_old_owner_is_fenced_off(replica: S
     assert claimed == ["batch_1"] and new.lease("batch_1").owner == new.owner
     assert old.renew() == {} and new.renew() == {"batch_1": "in_progress"}
     with pytest.raises(LeaseLost):
-        old.record_lines("batch_1", [LineRecord(2, True, {})])
+        old.record_lines("batch_1", [FinishedLine(2, True, {})])
     with pytest.raises(LeaseLost):
         old.change_batch("batch_1", lambda batch: moved(batch, "finalizing"))
     assert not old.claim("batch_1")  # the new owner renewed it
-    assert new.record_lines("batch_1", [LineRecord(2, True, {})])["request_counts"]["completed"] == 2
+    assert new.record_lines("batch_1", [FinishedLine(2, True, {})])["request_counts"]["completed"] == 2
 
 
 def test_of_replicas_claiming_a_lapsed_batch_at_once_exactly_one_wins(replica: StoreFactory) -> None:
@@ -252,7 +252,7 @@ def test_a_database_made_before_leases_gets_its_columns_and_its_batches_are_clai
         assert store.batches_in(["in_progress"])[0]["id"] == "batch_old"
         assert store.claim_lapsed() == ["batch_old"]
         assert (
-            store.record_lines("batch_old", [LineRecord(1, True, {}), LineRecord(2, True, {})])["request_counts"][
+            store.record_lines("batch_old", [FinishedLine(1, True, {}), FinishedLine(2, True, {})])["request_counts"][
                 "completed"
             ]
             == 1
@@ -324,22 +324,26 @@ async def test_a_cancel_keeps_the_lines_recorded_while_it_was_being_made(
     runner = a_runner(store, tmp_path / "files")
     (tmp_path / "files" / "file-in").write_text('{"custom_id": "a"}\n{"custom_id": "b"}\n{"custom_id": "c"}\n')
     store.insert_batch(a_batch(total=3))
-    real_moved = _batch_runner.moved
+    real_change = store.change_batch
+    recorders: list[threading.Thread] = []
 
-    def moved_while_lines_are_recorded(batch: dict[str, Any], status: str, **fields: Any) -> dict[str, Any]:
-        if status == "cancelling":  # between the cancel's read and its write: the batch's task records two lines
-            answered = [LineRecord(1, True, {}), LineRecord(2, True, {})]
-            recorder = threading.Thread(target=store.record_lines, args=("batch_1", answered))
-            recorder.start()
-            recorder.join(timeout=1.0)  # the old code let it commit here; now it waits for the cancel's transaction
-            moved_while_lines_are_recorded.recorders.append(recorder)
-        return real_moved(batch, status, **fields)
+    def change_while_lines_are_recorded(batch_id: str, change: Any, **options: Any) -> dict[str, Any] | None:
+        def changed(batch: dict[str, Any]) -> dict[str, Any] | None:
+            after = change(batch)
+            if after is not None and after["status"] == "cancelling":  # between the cancel's read and its write
+                answered = [FinishedLine(1, True, {}), FinishedLine(2, True, {})]  # the batch's task records two lines
+                recorder = threading.Thread(target=store.record_lines, args=("batch_1", answered))
+                recorder.start()
+                recorder.join(timeout=1.0)  # the old code let it commit here; now it waits for the cancel's transaction
+                recorders.append(recorder)
+            return after
 
-    moved_while_lines_are_recorded.recorders = []  # type: ignore[attr-defined]
-    monkeypatch.setattr(_batch_runner, "moved", moved_while_lines_are_recorded)
+        return real_change(batch_id, changed, **options)
+
+    monkeypatch.setattr(store, "change_batch", change_while_lines_are_recorded)
 
     cancelling = runner.cancel("batch_1")
-    for recorder in moved_while_lines_are_recorded.recorders:  # type: ignore[attr-defined]
+    for recorder in recorders:
         recorder.join()
     await runner.wait("batch_1")
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from flyteplugins_batcher.jobs._schema import EngineSettings
+from flyteplugins_batcher.replica import EngineSettings, FinishedLine
 from flyteplugins_batcher.server._batch_jobs import (
     TRANSITIONS,
     batch_creation,
@@ -20,7 +20,7 @@ from flyteplugins_batcher.server._batch_runner import BatchRunner
 from flyteplugins_batcher.server._errors import APIError
 from flyteplugins_batcher.server._files import FileStore
 from flyteplugins_batcher.server._settings import ServerSettings
-from flyteplugins_batcher.server._store import LineRecord, Store
+from flyteplugins_batcher.server._store import Store
 from flyteplugins_batcher.server._streaming import stream_events
 
 INPUT = {"id": "file-1", "purpose": "batch"}
@@ -116,8 +116,8 @@ async def test_a_batch_whose_every_line_was_answered_is_completed_even_once_its_
     early = moved(batch_of(window="1h"), "in_progress") | {"expires_at": 1, "request_counts": {"total": 2}}
     for batch in (late, early):
         store.insert_batch(batch | {"request_counts": {"total": 2, "completed": 0, "failed": 0}})
-    store.record_lines(late["id"], [LineRecord(1, True, {"n": 1}), LineRecord(2, True, {"n": 2})])  # both answered
-    store.record_lines(early["id"], [LineRecord(1, True, {"n": 1})])  # one left when the window closed
+    store.record_lines(late["id"], [FinishedLine(1, True, {"n": 1}), FinishedLine(2, True, {"n": 2})])  # both answered
+    store.record_lines(early["id"], [FinishedLine(1, True, {"n": 1})])  # one left when the window closed
     runner = BatchRunner(store, files, inference=None, settings=ServerSettings())  # type: ignore[arg-type]
 
     for batch in (late, early):
@@ -131,10 +131,10 @@ async def test_a_batch_whose_every_line_was_answered_is_completed_even_once_its_
 def test_a_line_recorded_twice_is_kept_and_counted_once(tmp_path: Path) -> None:
     store = Store(tmp_path / "server.db")
     store.insert_batch(batch_of() | {"id": "b1"})
-    first = [LineRecord(1, True, {"n": 1}, 5, 7), LineRecord(2, False, {"n": 2})]
+    first = [FinishedLine(1, True, {"n": 1}, 5, 7), FinishedLine(2, False, {"n": 2})]
 
     store.record_lines("b1", first)
-    batch = store.record_lines("b1", [*first, LineRecord(3, True, {"n": 3}, 1, 1)])  # a chunk run again, and one more
+    batch = store.record_lines("b1", [*first, FinishedLine(3, True, {"n": 3}, 1, 1)])  # a chunk run again, and one more
 
     assert batch is not None and batch["request_counts"] == {"total": 0, "completed": 2, "failed": 1}
     assert (batch["usage"]["input_tokens"], batch["usage"]["output_tokens"], batch["usage"]["total_tokens"]) == (

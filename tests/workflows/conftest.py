@@ -12,7 +12,7 @@ import pytest
 
 from flyteplugins_batcher import TokenBatcher
 from flyteplugins_batcher.engines import InvalidResponseFormatError
-from flyteplugins_batcher.jobs._llm_replica import LLMReplica, set_process_replica
+from flyteplugins_batcher.replica import LLMReplica
 
 
 @pytest.fixture(scope="session")
@@ -40,7 +40,7 @@ class Replicas:
     def use(self, replica: LLMReplica) -> LLMReplica:
         """Run this process's chunks on `replica` from now on, as a freshly started replica would."""
         self.used.append(replica)
-        set_process_replica(replica)
+        replica.install()
         return replica
 
 
@@ -50,10 +50,9 @@ def replicas() -> Iterator[Replicas]:
     tracker = Replicas()
     tracker.use(LLMReplica())
     yield tracker
-    previous = set_process_replica(None)
-    assert previous is tracker.used[-1]
+    assert LLMReplica.of_process() is tracker.used[-1]
     for replica in tracker.used:
-        close_on_its_loop(replica)
+        close_on_its_loop(replica)  # the process's next replica is a fresh one
 
 
 @pytest.fixture

@@ -10,8 +10,7 @@ import flyte.errors
 import pytest
 from flyte.io import File
 
-from flyteplugins_batcher.jobs import _batch_jsonl as batch_jsonl
-from flyteplugins_batcher.jobs._schema import RunSummary
+from flyteplugins_batcher.jobs import RunSummary, run_batch_file
 from tests.workflows.conftest import CountingBatcher
 
 pytestmark = pytest.mark.slow
@@ -60,7 +59,7 @@ def test_good_lines_are_answered_and_each_bad_line_fails_alone_with_its_code(run
     outputs = tmp_path / "out"
 
     summary: RunSummary = run_locally(
-        batch_jsonl.main,
+        run_batch_file,
         input=request_file,
         output_dir=str(outputs),
         max_new_tokens=12,
@@ -93,7 +92,7 @@ def test_failures_beyond_the_threshold_exit_non_zero_after_writing_everything(ru
     outputs = tmp_path / "out"
 
     with pytest.raises(flyte.errors.RuntimeUserError, match=r"1 of 2 requests failed \(50.0%, allowed: 0.0%\)"):
-        run_locally(batch_jsonl.main, input=request_file, output_dir=str(outputs), max_new_tokens=4)
+        run_locally(run_batch_file, input=request_file, output_dir=str(outputs), max_new_tokens=4)
 
     assert len(read_lines(str(outputs / "results.jsonl"))) == 1
     assert read_lines(str(outputs / "errors.jsonl"))[0]["error"]["code"] == "invalid_json"
@@ -101,12 +100,12 @@ def test_failures_beyond_the_threshold_exit_non_zero_after_writing_everything(ru
 
 def test_an_empty_file_is_a_clear_error(run_locally, tmp_path: Path):
     with pytest.raises(flyte.errors.RuntimeUserError, match="the file has no requests"):
-        run_locally(batch_jsonl.main, input=write(tmp_path, ["", "   "]))
+        run_locally(run_batch_file, input=write(tmp_path, ["", "   "]))
 
 
 def test_a_model_mismatch_can_be_ignored(run_locally, tmp_path: Path):
     summary: RunSummary = run_locally(
-        batch_jsonl.main,
+        run_batch_file,
         input=write(tmp_path, [chat("other-model", "hi", model="gpt-4o")]),
         model_mismatch="ignore",
         max_new_tokens=4,
@@ -119,10 +118,10 @@ def test_a_rerun_after_a_crash_recomputes_only_the_unfinished_chunks(cached_run,
     marker = uuid.uuid4().hex[:8]  # requests no earlier run has cached
     request_file = write(tmp_path, [{"custom_id": f"r{n}", "prompt": f"Count to {n} ({marker})"} for n in range(12)])
     job = {"input": request_file, "chunk_size": 3, "max_new_tokens": 4}
-    cached_run(batch_jsonl.main, CountingBatcher(fail_when=lambda text: "Count to 10 " in text), fails="failed", **job)
+    cached_run(run_batch_file, CountingBatcher(fail_when=lambda text: "Count to 10 " in text), fails="failed", **job)
 
     healthy = CountingBatcher()
-    summary: RunSummary = cached_run(batch_jsonl.main, healthy, **job)
+    summary: RunSummary = cached_run(run_batch_file, healthy, **job)
 
     assert (summary.answered, summary.failed, summary.reused, summary.retried) == (12, 0, 9, 0)
     assert sorted(healthy.prompts) == sorted(f"Count to {n} ({marker})" for n in (9, 10, 11))  # one chunk of four
@@ -134,10 +133,10 @@ def test_a_rerun_reuses_the_answered_lines_and_sends_the_failed_ones_again(cache
     request_file = write(tmp_path, [{"custom_id": f"r{n}", "prompt": f"Count to {n} ({marker})"} for n in range(6)])
     job = {"input": request_file, "chunk_size": 3, "max_new_tokens": 4}
     refusing = CountingBatcher(refuse_when=lambda text: "Count to 4 " in text)  # say, xgrammar was missing
-    cached_run(batch_jsonl.main, refusing, fails="1 of 6 requests failed", **job)
+    cached_run(run_batch_file, refusing, fails="1 of 6 requests failed", **job)
 
     fixed = CountingBatcher()
-    summary: RunSummary = cached_run(batch_jsonl.main, fixed, **job)
+    summary: RunSummary = cached_run(run_batch_file, fixed, **job)
 
     assert fixed.prompts == [f"Count to 4 ({marker})"]  # the failed line only, not its chunk or the other chunk
     assert (summary.answered, summary.failed, summary.reused, summary.retried) == (6, 0, 5, 1)
@@ -145,5 +144,5 @@ def test_a_rerun_reuses_the_answered_lines_and_sends_the_failed_ones_again(cache
     assert read_lines(summary.errors.path) == []
 
     again = CountingBatcher()
-    third: RunSummary = cached_run(batch_jsonl.main, again, **job)
+    third: RunSummary = cached_run(run_batch_file, again, **job)
     assert again.prompts == [] and (third.answered, third.reused, third.retried) == (6, 6, 0)  # the retry is cached

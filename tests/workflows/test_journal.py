@@ -8,8 +8,9 @@ from pathlib import Path
 
 from flyte.io import File
 
-from flyteplugins_batcher.jobs import _batch_jsonl as batch_jsonl
-from flyteplugins_batcher.jobs._journal import JournalEntry, JournalWriter, read_segment, segment_name
+from flyteplugins_batcher.jobs import run_batch_file
+from flyteplugins_batcher.jobs._journal import JournalWriter, read_journal_segment, segment_name
+from flyteplugins_batcher.replica import FinishedLine
 
 
 class Clock:
@@ -20,15 +21,15 @@ class Clock:
         return self.now
 
 
-def entry(line: int, ok: bool = True) -> JournalEntry:
-    return JournalEntry(line, ok, {"custom_id": f"r{line}", "ok": ok}, input_tokens=line, output_tokens=2 * line)
+def entry(line: int, ok: bool = True) -> FinishedLine:
+    return FinishedLine(line, ok, {"custom_id": f"r{line}", "ok": ok}, input_tokens=line, output_tokens=2 * line)
 
 
 def test_segments_are_written_at_most_every_interval_and_the_rest_at_close(tmp_path: Path) -> None:
     clock = Clock()
     journal = JournalWriter(str(tmp_path / "journal"), interval_s=2.0, clock=clock)
 
-    async def scenario() -> list[list[JournalEntry] | None]:
+    async def scenario() -> list[list[FinishedLine] | None]:
         journal.add(entry(1))
         await journal.flush()  # too soon: kept
         clock.now = 2.5
@@ -40,7 +41,7 @@ def test_segments_are_written_at_most_every_interval_and_the_rest_at_close(tmp_p
         await journal.flush(force=False)
         await journal.close()  # the rest, whatever the clock
         await journal.close()  # nothing left: no empty segment
-        return [await read_segment(str(tmp_path / "journal"), number) for number in (1, 2, 3)]
+        return [await read_journal_segment(str(tmp_path / "journal"), number) for number in (1, 2, 3)]
 
     first, second, third = asyncio.run(scenario())
     assert first == [entry(1), entry(3, ok=False)]
@@ -50,16 +51,16 @@ def test_segments_are_written_at_most_every_interval_and_the_rest_at_close(tmp_p
 
 
 def test_an_entry_round_trips_with_its_tokens_and_unicode() -> None:
-    original = JournalEntry(7, True, {"custom_id": "ü-7", "text": "naïve — ok"}, input_tokens=11, output_tokens=5)
-    assert JournalEntry.from_json(original.to_json()) == original
+    original = FinishedLine(7, True, {"custom_id": "ü-7", "text": "naïve — ok"}, input_tokens=11, output_tokens=5)
+    assert FinishedLine.from_json(original.to_json()) == original
 
 
 def test_a_file_uri_is_a_local_folder(tmp_path: Path) -> None:
-    async def scenario() -> list[JournalEntry] | None:
+    async def scenario() -> list[FinishedLine] | None:
         journal = JournalWriter(f"file://{tmp_path}/j")
         journal.add(entry(4))
         await journal.close()
-        return await read_segment(f"file://{tmp_path}/j", 1)
+        return await read_journal_segment(f"file://{tmp_path}/j", 1)
 
     assert asyncio.run(scenario()) == [entry(4)]
     assert not [path for path in (tmp_path / "j").iterdir() if path.name.startswith(".")]  # no temporary left
@@ -76,7 +77,7 @@ def test_the_jsonl_job_journals_every_line_it_writes_with_its_line_number(run_lo
     (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
 
     summary = run_locally(
-        batch_jsonl.main,
+        run_batch_file,
         input=File.from_local_sync(str(tmp_path / "in.jsonl")),
         output_dir=str(tmp_path / "out"),
         journal=str(tmp_path / "journal"),
@@ -86,9 +87,9 @@ def test_the_jsonl_job_journals_every_line_it_writes_with_its_line_number(run_lo
         model_mismatch="ignore",
     )
 
-    entries: list[JournalEntry] = []
+    entries: list[FinishedLine] = []
     number = 1
-    while (segment := asyncio.run(read_segment(str(tmp_path / "journal"), number))) is not None:
+    while (segment := asyncio.run(read_journal_segment(str(tmp_path / "journal"), number))) is not None:
         entries += segment
         number += 1
     assert sorted(item.line for item in entries) == list(range(1, 21))  # each line once

@@ -9,8 +9,7 @@ import pytest
 
 from flyteplugins_batcher.batch_api import ENDPOINTS, parse_request_line
 from flyteplugins_batcher.engines import Completion, GenerationConfig, ResponseFormat, Sample
-from flyteplugins_batcher.jobs._request_lines import ChunkCutter, to_item
-from flyteplugins_batcher.jobs._schema import ChatMessage, EngineSettings, ItemResult, RequestChunk, RequestItem
+from flyteplugins_batcher.replica import ChatMessage, ChunkCutter, EngineSettings, ItemResult, RequestChunk, RequestItem
 
 DEFAULTS = EngineSettings(max_new_tokens=64, temperature=0.2, top_p=0.8, seed=5).generation()
 SCHEMA = {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "string"}}, "required": ["a"]}
@@ -40,7 +39,7 @@ async def through_flyte(chunk: RequestChunk) -> RequestChunk:
 @pytest.mark.parametrize("line", LINES, ids=[line["custom_id"] for line in LINES])
 def test_an_item_runs_with_exactly_the_settings_its_line_asked_for(line: dict):
     request = parse_request_line(json.dumps(line), 1)
-    item = to_item(request)
+    item = RequestItem.of(request)
 
     engine_request = item.engine_request(DEFAULTS)
 
@@ -64,7 +63,7 @@ def test_an_out_of_range_setting_fails_when_the_item_becomes_a_config():
 
 
 def test_items_with_and_without_their_own_settings_cross_flyte_unchanged(run_locally):
-    items = [to_item(parse_request_line(json.dumps(line), number)) for number, line in enumerate(LINES, start=1)]
+    items = [RequestItem.of(parse_request_line(json.dumps(line), number)) for number, line in enumerate(LINES, start=1)]
     items.append(RequestItem("empty-stop", messages=[ChatMessage("user", "x")], stop=[]))
     chunk = RequestChunk(3, items)
 
@@ -72,7 +71,7 @@ def test_items_with_and_without_their_own_settings_cross_flyte_unchanged(run_loc
 
 
 def test_a_schema_crosses_as_text_with_its_key_order_and_name():
-    item = to_item(parse_request_line(json.dumps(LINES[5]), 6))
+    item = RequestItem.of(parse_request_line(json.dumps(LINES[5]), 6))
     response_format = item.engine_request(DEFAULTS).generation.response_format
 
     assert item.output_format is not None and item.output_format.name == "s"

@@ -7,8 +7,9 @@ import json
 import pytest
 
 from flyteplugins_batcher.engines import EngineConfigError, SimulatedEngine
-from flyteplugins_batcher.jobs._llm_replica import engine_kwargs, load_engine, vllm_default_max_num_seqs
-from flyteplugins_batcher.jobs._schema import EngineSettings
+from flyteplugins_batcher.jobs._environments import vllm_default_max_num_seqs
+from flyteplugins_batcher.replica import EngineSettings
+from flyteplugins_batcher.replica._llm import engine_kwargs, load_engine
 
 
 def test_the_simulated_engine_takes_its_options_from_engine_args() -> None:

@@ -8,18 +8,18 @@ from dataclasses import replace
 
 from flyte.io import File
 
+from flyteplugins_batcher.jobs import RunSummary
 from flyteplugins_batcher.jobs._driver import FanOutStats, RunOptions, fan_out, occupancy_warning, summary_line
 from flyteplugins_batcher.jobs._environments import ReplicaPool
-from flyteplugins_batcher.jobs._llm_replica import LLMReplica, run_chunk
 from flyteplugins_batcher.jobs._report import final_html
-from flyteplugins_batcher.jobs._schema import (
+from flyteplugins_batcher.replica import (
     ChatMessage,
     ChunkOutcome,
     EngineSettings,
+    LLMReplica,
     ReplicaSnapshot,
     RequestChunk,
     RequestItem,
-    RunSummary,
 )
 
 SIMULATED = EngineSettings(
@@ -40,8 +40,12 @@ async def chunks(count: int, size: int) -> AsyncIterator[RequestChunk]:
         yield chunk(index, size)
 
 
+async def run_simulated(chunk: RequestChunk) -> ChunkOutcome:
+    return await LLMReplica.of_process().run_chunk(chunk, SIMULATED)
+
+
 async def test_the_replica_snapshot_carries_the_engines_steps_and_occupancy(fresh_replica: LLMReplica) -> None:
-    outcome = await run_chunk(chunk(0, 40), SIMULATED)
+    outcome = await LLMReplica.of_process().run_chunk(chunk(0, 40), SIMULATED)
 
     engine = fresh_replica.shared.loaded_model
     stats, snapshot = engine.stats, outcome.replica
@@ -79,7 +83,7 @@ def test_a_runs_occupancy_counts_each_replica_from_its_first_chunk_and_while_chu
 
 
 async def test_a_driver_cap_below_the_replicas_slots_starves_the_engine_and_says_so() -> None:
-    fanned = await fan_out(chunks(12, 2), lambda chunk: run_chunk(chunk, SIMULATED), _ignore, max_in_flight=1)
+    fanned = await fan_out(chunks(12, 2), run_simulated, _ignore, max_in_flight=1)
 
     assert fanned.held_back and 0 < fanned.occupancy(while_waiting=True) <= 2 / 16
     warning = occupancy_warning(fanned, RunOptions(chunk_size=2, max_chunks_in_flight=1), POOL)
@@ -90,7 +94,7 @@ async def test_a_driver_cap_below_the_replicas_slots_starves_the_engine_and_says
 async def test_a_full_cap_on_too_few_slots_names_the_replicas_concurrency() -> None:
     pool = ReplicaPool(replicas=1, concurrency=2, gpu=None, prefix="BATCH_LLM")
     run = RunOptions(chunk_size=2)  # the cap: every slot of the pool, 2 calls of 2 requests
-    fanned = await fan_out(chunks(12, 2), lambda chunk: run_chunk(chunk, SIMULATED), _ignore, max_in_flight=2)
+    fanned = await fan_out(chunks(12, 2), run_simulated, _ignore, max_in_flight=2)
 
     warning = occupancy_warning(fanned, run, pool)
 

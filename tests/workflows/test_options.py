@@ -13,14 +13,13 @@ from pathlib import Path
 import flyte
 import pytest
 
-from flyteplugins_batcher.jobs import _batch_jsonl as batch_jsonl
-from flyteplugins_batcher.jobs import _batch_llm as batch_llm
+from flyteplugins_batcher.jobs import run_batch_file, solve_gsm8k
 from flyteplugins_batcher.jobs._driver import RunOptions
 from flyteplugins_batcher.jobs._options import option_help, spread_options, task_with_options
-from flyteplugins_batcher.jobs._schema import EngineSettings
+from flyteplugins_batcher.replica import EngineSettings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-LLM_WORKFLOWS = {"workflows/batch_llm.py": batch_llm, "workflows/batch_jsonl.py": batch_jsonl}
+LLM_WORKFLOWS = {"workflows/batch_llm.py": solve_gsm8k, "workflows/batch_jsonl.py": run_batch_file}
 SHARED_OPTION_SETS = (EngineSettings, RunOptions)
 
 env = flyte.TaskEnvironment(name="options_test")
@@ -105,10 +104,10 @@ def test_an_undocumented_field_an_input_declared_twice_or_an_option_set_without_
 @pytest.mark.parametrize("option_set", SHARED_OPTION_SETS, ids=lambda cls: cls.__name__)
 @pytest.mark.parametrize("workflow", LLM_WORKFLOWS.values(), ids=LLM_WORKFLOWS.keys())
 def test_every_shared_option_is_an_input_of_every_llm_workflow_with_its_help(workflow, option_set):
-    interface = workflow.main.native_interface
+    interface = workflow.native_interface
     types = typing.get_type_hints(option_set)
     for name, help_text in option_help(option_set).items():
-        assert name in interface.inputs, f"{workflow.__name__}.main lacks --{name}"
+        assert name in interface.inputs, f"{workflow.name} lacks --{name}"
         assert interface.inputs[name][0] == types[name]
         assert interface.docstring.input_descriptions[name] == help_text
 

@@ -12,8 +12,7 @@ import flyte.errors
 import pytest
 from flyte.io import File
 
-from flyteplugins_batcher.jobs import _batch_jsonl as batch_jsonl
-from flyteplugins_batcher.jobs import _batch_llm as batch_llm
+from flyteplugins_batcher.jobs import run_batch_file, solve_gsm8k
 from flyteplugins_batcher.jobs._outputs import Destination, OutputDirError, PublishError, WorkFolder
 
 NAMES = ("results.jsonl", "errors.jsonl")
@@ -91,14 +90,14 @@ def test_a_failed_publish_keeps_the_work_folder_and_names_it(tmp_path: Path):
     work.discard()
 
 
-@pytest.mark.parametrize("workflow", [batch_jsonl, batch_llm], ids=["batch_jsonl", "batch_llm"])
+@pytest.mark.parametrize("workflow", [run_batch_file, solve_gsm8k], ids=["batch_jsonl", "batch_llm"])
 def test_a_bad_output_dir_fails_the_run_before_any_model_loads(run_locally, fresh_replica, tmp_path: Path, workflow):
     existing = tmp_path / "results-here.txt"
     existing.write_text("a file, not a folder")
-    inputs = {"input": File.from_local_sync(str(write_requests(tmp_path)))} if workflow is batch_jsonl else {}
+    inputs = {"input": File.from_local_sync(str(write_requests(tmp_path)))} if workflow is run_batch_file else {}
 
     with pytest.raises(flyte.errors.RuntimeUserError, match="is a file, not a folder"):
-        run_locally(workflow.main, output_dir=str(existing), **inputs)
+        run_locally(workflow, output_dir=str(existing), **inputs)
 
     assert fresh_replica.shared.loaded_model is None  # nothing ran
     assert existing.read_text() == "a file, not a folder"

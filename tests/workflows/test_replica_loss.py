@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 from benchmarks.scale_harness import questions_from, run_job, start_fleet, warm_up, write_requests
-from flyteplugins_batcher.jobs._schema import EngineSettings
+from flyteplugins_batcher.replica import EngineSettings
 
 REQUESTS = 600
 

@@ -10,6 +10,7 @@ from flyte.io import File
 from flyte.types import TypeEngine
 
 from flyteplugins_batcher._measure.timeline import Timeline, TimelineRecorder
+from flyteplugins_batcher.jobs import RunSummary
 from flyteplugins_batcher.jobs._report import final_html
 from flyteplugins_batcher.jobs._report_charts import (
     RATE_BUCKETS,
@@ -22,7 +23,7 @@ from flyteplugins_batcher.jobs._report_charts import (
     run_axis,
 )
 from flyteplugins_batcher.jobs._report_svg import TimeAxis, nice_step
-from flyteplugins_batcher.jobs._schema import ChunkOutcome, ReplicaSnapshot, RunSummary
+from flyteplugins_batcher.replica import ChunkOutcome, ReplicaSnapshot
 
 NO_NVML = "not available: nvidia-ml-py is not installed (it comes with the GPU image)"
 
@@ -126,8 +127,8 @@ async def test_a_snapshot_carries_its_timeline_across_the_task_boundary() -> Non
 
 
 def test_the_embedding_report_draws_the_replicas_this_run_used():
-    from flyteplugins_batcher.jobs._embed import EmbedSummary, report_html
-    from flyteplugins_batcher.jobs._embed_replica import ChunkVectors
+    from flyteplugins_batcher.jobs._corpus.chunks import ChunkVectors
+    from flyteplugins_batcher.jobs._corpus.job import EmbedSummary, report_html
 
     nowhere = File(path="/tmp/vectors.parquet")
     run = EmbedSummary("docs", 4, 4, 0, 384, 10.0, 2.0, 0.9, 0, nowhere, nowhere)

@@ -22,6 +22,7 @@ import pytest
 from flyte.io import File
 
 import flyteplugins_batcher as ours
+from flyteplugins_batcher.jobs import RunSummary
 from flyteplugins_batcher.jobs._report import final_html
 from flyteplugins_batcher.jobs._report_charts import (
     busy_runs,
@@ -31,7 +32,7 @@ from flyteplugins_batcher.jobs._report_charts import (
     rates,
     run_axis,
 )
-from flyteplugins_batcher.jobs._schema import ReplicaSnapshot, RunSummary
+from flyteplugins_batcher.replica import ReplicaSnapshot
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_FLAGS = (

@@ -11,9 +11,9 @@ Example:
 
 from __future__ import annotations
 
-from flyteplugins_batcher.jobs._gsm8k._dataset import SAMPLE_PATH, LoadedProblems, Problem, hub_reachable, load_problems
-from flyteplugins_batcher.jobs._gsm8k._prompt import SYSTEM_PROMPT, chat_prompt
-from flyteplugins_batcher.jobs._gsm8k._scoring import extract_answer, gold_answer, is_correct, parse_number
+from flyteplugins_batcher.jobs._gsm8k.dataset import SAMPLE_PATH, LoadedProblems, Problem, hub_reachable, load_problems
+from flyteplugins_batcher.jobs._gsm8k.prompt import SYSTEM_PROMPT, chat_prompt
+from flyteplugins_batcher.jobs._gsm8k.scoring import extract_answer, gold_answer, is_correct, parse_number
 
 __all__ = [
     "SAMPLE_PATH",

@@ -6,8 +6,8 @@
 
 The driver reads the corpus (a JSONL file of `{"id"?, "text"}`, or a text file with one document
 per line, ids being line numbers) and fans chunks out to `embed_chunk`. On a replica, every
-concurrent call feeds one `@batched` function (`flyteplugins_batcher/jobs/_embeddings.py`), which forms batches of
-documents of similar length from everything waiting, so that little compute goes to padding.
+concurrent call feeds the embedding replica's one batched function (`flyteplugins_batcher.replica`), which
+forms batches of documents of similar length from everything waiting, so that little compute goes to padding.
 Each chunk writes its vectors to a Parquet file; the driver joins them into one Parquet file of
 `id` and `vector` columns (`pandas.read_parquet` or `pyarrow.parquet.read_table` load it directly),
 and writes the documents that failed (an empty one, say) to an errors file.
@@ -25,20 +25,21 @@ from pathlib import Path
 
 from flyte.io import File
 
+from flyteplugins_batcher.jobs._corpus.chunks import ChunkVectors, DocumentChunk
 from flyteplugins_batcher.jobs._driver import JsonLines, check_failures
-from flyteplugins_batcher.jobs._embed_replica import ChunkVectors, DocumentChunk, embed_chunk, embed_env, write_parquet
-from flyteplugins_batcher.jobs._environments import driver_environment
+from flyteplugins_batcher.jobs._environments import driver_environment, embed_env
 from flyteplugins_batcher.jobs._options import task_with_options
 from flyteplugins_batcher.jobs._outputs import Destination, WorkFolder
+from flyteplugins_batcher.jobs._replica_tasks import embed_chunk, write_parquet
 from flyteplugins_batcher.jobs._report import STYLE, Progress, cards_html, print_report_location
 from flyteplugins_batcher.jobs._report_charts import timeline_section
 from flyteplugins_batcher.jobs._reruns import retrying_reused_failures
-from flyteplugins_batcher.jobs._schema import ReplicaSnapshot
+from flyteplugins_batcher.replica import ReplicaSnapshot
 
 SAMPLE_CORPUS = Path(__file__).resolve().parent / "data" / "embed_sample.jsonl"
 OUTPUT_FILES = ("vectors.parquet", "errors.jsonl")
 
-driver_env = driver_environment("embed_driver", embed_env)
+embed_driver_env = driver_environment("embed_driver", embed_env)
 
 
 @dataclass
@@ -60,8 +61,8 @@ class EmbedSummary:
     retried: int = 0  # documents an earlier run failed, which this run sent to the model again
 
 
-@task_with_options(driver_env, report=True)
-async def main(
+@task_with_options(embed_driver_env, report=True)
+async def embed_corpus(
     corpus: str = "sample",
     chunk_size: int = 64,
     output_dir: str = "",

@@ -4,8 +4,8 @@
     flyte run --local workflows/batch_llm.py main --engine vllm   # the same through real vLLM (its CPU build)
     flyte run workflows/batch_llm.py main --num_questions 1319 --model Qwen/Qwen2.5-1.5B-Instruct
 
-The driver (`main`) loads the questions, cuts them into chunks and sends them to `infer_chunk`
-(`flyteplugins_batcher/jobs/_llm_replica.py`), at most `max_chunks_in_flight` at a time (by default replicas x
+The driver (`solve_gsm8k`) loads the questions, cuts them into chunks and sends them to `infer_chunk`
+(`flyteplugins_batcher/replica/_llm.py`), at most `max_chunks_in_flight` at a time (by default replicas x
 concurrency: every replica's slots, sized to the engine by `size_in_flight`). Each replica holds one
 engine and one shared batcher; its concurrent calls batch together. Answers are scored as chunks
 finish and written to a JSONL file; the run prints one summary line and returns the counts,
@@ -20,31 +20,25 @@ import time
 from collections.abc import AsyncIterator, Iterator
 
 from flyteplugins_batcher.jobs._driver import Counts, JsonLines, RunOptions, fan_out, finish_run
-from flyteplugins_batcher.jobs._environments import driver_environment
+from flyteplugins_batcher.jobs._environments import LLM_POOL, LLM_SIZING, driver_environment, gpu_env
 from flyteplugins_batcher.jobs._gsm8k import SYSTEM_PROMPT, Problem, extract_answer, is_correct, load_problems
-from flyteplugins_batcher.jobs._llm_replica import LLM_POOL, LLM_SIZING, gpu_env, infer_chunk
 from flyteplugins_batcher.jobs._options import task_with_options
 from flyteplugins_batcher.jobs._outputs import Destination, WorkFolder
+from flyteplugins_batcher.jobs._replica_tasks import infer_chunk
 from flyteplugins_batcher.jobs._report import Progress
 from flyteplugins_batcher.jobs._reruns import retrying_reused_failures
-from flyteplugins_batcher.jobs._schema import (
-    ChatMessage,
-    ChunkOutcome,
-    EngineSettings,
-    RequestChunk,
-    RequestItem,
-    RunSummary,
-)
+from flyteplugins_batcher.jobs._summary import RunSummary
+from flyteplugins_batcher.replica import ChatMessage, ChunkOutcome, EngineSettings, RequestChunk, RequestItem
 
 logger = logging.getLogger("batch_llm")
 
 OUTPUT_FILES = ("answers.jsonl", "failed.jsonl")
 
-driver_env = driver_environment("batch_llm_driver", gpu_env)
+gsm8k_driver_env = driver_environment("batch_llm_driver", gpu_env)
 
 
-@task_with_options(driver_env, report=True)
-async def main(
+@task_with_options(gsm8k_driver_env, report=True)
+async def solve_gsm8k(
     num_questions: int = 32,
     source: str = "auto",
     run: RunOptions = RunOptions(chunk_size=LLM_SIZING.chunk_size),

@@ -7,7 +7,7 @@ Each input line is a request (`flyteplugins_batcher.batch_api` says what is acce
 fails alone, with a line in the errors file naming its code and the reason, and every other line
 still runs. Chat and completion lines run on the LLM replicas (`infer_chunk`), embedding lines on
 the embedding replicas (`embed_requests`); a file may mix them, and a run loads only the models its
-lines need. The driver streams the file (`flyteplugins_batcher/jobs/_jsonl_job.py`): it parses a line at a time,
+lines need. The driver streams the file (`flyteplugins_batcher/jobs/_jsonl/job.py`): it parses a line at a time,
 keeps at most `max_chunks_in_flight` chunks outstanding (by default every LLM replica's slots:
 replicas x concurrency, sized to the engine by `size_in_flight`), and writes results as chunks
 finish, so its memory does not grow with the file. Finished chunks are cached by content and settings:
@@ -22,27 +22,25 @@ from pathlib import Path
 
 from flyte.io import File
 
-from flyteplugins_batcher.engines import model_display_name
+from flyteplugins_batcher.engines import EmbeddingModel, model_display_name
 from flyteplugins_batcher.jobs._driver import RunOptions, fan_out, finish_run
-from flyteplugins_batcher.jobs._embed_replica import EmbeddingChunk, embed_env, embed_requests
-from flyteplugins_batcher.jobs._embeddings import model_name as embedding_model_name
-from flyteplugins_batcher.jobs._environments import driver_environment
+from flyteplugins_batcher.jobs._environments import LLM_POOL, LLM_SIZING, driver_environment, embed_env, gpu_env
 from flyteplugins_batcher.jobs._journal import JournalWriter
-from flyteplugins_batcher.jobs._jsonl_job import Job
-from flyteplugins_batcher.jobs._llm_replica import LLM_POOL, LLM_SIZING, gpu_env, infer_chunk
+from flyteplugins_batcher.jobs._jsonl.job import Job
 from flyteplugins_batcher.jobs._options import task_with_options
 from flyteplugins_batcher.jobs._outputs import Destination, WorkFolder
-from flyteplugins_batcher.jobs._request_lines import JobChunk, JobOutcome
+from flyteplugins_batcher.jobs._replica_tasks import embed_requests, infer_chunk
 from flyteplugins_batcher.jobs._reruns import retrying_reused_failures
-from flyteplugins_batcher.jobs._schema import EngineSettings, RunSummary
+from flyteplugins_batcher.jobs._summary import RunSummary
+from flyteplugins_batcher.replica import EmbeddingChunk, EngineSettings, JobChunk, JobOutcome
 
-driver_env = driver_environment("batch_jsonl_driver", gpu_env, embed_env)
+jsonl_driver_env = driver_environment("batch_jsonl_driver", gpu_env, embed_env)
 
-OUTPUT_FILES = ("results.jsonl", "errors.jsonl")
+BATCH_OUTPUT_FILES = ("results.jsonl", "errors.jsonl")
 
 
-@task_with_options(driver_env, report=True)
-async def main(
+@task_with_options(jsonl_driver_env, report=True)
+async def run_batch_file(
     input: File,
     model_mismatch: str = "error",
     served_model_name: str = "",
@@ -69,7 +67,7 @@ async def main(
     """
     if model_mismatch not in ("error", "ignore"):
         raise ValueError(f"model_mismatch must be 'error' or 'ignore', got {model_mismatch!r}")
-    destination = Destination.check(run.output_dir, OUTPUT_FILES)  # before any inference
+    destination = Destination.check(run.output_dir, BATCH_OUTPUT_FILES)  # before any inference
     local_input = Path(await input.download())
     work = WorkFolder("batch-jsonl-", destination)
     job = Job(
@@ -77,7 +75,7 @@ async def main(
         work.path,
         served_model=served_model_name or model_display_name(settings.model or None),
         model_aliases=tuple(name for name in (settings.model, model_display_name(settings.model or None)) if name),
-        served_embedding_model=embedding_model_name(),
+        served_embedding_model=EmbeddingModel().name,
         model_mismatch=model_mismatch,  # type: ignore[arg-type]
         defaults=settings.generation(),
         journal=JournalWriter(journal) if journal else None,

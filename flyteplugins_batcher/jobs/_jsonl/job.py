@@ -3,7 +3,7 @@
 `Job` knows where the lines come from and where their answers go (a results file and an errors
 file, with running counts and a progress line), and nothing of where chunks run:
 `fan_out(job.chunks(n, m), infer, job.on_chunk, ...)` runs them with any `infer` callable that
-takes both kinds of chunk. What a line becomes on its way is `flyteplugins_batcher/jobs/_request_lines.py`'s.
+takes both kinds of chunk. What a line becomes on its way is the replica layer's (`LineRules`).
 
 **Mixed files.** Chat and completion lines become `RequestChunk`s (for the LLM replicas), embedding
 lines `EmbeddingChunk`s (for the embedding replicas); a chunk holds one kind only. Both come out of
@@ -19,21 +19,13 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
 
-from flyteplugins_batcher.batch_api import ModelMismatch, ParsedRequest, RequestLineError, SeenIds, error_line
+from flyteplugins_batcher.batch_api import ModelMismatch, ParsedRequest, RequestLineError, SeenIds
 from flyteplugins_batcher.engines import GenerationConfig
 from flyteplugins_batcher.jobs._driver import Counts, JsonLines
-from flyteplugins_batcher.jobs._journal import JournalEntry, JournalWriter
+from flyteplugins_batcher.jobs._journal import JournalWriter
 from flyteplugins_batcher.jobs._report import Progress
-from flyteplugins_batcher.jobs._request_lines import (
-    ChunkCutter,
-    JobChunk,
-    JobOutcome,
-    LineRules,
-    chunk_answers,
-    read_requests,
-)
+from flyteplugins_batcher.replica import ChunkCutter, FinishedLine, JobChunk, JobOutcome, LineRules
 
 
 class Job:
@@ -108,38 +100,31 @@ class Job:
 
     def _requests(self) -> Iterator[ParsedRequest]:
         with self.input_path.open("rb") as lines:
-            for _, request in read_requests(lines, self.rules, self._seen):
+            for _, request in self.rules.read(lines, self._seen):
                 self.progress.total += 1
                 if isinstance(request, RequestLineError):
-                    self._fail(request)
+                    self._write(FinishedLine.failed(request))
                 else:
                     yield request
 
     async def on_chunk(self, chunk: JobChunk, outcome: JobOutcome | None, reason: str) -> None:
         """Write a finished chunk's result lines and error lines (`None`: the chunk failed, for `reason`)."""
         requests = {item.key: self._in_flight.pop(item.key) for item in chunk.items}
-        for position, answer in enumerate(chunk_answers(self.rules, chunk, outcome, reason, requests)):
-            retried = outcome is not None and outcome.was_retried(position)
-            if answer.failure is not None:
-                self._fail(answer.failure, retried=retried)
-                continue
-            self.results.write(answer.output)
-            self._journal(answer.request.line, True, answer.output, answer.prompt_tokens, answer.completion_tokens)
-            fresh = outcome is None or outcome.computed_since(position, self.started)
-            self.counts.count(failed=False, completion_tokens=answer.completion_tokens, fresh=fresh, retried=retried)
+        for position, finished in enumerate(self.rules.answers(chunk, outcome, reason, requests)):
+            assert finished is not None  # only a chunk told to stop leaves a line unanswered, and none is here
+            fresh = outcome is None or not finished.ok or outcome.computed_since(position, self.started)
+            self._write(finished, fresh=fresh, retried=outcome is not None and outcome.was_retried(position))
         await self.progress.update(self.counts.done, self.counts.failed)
         if self.journal is not None:
             await self.journal.flush()
 
-    def _fail(self, error: RequestLineError, *, retried: bool = False) -> None:
-        output = error_line(error, request_number=error.line)
-        self.errors.write(output)
-        self._journal(error.line, False, output)
-        self.counts.count(failed=True, completion_tokens=0, retried=retried)
-
-    def _journal(self, line: int, ok: bool, output: dict[str, Any], prompt_tokens: int = 0, tokens: int = 0) -> None:
+    def _write(self, finished: FinishedLine, *, fresh: bool = True, retried: bool = False) -> None:
+        (self.results if finished.ok else self.errors).write(finished.output)
         if self.journal is not None:
-            self.journal.add(JournalEntry(line, ok, output, prompt_tokens, tokens))
+            self.journal.add(finished)
+        self.counts.count(
+            failed=not finished.ok, completion_tokens=finished.output_tokens, fresh=fresh, retried=retried
+        )
 
     async def close_journal(self) -> None:
         """Write the journal's last segment (what finished since the one before)."""

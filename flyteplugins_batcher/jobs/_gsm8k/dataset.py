@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flyteplugins_batcher.jobs._gsm8k._scoring import gold_answer
+from flyteplugins_batcher.jobs._gsm8k.scoring import gold_answer
 
 logger = logging.getLogger("flyteplugins_batcher.jobs._gsm8k")
 

@@ -1,0 +1,288 @@
+"""What a replica takes and gives back: chunks of requests, each request's result, and the chunk's outcome.
+
+Chunks are dataclasses rather than bare lists: Flyte serializes a top-level list element by element,
+which is several times slower than one dataclass holding the list. Two kinds travel: `RequestChunk`s
+of prompts for the LLM replicas, and `EmbeddingChunk`s of texts for the embedding replicas.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from typing_extensions import Self
+
+from flyteplugins_batcher.batch_api import BatchRequest
+from flyteplugins_batcher.engines import Completion, GenerationConfig, Request, ResponseFormat, Sample
+from flyteplugins_batcher.replica._snapshot import ReplicaSnapshot
+
+
+@dataclass
+class ChatMessage:
+    """One chat message."""
+
+    role: str
+    content: str
+
+
+@dataclass
+class OutputFormat:
+    """A request's `response_format` as it crosses the task boundary (`ResponseFormat`'s fields).
+
+    Attributes:
+        schema: The JSON schema as JSON text, or `None` for any JSON object (`json_object`).
+        name: The schema's name, for messages.
+    """
+
+    schema: str | None = None
+    name: str | None = None
+
+    @classmethod
+    def of(cls, response_format: ResponseFormat) -> OutputFormat:
+        return cls(response_format.schema, response_format.name)
+
+    def response_format(self) -> ResponseFormat:
+        return ResponseFormat(self.schema, self.name)
+
+
+@dataclass
+class RequestItem:
+    """One prompt for the engine, with the generation settings its request set for itself (`None`: the run's).
+
+    The settings are named as in `GenerationConfig`; `generation` is the one place they become one.
+    """
+
+    key: str
+    prompt: str = ""
+    messages: list[ChatMessage] = field(default_factory=list)
+    max_new_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    stop: list[str] | None = None
+    seed: int | None = None
+    n: int | None = None
+    output_format: OutputFormat | None = None
+    raw_prompt: bool = False  # an OpenAI /v1/completions prompt: no chat template
+
+    @classmethod
+    def of(cls, request: BatchRequest) -> RequestItem:
+        """The chunk item for a parsed request line; its own settings travel with it, by `GenerationConfig` name."""
+        settings: dict[str, Any] = dict(request.settings)
+        if "stop" in settings:
+            settings["stop"] = list(settings["stop"])
+        response_format = settings.pop("response_format", None)
+        item = cls(key=request.custom_id, raw_prompt=request.raw_prompt, **settings)
+        if response_format is not None:
+            item.output_format = OutputFormat.of(response_format)
+        if isinstance(request.prompt, str):
+            item.prompt = request.prompt
+        else:
+            item.messages = [ChatMessage(message["role"], message["content"]) for message in request.prompt]
+        return item
+
+    def generation(self, defaults: GenerationConfig) -> GenerationConfig:
+        """The run's `defaults` with this item's own settings over them.
+
+        Raises:
+            ValueError: A setting is out of range.
+        """
+        own = {name: getattr(self, name) for name in _OWN_SETTINGS if getattr(self, name) is not None}
+        if self.output_format is not None:
+            own["response_format"] = self.output_format.response_format()
+        return replace(defaults, **own) if own else defaults
+
+    def engine_request(self, defaults: GenerationConfig) -> Request:
+        """The engine `Request` for this item: its prompt (or chat messages) and its generation settings."""
+        prompt: str | list[dict[str, str]] = (
+            [{"role": message.role, "content": message.content} for message in self.messages]
+            if self.messages
+            else self.prompt
+        )
+        return Request(prompt, self.generation(defaults), id=self.key, chat_template=False if self.raw_prompt else None)
+
+
+_STOPPED = "cancelled"
+"""The error code of a prompt stopped before it finished."""
+
+_OWN_SETTINGS = ("max_new_tokens", "temperature", "top_p", "stop", "seed", "n")
+
+
+@dataclass
+class RequestChunk:
+    """A slice of the job sent to one `infer_chunk` call."""
+
+    index: int
+    items: list[RequestItem]
+
+    def only(self, positions: list[int]) -> RequestChunk:
+        """This chunk with only the items at `positions` (a rerun's retry of the items that failed)."""
+        return RequestChunk(self.index, [self.items[position] for position in positions])
+
+
+@dataclass
+class SampleResult:
+    """One sample of a completion (`engines.Sample`'s fields)."""
+
+    text: str
+    finish_reason: str
+    completion_tokens: int
+
+
+@dataclass
+class ItemResult:
+    """One prompt's outcome: a completion, or an error code and message.
+
+    `text` and `finish_reason` are the first sample's and `completion_tokens` counts every sample, as
+    in `Completion`; `samples` holds every sample when the request asked for more than one.
+    """
+
+    key: str
+    text: str = ""
+    finish_reason: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    error_code: str = ""
+    error_message: str = ""
+    samples: list[SampleResult] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, key: str, completion: Completion) -> ItemResult:
+        """The result for a completion (its samples kept only when there are several)."""
+        samples = [SampleResult(s.text, s.finish_reason, s.completion_tokens) for s in completion.samples]
+        return cls(
+            key,
+            completion.text,
+            completion.finish_reason,
+            completion.prompt_tokens,
+            completion.completion_tokens,
+            samples=samples if len(samples) > 1 else [],
+        )
+
+    @classmethod
+    def stopped(cls, key: str) -> ItemResult:
+        """The result of a prompt its chunk was told to stop before it finished (it has no answer yet)."""
+        return cls(key, error_code=_STOPPED, error_message="The request was cancelled before it finished.")
+
+    @property
+    def was_stopped(self) -> bool:
+        """Whether the prompt was stopped before it finished (`stopped`): it has no answer, for another pass to give."""
+        return self.error_code == _STOPPED
+
+    def completion(self) -> Completion:
+        """The completion this result carries, every sample included."""
+        if not self.samples:
+            return Completion(self.text, self.prompt_tokens, self.completion_tokens, self.finish_reason)  # type: ignore[arg-type]
+        samples = [Sample(s.text, s.completion_tokens, s.finish_reason) for s in self.samples]  # type: ignore[arg-type]
+        return Completion.from_samples(self.prompt_tokens, samples)
+
+
+class ItemOutcomes:
+    """What the workflows' chunk outcomes share: which items this run computed, and merging a retry.
+
+    A dataclass that mixes it in has `finished_at` (when its replica finished it), `results` (one per
+    item, each with an `error_code`, empty when it succeeded), `replica`, and `fresh`: `None` when all
+    its items share `finished_at`'s run, else the positions this run computed (its retried items).
+    """
+
+    finished_at: float
+    fresh: list[int] | None
+    results: list[Any]
+
+    def computed_since(self, position: int, started: float) -> bool:
+        """Whether the item at `position` was computed by the run that started at `started` (not reused)."""
+        if self.fresh is not None:
+            return position in self.fresh
+        return self.finished_at >= started
+
+    def was_retried(self, position: int) -> bool:
+        """Whether the item at `position` had failed in an earlier run and this run computed it again."""
+        return self.fresh is not None and position in self.fresh
+
+    def failed_positions(self) -> list[int]:
+        return [position for position, result in enumerate(self.results) if result.error_code]
+
+    def with_retried(self, positions: Sequence[int], retried: Self, started: float) -> Self:
+        """This (reused) outcome with the items at `positions` replaced by their retry's outcomes.
+
+        Everything but the results (the replica's state, when it finished) is the later outcome's, so
+        that a retry that ran in this run counts in the run's statistics.
+        """
+        results = list(self.results)
+        for retry_position, position in enumerate(positions):
+            results[position] = retried.results[retry_position]
+        fresh = [position for index, position in enumerate(positions) if retried.computed_since(index, started)]
+        latest = retried if retried.finished_at > self.finished_at else self
+        return dataclasses.replace(latest, results=results, fresh=fresh)  # type: ignore[type-var]
+
+
+@dataclass
+class ChunkOutcome(ItemOutcomes):
+    """What one `infer_chunk` call returns: an `ItemResult` per prompt, in order, and its replica's state.
+
+    `finished_at` (epoch seconds) tells a chunk reused from an earlier run (it finished before this run
+    began); `fresh` is set on an outcome that merges an earlier run's answers with this run's retry of
+    its failures (`flyteplugins_batcher/jobs/_reruns.py`).
+    """
+
+    index: int
+    results: list[ItemResult]
+    replica: ReplicaSnapshot
+    finished_at: float = 0.0
+    fresh: list[int] | None = None
+
+
+@dataclass
+class EmbeddingItem:
+    """One embeddings request of a batch job: its texts (`input`), answered with one vector each."""
+
+    key: str
+    inputs: list[str]
+
+
+@dataclass
+class EmbeddingChunk:
+    """A slice of a batch job's embeddings requests, sent to one `embed_requests` call."""
+
+    index: int
+    items: list[EmbeddingItem]
+
+    def only(self, positions: list[int]) -> EmbeddingChunk:
+        """This chunk with only the requests at `positions` (a rerun's retry of the requests that failed)."""
+        return EmbeddingChunk(self.index, [self.items[position] for position in positions])
+
+
+@dataclass
+class EmbeddingResult:
+    """One embeddings request's outcome: a vector per text, or an error code and message.
+
+    Vectors travel as base64 of their little-endian float32 bytes (OpenAI's `encoding_format="base64"`):
+    exact, and a third of the size of JSON numbers.
+    """
+
+    key: str
+    vectors: list[str] = field(default_factory=list)
+    prompt_tokens: int = 0
+    error_code: str = ""
+    error_message: str = ""
+
+
+@dataclass
+class EmbeddingOutcome(ItemOutcomes):
+    """What one `embed_requests` call returns: an `EmbeddingResult` per request, in order, and its replica's state.
+
+    `finished_at` and `fresh` as in `ChunkOutcome`.
+    """
+
+    index: int
+    results: list[EmbeddingResult]
+    replica: ReplicaSnapshot
+    finished_at: float = 0.0
+    fresh: list[int] | None = None
+
+
+JobChunk = RequestChunk | EmbeddingChunk
+
+
+JobOutcome = ChunkOutcome | EmbeddingOutcome

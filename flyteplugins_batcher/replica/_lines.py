@@ -1,0 +1,284 @@
+"""A request line's way through a batch: read and checked, cut into chunks, answered with a finished line.
+
+One place for each step, shared by the JSONL job's driver (`flyteplugins_batcher.jobs`) and the
+OpenAI-compatible server's Batch API (`flyteplugins_batcher.server`), so that a file gives the same results
+and the same per-line errors through either:
+
+- `LineRules.read` turns each line of a file into a request (`flyteplugins_batcher.batch_api`), checking
+  its settings against the run's defaults and failing duplicate `custom_id`s;
+- `ChunkCutter` cuts the requests into chunks of one kind: `RequestChunk`s for the LLM replica,
+  `EmbeddingChunk`s for the embedding replica;
+- `LineRules.answers` turns a finished chunk's outcome into each line's `FinishedLine`: its result
+  line, or its error line naming its code.
+"""
+
+from __future__ import annotations
+
+import array
+import base64
+import json
+import sys
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from flyteplugins_batcher.batch_api import (
+    ENDPOINTS,
+    BatchRequest,
+    EmbeddingRequest,
+    ModelMismatch,
+    ParsedRequest,
+    RequestLineError,
+    SeenIds,
+    embedding_response_line,
+    error_line,
+    parse_request_line,
+    read_request_lines,
+    response_line,
+)
+from flyteplugins_batcher.engines import GenerationConfig
+from flyteplugins_batcher.replica._chunks import (
+    EmbeddingChunk,
+    EmbeddingItem,
+    EmbeddingResult,
+    ItemResult,
+    JobChunk,
+    JobOutcome,
+    RequestChunk,
+    RequestItem,
+)
+
+LineOutcome = tuple[int, "ParsedRequest | RequestLineError"]
+"""A line's number, and its request or the error that fails it."""
+
+
+@dataclass(frozen=True)
+class FinishedLine:
+    """One finished line of a batch: its 1-based number in the input, whether it was answered, its output line.
+
+    What a batch's answer is wherever it is kept: the JSONL job's results and errors files and its
+    run journal, and the server's database.
+
+    Attributes:
+        line: The line's 1-based number in the input file.
+        ok: Whether it was answered (`output` is a result line), else it failed (an error line).
+        output: Its result line or error line, in OpenAI's batch format.
+        input_tokens: Tokens the model read for it (0 when it failed).
+        output_tokens: Tokens it generated (0 for embeddings and failures).
+
+    Example:
+        ```python
+        FinishedLine.failed(RequestLineError("invalid_json", "not JSON", line=3))  # its error line
+        ```
+    """
+
+    line: int
+    ok: bool
+    output: dict[str, Any]
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+    @classmethod
+    def failed(cls, error: RequestLineError) -> FinishedLine:
+        """The line `error` fails, with its error line."""
+        return cls(error.line, False, error_line(error, request_number=error.line))
+
+    def to_json(self) -> str:
+        """One line of JSON (`from_json` reads it back)."""
+        tokens = [self.input_tokens, self.output_tokens]
+        return json.dumps({"line": self.line, "ok": self.ok, "output": self.output, "tokens": tokens})
+
+    @classmethod
+    def from_json(cls, text: str) -> FinishedLine:
+        """The line `to_json` wrote."""
+        data = json.loads(text)
+        input_tokens, output_tokens = data.get("tokens", (0, 0))
+        return cls(int(data["line"]), bool(data["ok"]), data["output"], int(input_tokens), int(output_tokens))
+
+
+@dataclass(frozen=True)
+class LineRules:
+    """How a job reads its lines and answers them.
+
+    Attributes:
+        served_model: The LLM's name (chat and completion lines are answered by it).
+        served_embedding_model: The embedding model's name.
+        model_mismatch: What to do with a line naming another model ("error" or "ignore").
+        defaults: The run's generation settings (a request's own win).
+        endpoints: The urls the job serves; a line for another one fails as `invalid_url`.
+        model_aliases: Other names a line may give the served LLM (the model reference as the user gave it).
+        context_length: The LLM's context, when known (0: unknown): a line whose `max_tokens` fills it
+            fails at parse (`context_length_exceeded`), before it is costed in the batcher.
+
+    Example:
+        ```python
+        rules = LineRules("SmolLM2-135M-Instruct", "all-MiniLM-L6-v2", "error", GenerationConfig())
+        with open("requests.jsonl", "rb") as lines, SeenIds() as seen:
+            requests = [request for _, request in rules.read(lines, seen)]  # each a request or its error
+        ```
+    """
+
+    served_model: str
+    served_embedding_model: str
+    model_mismatch: ModelMismatch
+    defaults: GenerationConfig
+    endpoints: tuple[str, ...] = ENDPOINTS
+    model_aliases: tuple[str, ...] = ()
+    context_length: int = 0
+
+    def parse(self, text: str, line_number: int) -> ParsedRequest:
+        """The request on a line, its settings checked (out of range: the line fails here, not its chunk).
+
+        Raises:
+            RequestLineError: The line is not a request this job can run.
+        """
+        request = parse_request_line(
+            text,
+            line_number,
+            served_model=self.served_model,
+            served_embedding_model=self.served_embedding_model,
+            model_mismatch=self.model_mismatch,
+            endpoints=self.endpoints,
+            model_aliases=self.model_aliases,
+            context_length=self.context_length,
+        )
+        if isinstance(request, BatchRequest):
+            request.generation(self.defaults)
+        return request
+
+    def read(self, lines: Iterable[bytes], seen: SeenIds) -> Iterator[LineOutcome]:
+        """Each non-blank line of a file opened in binary mode, parsed; a `custom_id` seen before fails its line.
+
+        Args:
+            lines: The file's lines as bytes.
+            seen: The ids seen so far (a fresh `SeenIds` per pass over the file).
+        """
+        for line_number, text in read_request_lines(lines):
+            if isinstance(text, RequestLineError):
+                yield line_number, text
+                continue
+            try:
+                request = self.parse(text, line_number)
+            except RequestLineError as error:
+                yield line_number, error
+                continue
+            first = seen.add(request.custom_id, line_number)
+            if first is None:
+                yield line_number, request
+                continue
+            message = f"custom_id {request.custom_id!r} was already used on line {first}"
+            yield (
+                line_number,
+                RequestLineError("duplicate_custom_id", message, line=line_number, custom_id=request.custom_id),
+            )
+
+    def answers(
+        self, chunk: JobChunk, outcome: JobOutcome | None, reason: str, requests: Mapping[str, ParsedRequest]
+    ) -> list[FinishedLine | None]:
+        """Each request's finished line in a finished chunk, in the chunk's order.
+
+        Args:
+            chunk: The chunk.
+            outcome: Its outcome, or `None` when the chunk failed as a whole (each line fails with `reason`).
+            reason: Why the chunk failed.
+            requests: The chunk's requests, by `custom_id`.
+
+        Returns:
+            A finished line per request; `None` for one its chunk was told to stop before it finished
+            (`ItemResult.was_stopped`): it has no answer yet.
+        """
+        answers: list[FinishedLine | None] = []
+        for position, item in enumerate(chunk.items):
+            request = requests[item.key]
+            result = outcome.results[position] if outcome is not None else None
+            if result is None:
+                result = ItemResult(item.key, error_code="inference_failed", error_message=reason)
+            answers.append(
+                None if isinstance(result, ItemResult) and result.was_stopped else self._answer(request, result)
+            )
+        return answers
+
+    def _answer(self, request: ParsedRequest, result: ItemResult | EmbeddingResult) -> FinishedLine:
+        if result.error_code:
+            failure = RequestLineError(
+                result.error_code, result.error_message, line=request.line, custom_id=request.custom_id
+            )
+            return FinishedLine.failed(failure)
+        completion_tokens = result.completion_tokens if isinstance(result, ItemResult) else 0
+        return FinishedLine(
+            request.line, True, self._result_line(request, result), result.prompt_tokens, completion_tokens
+        )
+
+    def _result_line(self, request: ParsedRequest, result: ItemResult | EmbeddingResult) -> dict[str, Any]:
+        """The result line of a request that succeeded."""
+        if isinstance(request, EmbeddingRequest) and isinstance(result, EmbeddingResult):
+            vectors = [decode_vector(vector) for vector in result.vectors]
+            return embedding_response_line(
+                request,
+                vectors,
+                prompt_tokens=result.prompt_tokens,
+                model=self.served_embedding_model,
+                request_number=request.line,
+            )
+        assert isinstance(request, BatchRequest) and isinstance(result, ItemResult)
+        return response_line(request, result.completion(), model=self.served_model, request_number=request.line)
+
+
+class ChunkCutter:
+    """Cuts a stream of parsed requests into chunks of one kind each, numbered in the order they fill up.
+
+    Args:
+        chunk_size: Chat and completion requests per `RequestChunk`.
+        embedding_chunk_texts: Texts per `EmbeddingChunk`: it closes once it holds at least this many
+            (a request's texts stay together).
+    """
+
+    def __init__(self, chunk_size: int, embedding_chunk_texts: int) -> None:
+        if chunk_size < 1 or embedding_chunk_texts < 1:
+            raise ValueError(f"chunk sizes must be >= 1, got {chunk_size} and {embedding_chunk_texts}")
+        self.chunk_size = chunk_size
+        self.embedding_chunk_texts = embedding_chunk_texts
+        self._number = 0
+        self._generation: list[RequestItem] = []
+        self._embedding: list[EmbeddingItem] = []
+        self._texts = 0
+
+    def add(self, request: ParsedRequest) -> JobChunk | None:
+        """Take a request; returns the chunk it completed, if it did."""
+        if isinstance(request, EmbeddingRequest):
+            self._embedding.append(EmbeddingItem(request.custom_id, list(request.inputs)))
+            self._texts += len(request.inputs)
+            return self._embedding_chunk() if self._texts >= self.embedding_chunk_texts else None
+        self._generation.append(RequestItem.of(request))
+        return self._generation_chunk() if len(self._generation) == self.chunk_size else None
+
+    def rest(self) -> list[JobChunk]:
+        """The unfinished chunks, once the input is read."""
+        chunks: list[JobChunk] = []
+        if self._generation:
+            chunks.append(self._generation_chunk())
+        if self._embedding:
+            chunks.append(self._embedding_chunk())
+        return chunks
+
+    def _generation_chunk(self) -> RequestChunk:
+        chunk = RequestChunk(self._next_number(), self._generation)
+        self._generation = []
+        return chunk
+
+    def _embedding_chunk(self) -> EmbeddingChunk:
+        chunk = EmbeddingChunk(self._next_number(), self._embedding)
+        self._embedding, self._texts = [], 0
+        return chunk
+
+    def _next_number(self) -> int:
+        self._number += 1
+        return self._number - 1
+
+
+def decode_vector(encoded: str) -> list[float]:
+    """A vector sent as base64 of little-endian float32 bytes, as floats."""
+    values = array.array("f", base64.b64decode(encoded))
+    if sys.byteorder != "little":
+        values.byteswap()
+    return values.tolist()

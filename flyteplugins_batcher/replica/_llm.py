@@ -1,0 +1,208 @@
+"""The LLM replica: one process's engine and shared batcher, and the code that runs a chunk of prompts through them.
+
+Every chunk a process runs (up to a replica's `concurrency` Flyte task calls at once, or a server's
+batch lines and online requests) feeds the replica's one batcher, a `SharedBatcher` around the
+engine, which assembles token-budgeted batches and keeps the model busy while the callers load and
+post-process. `infer_chunk` (`flyteplugins_batcher.jobs`) is a thin Flyte task around
+`LLMReplica.of_process().run_chunk`, so the same code path runs outside Flyte too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from flyteplugins_batcher import DeviceMonitor, SharedBatcher, TokenBatcher
+from flyteplugins_batcher.batch_api import error_code
+from flyteplugins_batcher.engines import (
+    CancellationToken,
+    Completion,
+    Engine,
+    EngineConfigError,
+    InvalidPromptError,
+    Request,
+    RequestCancelledError,
+    create_engine,
+    loading_model,
+)
+from flyteplugins_batcher.replica._chunks import ChunkOutcome, ItemResult, RequestChunk, RequestItem
+from flyteplugins_batcher.replica._process_slot import ProcessSlot
+from flyteplugins_batcher.replica._settings import EngineSettings, engine_kwargs
+from flyteplugins_batcher.replica._snapshot import ReplicaSnapshot
+
+logger = logging.getLogger("flyteplugins_batcher.replica")
+
+BatcherFactory = Callable[[Engine, EngineSettings], TokenBatcher]
+"""Builds a replica's batcher around its loaded engine: `make_batcher(engine, settings)`."""
+
+
+def make_batcher(engine: Engine, settings: EngineSettings) -> TokenBatcher:
+    """The replica's batcher: the engine's defaults with the settings' batcher keywords over them."""
+    return engine.batcher(**settings.batcher_keywords())
+
+
+def load_engine(settings: EngineSettings) -> Engine:
+    """Build and load an engine for the settings (blocking: a replica calls it in a worker thread)."""
+    engine_name = settings.engine
+    kwargs = engine_kwargs(settings)
+    if engine_name == "auto" and any(name != "dtype" for name in kwargs):
+        engine_name = "vllm"  # vLLM settings were given: the user means vLLM
+    try:
+        engine = create_engine(
+            engine_name,  # type: ignore[arg-type]
+            settings.model or None,
+            generation=settings.generation(),
+            system_prompt=settings.system_prompt or None,
+            **kwargs,
+        )
+    except EngineConfigError:
+        raise
+    except (TypeError, ValueError) as error:  # an unknown engine, option or option value: no retry can fix it
+        raise EngineConfigError(f"cannot build the {engine_name!r} engine with these settings: {error}") from error
+    with loading_model():
+        engine.load()
+    logger.info("loaded %s (%s) in %.1f s", engine.model_name, engine.name, engine.stats.load_time_s)
+    return engine
+
+
+class LLMReplica:
+    """One process's engine, shared batcher and GPU monitor, and the code that runs a chunk through them.
+
+    Args:
+        make_batcher: Builds the batcher around the loaded engine (wrap the engine here to observe
+            or instrument what reaches it).
+
+    Example:
+        ```python
+        replica = LLMReplica.of_process()  # the one every chunk of this process runs on
+        outcome = await replica.run_chunk(chunk, EngineSettings(max_new_tokens=64))
+        await replica.aclose()
+        ```
+    """
+
+    @classmethod
+    def of_process(cls) -> LLMReplica:
+        """This process's replica (made on first use): the one `infer_chunk` runs its chunks on."""
+        return _PROCESS.get()
+
+    def install(self) -> None:
+        """Make this the process's replica until it closes: a local Flyte run in this process (a server's) uses it."""
+        _PROCESS.install(self)
+
+    def __init__(self, make_batcher: BatcherFactory = make_batcher) -> None:
+        self.device = DeviceMonitor()
+        self.shared: SharedBatcher[Engine, TokenBatcher] = SharedBatcher(self._load, make_batcher, name="llm")
+        self.settings: EngineSettings | None = None
+        """The settings the loaded engine was built with."""
+
+    def _load(self, settings: EngineSettings) -> Engine:
+        engine = load_engine(settings)
+        self.settings = settings
+        self.device.start()
+        return engine
+
+    async def run_chunk(
+        self, chunk: RequestChunk, settings: EngineSettings, *, stop: asyncio.Event | None = None
+    ) -> ChunkOutcome:
+        """Generate a completion for every prompt of a chunk through the shared batcher.
+
+        A prompt the engine cannot run (empty, too long) gets an error in its result.
+
+        Args:
+            chunk: The prompts.
+            settings: The engine's settings.
+            stop: Once set, the chunk's unfinished prompts are cancelled (a queued one never runs, a
+                running one stops where the engine can stop it); their results say so (`ItemResult.stopped`).
+
+        Raises:
+            EngineConfigError: The settings cannot work (retrying cannot help).
+            RuntimeError: Inference failed for the chunk (another attempt may succeed).
+        """
+        batcher = await self.shared.get(settings)
+        engine = self.shared.loaded_model
+        assert engine is not None
+        defaults = settings.generation()
+        requests = [item.engine_request(defaults) for item in chunk.items]
+        if stop is None:
+            outcomes = await batcher.run(requests, return_exceptions=True)
+        else:
+            outcomes = await run_until(batcher, [replace(r, cancellation=CancellationToken()) for r in requests], stop)
+        stopped = stop is not None and stop.is_set()
+        answers = zip(chunk.items, outcomes, strict=True)
+        results = [_item_result(chunk, item, outcome, stopped=stopped) for item, outcome in answers]
+        return ChunkOutcome(chunk.index, results, self.snapshot(batcher, engine), finished_at=time.time())
+
+    def snapshot(self, batcher: TokenBatcher, engine: Engine) -> ReplicaSnapshot:
+        """The batcher, engine and device statistics, labelled with the pod (host) and process."""
+        device = self.device.utilization()
+        return ReplicaSnapshot.of_batcher(
+            batcher.stats,
+            replica=f"{socket.gethostname()}/{os.getpid()}",
+            model=engine.model_name,
+            device_utilization=device.mean if device.available else -1.0,
+            device_note=device.note,
+            **ReplicaSnapshot.engine_fields(engine.stats),
+        )
+
+    async def aclose(self) -> None:
+        """Stop the batcher, close the engine and stop the GPU monitor; the process's next replica is a fresh one."""
+        _PROCESS.release(self)
+        await self.shared.aclose()
+        self.device.stop()
+
+
+def _item_result(chunk: RequestChunk, item: RequestItem, outcome: object, *, stopped: bool) -> ItemResult:
+    """A prompt's result: its completion, its own error, or stopped (only when the chunk was told to stop).
+
+    Raises:
+        RuntimeError: Inference failed (another attempt may succeed), or the batcher cancelled the
+            prompt without the chunk being told to stop (it was stopped: another attempt may run it).
+    """
+    if isinstance(outcome, Completion):
+        return ItemResult.of(item.key, outcome)
+    if isinstance(outcome, InvalidPromptError):
+        return ItemResult(item.key, error_code=error_code(outcome), error_message=str(outcome))
+    if stopped and isinstance(outcome, (asyncio.CancelledError, RequestCancelledError)):
+        return ItemResult.stopped(item.key)
+    raise RuntimeError(f"chunk {chunk.index}: inference failed: {outcome!r}") from (
+        outcome if isinstance(outcome, BaseException) else None
+    )
+
+
+async def run_until(batcher: TokenBatcher, records: list[Request], stop: asyncio.Event) -> list[object]:
+    """Each record's outcome, its error in its place; once `stop` is set, those not finished are cancelled.
+
+    A cancelled record's place holds a `CancelledError`: the batcher drops it if it was queued, and
+    tells it to stop (`Request.cancel`) if it was running.
+    """
+    futures: list[asyncio.Future[Any]] = []
+    for record in records:
+        if stop.is_set():
+            break
+        futures.append(await batcher.submit(record))
+    batcher.flush()
+    answered = asyncio.gather(*futures, return_exceptions=True)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({answered, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        for future in futures:
+            future.cancel()  # nothing happens to those that have their outcome
+    outcomes: list[object] = [_outcome(future) for future in futures]
+    return outcomes + [asyncio.CancelledError() for _ in records[len(futures) :]]
+
+
+def _outcome(future: asyncio.Future[Any]) -> object:
+    if future.cancelled():
+        return asyncio.CancelledError()
+    return future.exception() or future.result()
+
+
+_PROCESS: ProcessSlot[LLMReplica] = ProcessSlot(LLMReplica)

@@ -1,0 +1,133 @@
+"""`EngineSettings`: what a replica's engine and shared batcher are built from, and the engine's keywords.
+
+The jobs take its fields as inputs of their own (`flyteplugins_batcher/jobs/_options.py`) and the server as
+settings and flags: a field added here, with its help, is an option of each of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from flyteplugins_batcher.engines import EngineConfigError, GenerationConfig
+from flyteplugins_batcher.engines.vllm import parse_engine_args
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """Engine, generation and batcher settings: what the replica's shared engine is keyed on.
+
+    Every LLM workflow takes them as inputs of their own (`flyteplugins_batcher/jobs/_options.py`): a field added
+    here, with its help below, is an option of each of them. Zero or empty means "the engine's
+    default". The vLLM fields apply to `engine="vllm"` (or "auto" on a GPU).
+
+    Attributes:
+        engine: "auto" (vLLM on a GPU, else Transformers), "vllm", "transformers", or "simulated"
+            (no model: vLLM's scheduling with an H100's step times, to dry-run capacity planning;
+            its options as engine_args, e.g. {"time_scale": 4, "gpu": {"max_num_seqs": 1024},
+            "output_lengths": {"mean": 200, "long_fraction": 0.05}}).
+        model: Hub id or local path; empty for the bundled SmolLM2-135M-Instruct.
+        vllm_mode: "stream" (the default: each prompt is its own request to vLLM's continuous
+            batching) or "batch" (whole batches through `LLM.generate`).
+        max_model_len: vLLM's context length (0: the model's).
+        kv_cache_gb: vLLM's KV cache in GiB (0: 2 GiB at most on CPU, vLLM's default on GPU).
+        gpu_memory_utilization: vLLM's share of GPU memory (on CPU: of host memory), instead of
+            kv_cache_gb.
+        dtype: Model dtype ("float32", "bfloat16", ...; empty: the engine's choice for the device).
+        tensor_parallel_size: GPUs per replica for vLLM (0: one).
+        enforce_eager: "true" to skip vLLM's graph compilation (empty: the default for the device).
+        engine_args: Any other vLLM engine argument (or the simulated engine's options), as a JSON object.
+        system_prompt: Added to prompts that do not bring their own system message.
+        max_new_tokens: Generation budget per answer (a request's own max_tokens wins).
+        temperature: 0 for greedy decoding (a request's own temperature wins).
+        top_p: Nucleus-sampling mass, when sampling (a request's own top_p wins).
+        seed: Seed for sampling, so that a sampled run can be repeated (a request's own seed wins).
+        target_batch_tokens: Token budget per batch (0: the engine's default).
+        max_batch_size: Records per batch (0: the engine's default).
+        batch_timeout_s: Longest a prompt waits for its batch to fill.
+        max_queue_size: Prompts that may wait in the replica's queue (0: the batcher's default, 5000); a
+            server answers 429 past it.
+    """
+
+    engine: str = "auto"
+    model: str = ""
+    vllm_mode: str = ""
+    max_model_len: int = 0
+    kv_cache_gb: float = 0.0
+    gpu_memory_utilization: float = 0.0
+    dtype: str = ""
+    tensor_parallel_size: int = 0
+    enforce_eager: str = ""
+    engine_args: str = ""
+    system_prompt: str = ""
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    target_batch_tokens: int = 0
+    max_batch_size: int = 0
+    batch_timeout_s: float = 0.05
+    max_queue_size: int = 0
+
+    def batcher_keywords(self) -> dict[str, Any]:
+        """The replica batcher's keywords these settings give, over the engine's defaults (`engine.batcher(**...)`)."""
+        # "split": a record that breaks a whole batch must not fail the other tasks' records batched with it.
+        keywords: dict[str, Any] = {"batch_timeout_s": self.batch_timeout_s, "on_error": "split", "name": "llm"}
+        if self.target_batch_tokens:
+            keywords["target_batch_tokens"] = self.target_batch_tokens
+        if self.max_batch_size:
+            keywords["max_batch_size"] = self.max_batch_size
+        if self.max_queue_size:
+            keywords["max_queue_size"] = self.max_queue_size
+        return keywords
+
+    def generation(self) -> GenerationConfig:
+        """The run's default generation settings (requests may set their own).
+
+        Raises:
+            ValueError: A setting is out of range.
+        """
+        return GenerationConfig(
+            max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p, seed=self.seed
+        )
+
+
+_VLLM_ONLY = ("vllm_mode", "max_model_len", "kv_cache_gb", "gpu_memory_utilization", "tensor_parallel_size")
+
+
+_NOT_SIMULATED = (*_VLLM_ONLY, "dtype", "enforce_eager")
+
+
+def engine_kwargs(settings: EngineSettings) -> dict[str, Any]:
+    """`create_engine` keywords for the settings: the vLLM ones only for vLLM, `engine_args` as options for "simulated".
+
+    Raises:
+        EngineConfigError: A vLLM-only setting given for another engine, or bad JSON in `engine_args`.
+    """
+    if settings.engine == "simulated":
+        given = [name for name in _NOT_SIMULATED if getattr(settings, name)]
+        if given:
+            raise EngineConfigError(
+                f"{', '.join(given)} do not apply to engine='simulated' (give its options as engine_args)"
+            )
+        return parse_engine_args(settings.engine_args)
+    if settings.engine == "transformers":
+        given = [name for name in _VLLM_ONLY if getattr(settings, name)] + (
+            ["engine_args"] if settings.engine_args else []
+        )
+        if given:
+            raise EngineConfigError(f"{', '.join(given)} apply to engine='vllm' only, not 'transformers'")
+        return {"dtype": settings.dtype} if settings.dtype else {}
+    kwargs: dict[str, Any] = parse_engine_args(settings.engine_args)
+    explicit = {
+        "mode": settings.vllm_mode,
+        "max_model_len": settings.max_model_len,
+        "kv_cache_memory_bytes": int(settings.kv_cache_gb * 2**30),
+        "gpu_memory_utilization": settings.gpu_memory_utilization,
+        "dtype": settings.dtype,
+        "tensor_parallel_size": settings.tensor_parallel_size,
+    }
+    kwargs.update({name: value for name, value in explicit.items() if value})
+    if settings.enforce_eager:
+        kwargs["enforce_eager"] = settings.enforce_eager.strip().lower() in ("1", "true", "yes")
+    return kwargs
