@@ -194,8 +194,8 @@ def ingest_rate(folder: Path, lines: int, database: str) -> float:
     """Lines per second the server records from a run's journal (segments of 2,000 result lines) into `database`."""
     from flyteplugins_batcher.jobs._journal import JournalWriter
     from flyteplugins_batcher.replica import FinishedLine
-    from flyteplugins_batcher.server._flyte_executor import JournalIngest
-    from flyteplugins_batcher.server._store import Store
+    from flyteplugins_batcher.server._execution.flyte_executor import JournalIngest
+    from flyteplugins_batcher.server._state.store import Store
 
     async def write() -> None:
         journal = JournalWriter(str(folder / "journal"), interval_s=0)

@@ -21,7 +21,7 @@ import rich_click as click
 
 from flyteplugins_batcher.cli._options import given_on_command_line, setting_options
 from flyteplugins_batcher.replica import EngineSettings
-from flyteplugins_batcher.server._settings import PREFIX, ServerSettings
+from flyteplugins_batcher.server import ServerSettings
 
 ACTIVATE_TIMEOUT_S = 900.0
 """How long the server may take to load its models before the command gives up (vLLM's start-up on CPU)."""
@@ -38,7 +38,7 @@ def serve(ctx: click.Context, **options: Any) -> None:
     through flyte's local serving, on 127.0.0.1:8000 unless told otherwise.
     """
     for name, value in given_on_command_line(ctx, options).items():
-        os.environ[f"{PREFIX}{name.upper()}"] = str(value).lower() if isinstance(value, bool) else str(value)
+        os.environ[ServerSettings.variable(name)] = str(value).lower() if isinstance(value, bool) else str(value)
     try:
         ServerSettings.from_environment()  # a bad value fails here, naming its variable
     except ValueError as error:

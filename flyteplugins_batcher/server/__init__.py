@@ -32,8 +32,8 @@ Example:
 
 from __future__ import annotations
 
-from flyteplugins_batcher.server._app import create_app
 from flyteplugins_batcher.server._app_env import BatcherAppEnvironment, default_app_environment
+from flyteplugins_batcher.server._http.app import create_app
 from flyteplugins_batcher.server._settings import ServerSettings
 
 __all__ = ["BatcherAppEnvironment", "ServerSettings", "create_app", "default_app_environment"]

@@ -72,8 +72,9 @@ class BatcherAppEnvironment(FastAPIAppEnvironment):
     def __post_init__(self) -> None:
         import uvicorn
 
-        from flyteplugins_batcher.server._app import create_app
-        from flyteplugins_batcher.server._limits import MAX_HEAD_BYTES, http_protocol
+        from flyteplugins_batcher.server._http.app import create_app
+        from flyteplugins_batcher.server._http.limits import http_protocol
+        from flyteplugins_batcher.server._settings import MAX_HEAD_BYTES
 
         self.settings = ServerSettings.from_environment(base=self.settings)
         if self.app is None:

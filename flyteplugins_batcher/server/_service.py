@@ -21,14 +21,14 @@ from fastapi import Depends, Request
 
 from flyteplugins_batcher import BatcherSettings
 from flyteplugins_batcher.engines import EngineStats
-from flyteplugins_batcher.server._batch_jobs import ACTIVE
-from flyteplugins_batcher.server._batch_runner import BatchRunner
-from flyteplugins_batcher.server._files import FileStore
+from flyteplugins_batcher.server._execution.leases import LeaseKeeper
+from flyteplugins_batcher.server._execution.runner import BatchRunner
 from flyteplugins_batcher.server._inference import Inference
-from flyteplugins_batcher.server._leases import LeaseKeeper
 from flyteplugins_batcher.server._metrics import ServerMetrics
 from flyteplugins_batcher.server._settings import ServerSettings
-from flyteplugins_batcher.server._store import Store, shown_url
+from flyteplugins_batcher.server._state.files import FileStore
+from flyteplugins_batcher.server._state.statuses import ACTIVE
+from flyteplugins_batcher.server._state.store import Store, shown_url
 
 logger = logging.getLogger("flyteplugins_batcher.server")
 

@@ -23,6 +23,11 @@ from flyteplugins_batcher.replica import EngineSettings
 PREFIX = "BATCH_SERVE_"
 
 
+MAX_HEAD_BYTES = 64 * 1024
+"""Most bytes of a request's line and headers (`_http/head_limit.py` holds them to it): four times h11's
+default, room for long tokens."""
+
+
 @dataclass(frozen=True)
 class ServerSettings:
     """What the server serves, where it keeps its state, and its limits.
@@ -132,6 +137,11 @@ class ServerSettings:
         base = base or cls()
         engine = dataclasses.replace(base.engine, **_read_fields(EngineSettings, environ, skip=()))
         return dataclasses.replace(base, engine=engine, **_read_fields(cls, environ, skip=("engine",)))
+
+    @staticmethod
+    def variable(name: str) -> str:
+        """The environment variable of a setting (`max_queue_size`: `BATCH_SERVE_MAX_QUEUE_SIZE`)."""
+        return f"{PREFIX}{name.upper()}"
 
     def environment(self) -> dict[str, str]:
         """These settings as `BATCH_SERVE_*` variables (what `from_environment` reads back)."""

@@ -18,9 +18,9 @@ from flyte.io import File
 
 from flyteplugins_batcher.jobs._journal import JournalWriter
 from flyteplugins_batcher.replica import FinishedLine
-from flyteplugins_batcher.server._flyte_executor import FlyteExecutor, RunFailedError, run_name
+from flyteplugins_batcher.server._execution.flyte_executor import FlyteExecutor, RunFailedError, run_name
 from flyteplugins_batcher.server._settings import ServerSettings
-from flyteplugins_batcher.server._store import LeaseLost, Store
+from flyteplugins_batcher.server._state.store import LeaseLost, Store
 
 
 class ClusterRun:

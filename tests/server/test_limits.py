@@ -8,9 +8,9 @@ from fastapi.testclient import TestClient
 from starlette.datastructures import Headers
 
 from flyteplugins_batcher import BatcherSettings, QueueFullError
-from flyteplugins_batcher.server._errors import APIError, install_error_handlers
-from flyteplugins_batcher.server._guards import HostGuard, HostPolicy, key_refusal, media_refusal, split_host
-from flyteplugins_batcher.server._limits import MULTIPART_OVERHEAD, limit_for
+from flyteplugins_batcher.server._http.errors import APIError, install_error_handlers
+from flyteplugins_batcher.server._http.guards import HostGuard, HostPolicy, key_refusal, media_refusal, split_host
+from flyteplugins_batcher.server._http.limits import MULTIPART_OVERHEAD, limit_for
 from flyteplugins_batcher.server._metrics import DrainRate
 from flyteplugins_batcher.server._settings import ServerSettings
 

@@ -16,10 +16,11 @@ from typing import Any
 
 import pytest
 
-from flyteplugins_batcher.server._errors import APIError
-from flyteplugins_batcher.server._files import FileStore, ObjectFiles
+from flyteplugins_batcher.server._http.errors import APIError
 from flyteplugins_batcher.server._settings import ServerSettings
-from flyteplugins_batcher.server._store import Store
+from flyteplugins_batcher.server._state.errors import StateError
+from flyteplugins_batcher.server._state.files import FileStore, ObjectFiles
+from flyteplugins_batcher.server._state.store import Store
 from tests.server.conftest import chat_line, jsonl, simulated, wait_for_batch
 
 LINES = b'{"custom_id": "a"}\n{"custom_id": "b"}\n'
@@ -84,9 +85,9 @@ def test_a_delete_removes_the_file_from_the_folder_and_the_object_store(
     other.delete(row["id"])
 
     assert in_bucket(tmp_path) == [] and not other.path(row["id"]).exists() and store.file(row["id"]) is None
-    with pytest.raises(APIError) as gone:
+    with pytest.raises(StateError) as gone:
         made.content(row["id"])  # its row is gone: the copy left in the first folder is never served
-    assert gone.value.status == 404
+    assert APIError.from_state(gone.value).status == 404
     assert made.remove_leftovers() == 1 and list(made.folder.iterdir()) == []  # removed at the next start
 
 
@@ -99,10 +100,10 @@ def test_a_file_gone_from_the_folder_and_the_object_store_is_a_404_that_names_on
     assert files.objects is not None
     files.objects.delete(row["id"])
 
-    with pytest.raises(APIError) as missing:
+    with pytest.raises(StateError) as missing:
         files.content(row["id"], param="input_file_id")
 
-    assert missing.value.status == 404 and missing.value.param == "input_file_id"
+    assert APIError.from_state(missing.value).status == 404 and missing.value.param == "input_file_id"
     assert row["id"] in missing.value.message
     assert "bucket" not in missing.value.message and "file://" not in missing.value.message
     assert list(files.folder.iterdir()) == []  # no temporary file left by the failed fetch

@@ -8,20 +8,21 @@ from pathlib import Path
 import pytest
 
 from flyteplugins_batcher.replica import EngineSettings, FinishedLine
-from flyteplugins_batcher.server._batch_jobs import (
-    TRANSITIONS,
+from flyteplugins_batcher.server._execution.runner import BatchRunner
+from flyteplugins_batcher.server._http.errors import APIError
+from flyteplugins_batcher.server._http.streaming import stream_events
+from flyteplugins_batcher.server._settings import ServerSettings
+from flyteplugins_batcher.server._state.batches import (
     batch_creation,
     checked_metadata,
     moved,
     new_batch,
     window_seconds,
 )
-from flyteplugins_batcher.server._batch_runner import BatchRunner
-from flyteplugins_batcher.server._errors import APIError
-from flyteplugins_batcher.server._files import FileStore
-from flyteplugins_batcher.server._settings import ServerSettings
-from flyteplugins_batcher.server._store import Store
-from flyteplugins_batcher.server._streaming import stream_events
+from flyteplugins_batcher.server._state.errors import StateError
+from flyteplugins_batcher.server._state.files import FileStore
+from flyteplugins_batcher.server._state.statuses import BATCH_TRANSITIONS
+from flyteplugins_batcher.server._state.store import Store
 
 INPUT = {"id": "file-1", "purpose": "batch"}
 
@@ -61,7 +62,7 @@ def test_a_batch_moves_only_along_its_transitions_stamping_each_status() -> None
     assert running["in_progress_at"] and cancelling["cancelling_at"] and moved(cancelling, "cancelled")["cancelled_at"]
     with pytest.raises(ValueError, match="cannot go from cancelling to completed"):
         moved(cancelling, "completed")
-    assert all(final not in TRANSITIONS for final in ("completed", "failed", "expired", "cancelled"))
+    assert all(final not in BATCH_TRANSITIONS for final in ("completed", "failed", "expired", "cancelled"))
 
 
 GOOD = {"input_file_id": "file-1", "endpoint": "/v1/completions", "completion_window": "24h"}
@@ -82,9 +83,9 @@ GOOD = {"input_file_id": "file-1", "endpoint": "/v1/completions", "completion_wi
     ],
 )
 def test_a_bad_batch_request_is_a_400_naming_its_field(body: dict, param: str) -> None:
-    with pytest.raises(APIError) as refused:
+    with pytest.raises(StateError) as refused:
         batch_creation(body)
-    assert refused.value.status == 400 and refused.value.param == param
+    assert APIError.from_state(refused.value).status == 400 and refused.value.param == param
 
 
 @pytest.mark.parametrize(
@@ -92,16 +93,16 @@ def test_a_bad_batch_request_is_a_400_naming_its_field(body: dict, param: str) -
     ["24h\n", "\u0662\u0664h", "99999999999999999999h", "0h", "169h", "9" * 5000 + "h", "90m", "5s", " 1h", 24],
 )
 def test_a_completion_window_is_openais_form_only_within_a_week(window: object) -> None:
-    with pytest.raises(APIError) as refused:
+    with pytest.raises(StateError) as refused:
         window_seconds(window)
-    assert refused.value.status == 400 and refused.value.param == "completion_window"
+    assert APIError.from_state(refused.value).status == 400 and refused.value.param == "completion_window"
     assert len(refused.value.message) < 200  # a 5,000-digit window is not echoed whole
 
 
 def test_completion_windows_and_metadata_as_the_api_allows_them() -> None:
     assert [window_seconds(w) for w in ("24h", "1h", "168h")] == [86_400, 3_600, 604_800]
     assert [window_seconds(w, short_windows=True) for w in ("24h", "90m", "5s")] == [86_400, 5_400, 5]
-    with pytest.raises(APIError, match="from 1s to 168h"):
+    with pytest.raises(StateError, match="from 1s to 168h"):
         window_seconds("0s", short_windows=True)
     assert checked_metadata(None) is None and checked_metadata({"a": "b"}) == {"a": "b"}
 

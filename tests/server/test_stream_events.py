@@ -6,8 +6,8 @@ import asyncio
 import json
 import threading
 
-from flyteplugins_batcher.server._live import TextDeltas
-from flyteplugins_batcher.server._streaming import ChunkEvents, stream_events
+from flyteplugins_batcher.server._http.deltas import TextDeltas
+from flyteplugins_batcher.server._http.streaming import ChunkEvents, stream_events
 
 
 def parsed(events: list[str]) -> list[dict]:

@@ -35,6 +35,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
 from flyteplugins_batcher.replica import FinishedLine
+from flyteplugins_batcher.server._state.statuses import ACTIVE
 
 metadata = sa.MetaData()
 
@@ -329,7 +330,7 @@ class Store:
             batches_table.c.owner == self.owner,
             batches_table.c.lease_expires_at < self._clock(),
         )
-        where = [batches_table.c.id == batch_id, batches_table.c.status.in_(_unfinished())]
+        where = [batches_table.c.id == batch_id, batches_table.c.status.in_(ACTIVE)]
         with self.transaction() as db:
             taken = sa.update(batches_table).where(*where, *([] if force else [free]))
             return db.execute(taken.values(owner=self.owner, lease_expires_at=self._lease_end())).rowcount > 0
@@ -337,18 +338,18 @@ class Store:
     def claimable(self) -> list[str]:
         """Unfinished batches nobody holds, or whose lease has lapsed (this store's own included), oldest first."""
         lapsed = sa.or_(batches_table.c.owner.is_(None), batches_table.c.lease_expires_at < self._clock())
-        query = sa.select(batches_table.c.id).where(batches_table.c.status.in_(_unfinished()), lapsed)
+        query = sa.select(batches_table.c.id).where(batches_table.c.status.in_(ACTIVE), lapsed)
         with self._reading() as db:
             return list(db.execute(query.order_by(batches_table.c.seq)).scalars())
 
     def claim_lapsed(self, *, force: bool = False) -> list[str]:
         """Claim every claimable batch (`force`: every unfinished one); returns those this store took, oldest first."""
-        candidates = self.claimable() if not force else [batch["id"] for batch in self.batches_in(_unfinished())]
+        candidates = self.claimable() if not force else [batch["id"] for batch in self.batches_in(ACTIVE)]
         return [batch_id for batch_id in candidates if self.claim(batch_id, force=force)]
 
     def renew(self) -> dict[str, str]:
         """Extend the lease on every unfinished batch this store owns; returns them, with their statuses."""
-        mine = [batches_table.c.owner == self.owner, batches_table.c.status.in_(_unfinished())]
+        mine = [batches_table.c.owner == self.owner, batches_table.c.status.in_(ACTIVE)]
         with self.transaction() as db:
             db.execute(sa.update(batches_table).where(*mine).values(lease_expires_at=self._lease_end()))
             rows = db.execute(sa.select(batches_table.c.id, batches_table.c.status).where(*mine)).all()
@@ -401,14 +402,6 @@ class Store:
             query = sa.select(table).where(*where).order_by(seq.desc() if newest_first else seq.asc())
             rows = db.execute(query.limit(limit + 1)).mappings().all()
         return Page([_plain(row) for row in rows[:limit]], len(rows) > limit)
-
-
-def _unfinished() -> tuple[str, ...]:
-    """The statuses of a batch that is not finished (`_batch_jobs.ACTIVE`): those that have an owner."""
-    # Imported here: `_batch_jobs` imports `_files`, which imports this module.
-    from flyteplugins_batcher.server._batch_jobs import ACTIVE
-
-    return ACTIVE
 
 
 def _engine(url: str) -> Engine:
@@ -482,3 +475,8 @@ def _insert_lines(db: Connection, batch_id: str, records: Sequence[FinishedLine]
 
 def _plain(row: Any) -> dict[str, Any]:
     return {key: value for key, value in row.items() if key != "seq"}
+
+
+def new_id(prefix: str) -> str:
+    """An id in OpenAI's style: `file-...`, `batch_...`."""
+    return f"{prefix}{secrets.token_hex(12)}"

@@ -31,9 +31,9 @@ from starlette.background import BackgroundTask
 
 from flyteplugins_batcher.batch_api import BatchRequest
 from flyteplugins_batcher.engines import Completion, EngineDeadError
-from flyteplugins_batcher.server._errors import engine_failed_message, log_incident
+from flyteplugins_batcher.server._http.deltas import CLIENT_CLOSED_REQUEST, TextDeltas, until_done_or_gone
+from flyteplugins_batcher.server._http.errors import engine_failed_message, log_incident
 from flyteplugins_batcher.server._inference import Inference, OnlineRecord
-from flyteplugins_batcher.server._live import CLIENT_CLOSED_REQUEST, TextDeltas, until_done_or_gone
 
 DONE = "data: [DONE]\n\n"
 

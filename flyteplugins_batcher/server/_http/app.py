@@ -15,10 +15,10 @@ from fastapi.responses import JSONResponse
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from flyteplugins_batcher.server import _batch_api_routes, _online
-from flyteplugins_batcher.server._errors import install_error_handlers
-from flyteplugins_batcher.server._guards import AccessGuard, HostGuard, cors
-from flyteplugins_batcher.server._limits import BodyLimit
+from flyteplugins_batcher.server._http import batch_routes, online
+from flyteplugins_batcher.server._http.errors import install_error_handlers
+from flyteplugins_batcher.server._http.guards import AccessGuard, HostGuard, cors
+from flyteplugins_batcher.server._http.limits import BodyLimit
 from flyteplugins_batcher.server._metrics import ServerMetrics
 from flyteplugins_batcher.server._service import Service
 from flyteplugins_batcher.server._settings import ServerSettings
@@ -46,8 +46,8 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
 
     app = FastAPI(title="flyteplugins-batcher: OpenAI-compatible batch inference", lifespan=lifespan)
     install_error_handlers(app)
-    app.include_router(_online.router)
-    app.include_router(_batch_api_routes.router)
+    app.include_router(online.router)
+    app.include_router(batch_routes.router)
     app.add_middleware(ServerLayers)
 
     @app.get("/health")

@@ -24,7 +24,6 @@ import codecs
 import contextlib
 import os
 import re
-import secrets
 import tempfile
 import time
 from collections.abc import Iterable
@@ -32,8 +31,8 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from flyteplugins_batcher.batch_api import JSONBoundsError, loads_bounded
-from flyteplugins_batcher.server._errors import APIError
-from flyteplugins_batcher.server._store import Store
+from flyteplugins_batcher.server._state.errors import NotFound, Refused, TooLarge
+from flyteplugins_batcher.server._state.store import Store, new_id
 
 if TYPE_CHECKING:
     import fsspec
@@ -48,11 +47,6 @@ _ID_LIKE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 def shown(identifier: str) -> str:
     """An id as a message may repeat it: `: <id>` when it looks like one, else nothing (no path is echoed back)."""
     return f": {identifier}" if _ID_LIKE.fullmatch(identifier) else ""
-
-
-def new_id(prefix: str) -> str:
-    """An id in OpenAI's style: `file-...`, `batch_...`."""
-    return f"{prefix}{secrets.token_hex(12)}"
 
 
 def file_object(row: dict[str, Any]) -> dict[str, Any]:
@@ -100,10 +94,11 @@ class FileStore:
         """Keep an upload (blocking: call it in a thread); returns its row.
 
         Raises:
-            APIError: 400 for a purpose other than `batch` or a file that is not JSONL; 413 over the size limit.
+            Refused: A purpose other than `batch`, or a file that is not JSONL.
+            TooLarge: The file is over the size limit.
         """
         if purpose not in UPLOAD_PURPOSES:
-            raise APIError(400, f"purpose must be one of {list(UPLOAD_PURPOSES)}, got {purpose!r}", param="purpose")
+            raise Refused(f"purpose must be one of {list(UPLOAD_PURPOSES)}, got {purpose!r}", param="purpose")
         file_id = new_id("file-")
         size = self._write(file_id, _limited(source, self.max_bytes))
         check_jsonl(self.path(file_id), on_failure=lambda: self.path(file_id).unlink(missing_ok=True))
@@ -131,25 +126,25 @@ class FileStore:
         """A file's row.
 
         Raises:
-            APIError: 404 when there is no such file (naming `param`, the field that gave its id).
+            NotFound: When there is no such file (naming `param`, the field that gave its id).
         """
         row = self.store.file(file_id)
         if row is None:
-            raise APIError(404, f"No such File object{shown(file_id)}", code="file_not_found", param=param)
+            raise NotFound(f"No such File object{shown(file_id)}", code="file_not_found", param=param)
         return row
 
     def content(self, file_id: str, *, param: str = "file_id") -> Path:
         """Where a file's bytes are on this machine, once it is known to have them (blocking with `files_uri`).
 
         Raises:
-            APIError: 404 when there is no such file, or its bytes are gone from the data folder (and
+            NotFound: When there is no such file, or its bytes are gone from the data folder (and
                 from `files_uri`): the message names the file, never where it was.
         """
         self.get(file_id, param=param)
         path = self.local_path(file_id)
         if path is None:
             message = f"The content of file {file_id} is missing on the server."
-            raise APIError(404, message, code="file_not_found", param=param)
+            raise NotFound(message, code="file_not_found", param=param)
         return path
 
     def local_path(self, file_id: str) -> Path | None:
@@ -304,7 +299,7 @@ def _limited(source: IO[bytes], max_bytes: int) -> Iterable[bytes]:
         read += len(chunk)
         if read > max_bytes:
             message = f"The file is larger than the limit of {max_bytes // 2**20} MiB."
-            raise APIError(413, message, code="file_too_large")
+            raise TooLarge(message, code="file_too_large")
         yield chunk
 
 
@@ -321,8 +316,7 @@ def check_jsonl(path: Path, *, on_failure: Any) -> None:
             except JSONBoundsError:
                 continue
     on_failure()
-    raise APIError(
-        400,
+    raise Refused(
         "Invalid file format for Batch API: no line is a JSON object. Upload JSONL, one request per line.",
         code="invalid_file_format",
         param="file",

@@ -29,24 +29,19 @@ import contextlib
 import dataclasses
 import logging
 import time
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from flyteplugins_batcher.jobs import RunOptions, read_journal_segment
-from flyteplugins_batcher.server._files import FileStore
-from flyteplugins_batcher.server._flyte_runs import (
+from flyteplugins_batcher.server._execution.flyte_runs import (
     TERMINAL_PHASES,
-    LocalRuns,
-    ProcessRuns,
-    RemoteRuns,
     RunHandle,
     RunLauncher,
     run_prefix,
 )
-from flyteplugins_batcher.server._in_process import InProcessExecutor
 from flyteplugins_batcher.server._inference import Inference
 from flyteplugins_batcher.server._settings import ServerSettings
-from flyteplugins_batcher.server._store import LeaseLost, Store
+from flyteplugins_batcher.server._state.files import FileStore
+from flyteplugins_batcher.server._state.store import LeaseLost, Store
 
 logger = logging.getLogger("flyteplugins_batcher.server")
 
@@ -55,49 +50,6 @@ POLL_S = 1.0
 
 ABORT_WAIT_S = 60.0
 """Longest wait, after aborting a run, for it to reach a final phase before the batch ends anyway."""
-
-
-EXECUTORS = ("in-process", "flyte")
-"""The values of `ServerSettings.batch_executor`."""
-
-LOCAL_RUNS = ("server", "process")
-"""The values of `ServerSettings.local_runs`."""
-
-
-class BatchExecutor(Protocol):
-    """What answers a batch's lines, recording them in the store as they finish (`BatchRunner` owns its status)."""
-
-    async def answer(self, batch: dict[str, Any], *, cancelled: asyncio.Event) -> None:
-        """Answer the batch's unanswered lines until each has its output, `cancelled` is set or its window closes."""
-        ...
-
-
-def batch_executor(settings: ServerSettings, store: Store, files: FileStore, inference: Inference) -> BatchExecutor:
-    """The executor `settings.batch_executor` names, with the run launcher `settings.runs_uri` implies.
-
-    Raises:
-        ValueError: An unknown executor.
-    """
-    if settings.batch_executor == "in-process":
-        return InProcessExecutor(store, files, inference, settings)
-    if settings.batch_executor != "flyte":
-        raise ValueError(f"batch_executor must be one of {list(EXECUTORS)}, got {settings.batch_executor!r}")
-    return FlyteExecutor(store, files, settings, run_launcher(settings), inference)
-
-
-def run_launcher(settings: ServerSettings) -> RunLauncher:
-    """Remote runs for a remote `runs_uri`; else local runs in the server (`local_runs="server"`) or in processes.
-
-    Raises:
-        ValueError: An unknown `local_runs`.
-    """
-    uri = settings.runs_uri.strip()
-    if "://" in uri and not uri.startswith("file://"):
-        return RemoteRuns(uri)
-    folder = Path(uri.removeprefix("file://") or settings.data_dir / "runs")
-    if settings.local_runs not in LOCAL_RUNS:
-        raise ValueError(f"local_runs must be one of {list(LOCAL_RUNS)}, got {settings.local_runs!r}")
-    return LocalRuns(folder) if settings.local_runs == "server" else ProcessRuns(folder)
 
 
 class RunFailedError(RuntimeError):

@@ -23,14 +23,16 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from flyteplugins_batcher.jobs import UnrecoverableRunError
-from flyteplugins_batcher.server._batch_jobs import TRANSITIONS, moved, validation_errors
-from flyteplugins_batcher.server._batch_lines import scan_input, seconds_left, unanswered_records
-from flyteplugins_batcher.server._errors import APIError
-from flyteplugins_batcher.server._files import FileStore, shown
-from flyteplugins_batcher.server._flyte_executor import RunFailedError, batch_executor
+from flyteplugins_batcher.server._execution.batch_lines import scan_input, seconds_left, unanswered_records
+from flyteplugins_batcher.server._execution.executors import batch_executor
+from flyteplugins_batcher.server._execution.flyte_executor import RunFailedError
 from flyteplugins_batcher.server._inference import Inference
 from flyteplugins_batcher.server._settings import ServerSettings
-from flyteplugins_batcher.server._store import LeaseLost, Store
+from flyteplugins_batcher.server._state.batches import moved, validation_errors
+from flyteplugins_batcher.server._state.errors import NotFound, Refused, StateError
+from flyteplugins_batcher.server._state.files import FileStore, shown
+from flyteplugins_batcher.server._state.statuses import BATCH_TRANSITIONS
+from flyteplugins_batcher.server._state.store import LeaseLost, Store
 
 logger = logging.getLogger("flyteplugins_batcher.server")
 
@@ -112,11 +114,12 @@ class BatchRunner:
         next looks, within a third of `lease_s`); a batch nobody holds is claimed and finished here.
 
         Raises:
-            APIError: 404 for no such batch; 400 for a batch that has already ended otherwise.
+            NotFound: No such batch.
+            Refused: The batch has already ended otherwise.
         """
         batch = self.store.change_batch(batch_id, _cancelling, fenced=False)
         if batch is None:
-            raise APIError(404, f"No such batch{shown(batch_id)}", code="batch_not_found", param="batch_id")
+            raise NotFound(f"No such batch{shown(batch_id)}", code="batch_not_found", param="batch_id")
         if batch["status"] == "cancelling" and self.store.claim(batch_id):
             self._cancel_event(batch_id).set()
             self.start(batch_id)  # finishes it at once when nothing runs it; else its task stops its lines
@@ -126,11 +129,11 @@ class BatchRunner:
         """A batch's object.
 
         Raises:
-            APIError: 404 when there is no such batch.
+            NotFound: There is no such batch.
         """
         batch = self.store.batch(batch_id)
         if batch is None:
-            raise APIError(404, f"No such batch{shown(batch_id)}", code="batch_not_found", param="batch_id")
+            raise NotFound(f"No such batch{shown(batch_id)}", code="batch_not_found", param="batch_id")
         return batch
 
     async def aclose(self) -> None:
@@ -167,7 +170,7 @@ class BatchRunner:
                 await self._finish(batch)
         except (asyncio.CancelledError, LeaseLost):
             raise
-        except APIError as error:  # said for a client: its message names no path and no exception
+        except StateError as error:  # said for a client: its message names no path and no exception
             logger.warning("batch %s failed: %s", batch_id, error.message)
             await self._fail(batch_id, error.code or "server_error", error.message)
         except Exception:
@@ -256,7 +259,7 @@ class BatchRunner:
     async def _fail(self, batch_id: str, code: str, message: str) -> None:
         """A batch that cannot go on: `failed`, with the reason in its errors, and the lines it answered kept."""
         batch = await asyncio.to_thread(self.store.batch, batch_id)
-        if batch is None or "failed" not in TRANSITIONS.get(batch["status"], ()):
+        if batch is None or "failed" not in BATCH_TRANSITIONS.get(batch["status"], ()):
             return
         errors = validation_errors([{"code": code, "message": message, "param": None, "line": None}])
         if batch["status"] == "validating":
@@ -274,7 +277,7 @@ class BatchRunner:
         """
         batch = await asyncio.to_thread(self.store.change_batch, batch_id, change, **options)
         if batch is None:
-            raise APIError(404, f"No such batch{shown(batch_id)}", code="batch_not_found", param="batch_id")
+            raise NotFound(f"No such batch{shown(batch_id)}", code="batch_not_found", param="batch_id")
         return batch
 
     def _cancel_event(self, batch_id: str) -> asyncio.Event:
@@ -285,12 +288,12 @@ def _cancelling(batch: dict[str, Any]) -> dict[str, Any] | None:
     """A cancel request's change: to `cancelling` from `validating` or `in_progress`; none once it is cancelled.
 
     Raises:
-        APIError: 400 for a batch that has already ended otherwise (or is finalizing).
+        Refused: The batch has already ended otherwise (or is finalizing).
     """
     if batch["status"] in ("cancelling", "cancelled"):
         return None
     if batch["status"] not in ("validating", "in_progress"):
-        raise APIError(400, f"Cannot cancel a batch with status {batch['status']!r}.", code="batch_not_cancellable")
+        raise Refused(f"Cannot cancel a batch with status {batch['status']!r}.", code="batch_not_cancellable")
     return moved(batch, "cancelling")
 
 

@@ -21,6 +21,7 @@ from starlette.exceptions import HTTPException
 
 from flyteplugins_batcher import BatcherSettings, QueueFullError
 from flyteplugins_batcher.batch_api import RequestLineError
+from flyteplugins_batcher.server._state.errors import NotFound, StateError, TooLarge
 
 if TYPE_CHECKING:
     from flyteplugins_batcher.server._service import Service
@@ -77,6 +78,12 @@ class APIError(Exception):
     def response(self) -> JSONResponse:
         body = {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
         return JSONResponse(body, status_code=self.status, headers=self.headers)
+
+    @classmethod
+    def from_state(cls, error: StateError) -> APIError:
+        """What the state refused, with its status: 404 for what does not exist, 413 for a file too large, else 400."""
+        status = 404 if isinstance(error, NotFound) else 413 if isinstance(error, TooLarge) else 400
+        return cls(status, error.message, code=error.code, param=error.param)
 
     @classmethod
     def from_line_error(cls, error: RequestLineError) -> APIError:
@@ -159,6 +166,10 @@ def install_error_handlers(app: FastAPI) -> None:
             limits = service.batcher_settings(batcher)
             error = APIError.busy(error.queue_full, drained_per_s=drain.per_s() if drain else 0.0, limits=limits)
         return error.response()
+
+    @app.exception_handler(StateError)
+    async def refused(_request: Request, error: StateError) -> JSONResponse:
+        return APIError.from_state(error).response()
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(_request: Request, error: RequestValidationError) -> JSONResponse:

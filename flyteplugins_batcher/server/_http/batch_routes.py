@@ -8,12 +8,13 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Form, Query, Request, UploadFile
 from fastapi.responses import FileResponse
 
-from flyteplugins_batcher.server._batch_jobs import ACTIVE, batch_creation, new_batch
-from flyteplugins_batcher.server._errors import APIError
-from flyteplugins_batcher.server._files import file_object
-from flyteplugins_batcher.server._online import json_body
+from flyteplugins_batcher.server._http.errors import APIError
+from flyteplugins_batcher.server._http.online import json_body
 from flyteplugins_batcher.server._service import ServiceDep
-from flyteplugins_batcher.server._store import Page
+from flyteplugins_batcher.server._state.batches import batch_creation, new_batch
+from flyteplugins_batcher.server._state.files import file_object
+from flyteplugins_batcher.server._state.statuses import ACTIVE
+from flyteplugins_batcher.server._state.store import Page
 
 router = APIRouter(prefix="/v1")
 

@@ -1,4 +1,6 @@
-"""A local run of the JSONL job in a process of its own: `python -m flyteplugins_batcher.server._run_process INPUTS`.
+"""A local run of the JSONL job in a process of its own.
+
+`python -m flyteplugins_batcher.server._execution.run_process INPUTS`.
 
 The flyte executor starts it when a server's local runs are separate processes
 (`ServerSettings.local_runs="process"`): the run has its own replica, its own engine and batcher,

@@ -20,8 +20,8 @@ import asyncio
 import contextlib
 import logging
 
-from flyteplugins_batcher.server._batch_runner import BatchRunner
-from flyteplugins_batcher.server._store import Store
+from flyteplugins_batcher.server._execution.runner import BatchRunner
+from flyteplugins_batcher.server._state.store import Store
 
 logger = logging.getLogger("flyteplugins_batcher.server")
 

@@ -21,32 +21,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from flyteplugins_batcher.server._errors import APIError
-from flyteplugins_batcher.server._files import new_id
+from flyteplugins_batcher.batch_api import ENDPOINTS
+from flyteplugins_batcher.server._state.errors import Refused
+from flyteplugins_batcher.server._state.statuses import BATCH_TRANSITIONS, TIMESTAMP_OF
+from flyteplugins_batcher.server._state.store import new_id
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
-"""What a batch may run (the endpoints this server answers)."""
-
-TRANSITIONS: dict[str, frozenset[str]] = {
-    "validating": frozenset({"in_progress", "failed", "cancelling"}),
-    "in_progress": frozenset({"finalizing", "cancelling", "expired", "failed"}),
-    "finalizing": frozenset({"completed", "failed"}),
-    "cancelling": frozenset({"cancelled"}),
-}
-"""The statuses a batch may move to from each status; the others (completed, failed, expired, cancelled) are final."""
-
-ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
-"""Statuses of a batch that is not finished: the server resumes them when it starts."""
-
-_TIMESTAMP_OF = {
-    "in_progress": "in_progress_at",
-    "finalizing": "finalizing_at",
-    "completed": "completed_at",
-    "failed": "failed_at",
-    "expired": "expired_at",
-    "cancelling": "cancelling_at",
-    "cancelled": "cancelled_at",
-}
 _WINDOW = re.compile(r"([0-9]{1,6})([hms])")  # ASCII digits only (`\d` takes any script's), matched whole
 _SECONDS_PER = {"h": 3600, "m": 60, "s": 1}
 MAX_WINDOW_HOURS = 168
@@ -78,20 +57,20 @@ def batch_creation(body: dict[str, Any], *, short_windows: bool = False) -> Batc
         short_windows: Also take windows in minutes and seconds (`ServerSettings.short_windows`).
 
     Raises:
-        APIError: 400 naming the first field at fault.
+        Refused: naming the first field at fault.
     """
     unknown = [key for key in body if key not in CREATE_FIELDS]
     if unknown:
         name = unknown[0][:64]
-        raise APIError(400, f"Unrecognized request argument supplied: {name}", param=name)
+        raise Refused(f"Unrecognized request argument supplied: {name}", param=name)
     file_id = body.get("input_file_id")
     if not isinstance(file_id, str) or not file_id:
         problem = "is required" if file_id is None else f"must be a file id (a string), got {repr(file_id)[:40]}"
-        raise APIError(400, f"input_file_id {problem}", param="input_file_id")
+        raise Refused(f"input_file_id {problem}", param="input_file_id")
     endpoint = body.get("endpoint")
     if endpoint not in ENDPOINTS:
         problem = "is required" if endpoint is None else f"must be one of {list(ENDPOINTS)}, got {repr(endpoint)[:80]}"
-        raise APIError(400, f"endpoint {problem}", param="endpoint")
+        raise Refused(f"endpoint {problem}", param="endpoint")
     window = body.get("completion_window")
     window_s = window_seconds(window, short_windows=short_windows)
     return BatchCreation(file_id, endpoint, window, window_s, checked_metadata(body.get("metadata")))
@@ -106,11 +85,11 @@ def new_batch(creation: BatchCreation, *, input_file: dict[str, Any], model: str
         model: The model that answers its lines.
 
     Raises:
-        APIError: 400 for an input file whose purpose is not `batch`.
+        Refused: for an input file whose purpose is not `batch`.
     """
     if input_file["purpose"] != "batch":
         message = f"file {input_file['id']} has purpose {input_file['purpose']!r}, not 'batch'"
-        raise APIError(400, message, param="input_file_id")
+        raise Refused(message, param="input_file_id")
     now = time.time()
     created = int(now)
     return {
@@ -126,7 +105,7 @@ def new_batch(creation: BatchCreation, *, input_file: dict[str, Any], model: str
         "error_file_id": None,
         "created_at": created,
         "expires_at": math.ceil(now + creation.window_s),  # never shorter than asked: `created_at` is rounded down
-        **dict.fromkeys(_TIMESTAMP_OF.values()),
+        **dict.fromkeys(TIMESTAMP_OF.values()),
         "request_counts": {"total": 0, "completed": 0, "failed": 0},
         "usage": {
             "input_tokens": 0,
@@ -145,18 +124,18 @@ def window_seconds(window: object, *, short_windows: bool = False) -> int:
     With `short_windows`, `<n>m` and `<n>s` too (up to the same week), for tests and demos of expiry.
 
     Raises:
-        APIError: 400 for another form, or a window out of range.
+        Refused: for another form, or a window out of range.
     """
     match = _WINDOW.fullmatch(window) if isinstance(window, str) else None
     units = "hms" if short_windows else "h"
     if match is None or match.group(2) not in units:
         forms = "'<n>h', '<n>m' or '<n>s'" if short_windows else "'<n>h'"
         problem = "is required" if window is None else f"must be {forms} (like '24h'), got {repr(window)[:40]}"
-        raise APIError(400, f"completion_window {problem}", param="completion_window")
+        raise Refused(f"completion_window {problem}", param="completion_window")
     seconds = int(match.group(1)) * _SECONDS_PER[match.group(2)]
     if not 1 <= seconds <= MAX_WINDOW_HOURS * 3600:
         message = f"completion_window must be from 1{units[-1]} to {MAX_WINDOW_HOURS}h, got {window!r}"
-        raise APIError(400, message, param="completion_window")
+        raise Refused(message, param="completion_window")
     return seconds
 
 
@@ -164,16 +143,16 @@ def checked_metadata(metadata: object) -> dict[str, str] | None:
     """Metadata as the API allows it: up to 16 string pairs, keys up to 64 characters, values up to 512.
 
     Raises:
-        APIError: 400 naming what is wrong.
+        Refused: naming what is wrong.
     """
     if metadata is None:
         return None
     if not isinstance(metadata, dict) or len(metadata) > MAX_METADATA_PAIRS:
-        raise APIError(400, f"metadata must be an object of at most {MAX_METADATA_PAIRS} pairs", param="metadata")
+        raise Refused(f"metadata must be an object of at most {MAX_METADATA_PAIRS} pairs", param="metadata")
     for key, value in metadata.items():
         if not isinstance(value, str) or len(key) > 64 or len(value) > 512:
             message = f"metadata[{key!r}]: keys up to 64 characters, string values up to 512"
-            raise APIError(400, message, param="metadata")
+            raise Refused(message, param="metadata")
     return dict(metadata)
 
 
@@ -183,9 +162,9 @@ def moved(batch: dict[str, Any], status: str, **fields: Any) -> dict[str, Any]:
     Raises:
         ValueError: The batch cannot move from its status to `status`.
     """
-    if status not in TRANSITIONS.get(batch["status"], frozenset()):
+    if status not in BATCH_TRANSITIONS.get(batch["status"], frozenset()):
         raise ValueError(f"batch {batch['id']}: cannot go from {batch['status']} to {status}")
-    return {**batch, **fields, "status": status, _TIMESTAMP_OF[status]: int(time.time())}
+    return {**batch, **fields, "status": status, TIMESTAMP_OF[status]: int(time.time())}
 
 
 def validation_errors(errors: list[dict[str, Any]]) -> dict[str, Any]:

@@ -19,14 +19,12 @@ from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from flyteplugins_batcher.server._errors import APIError
+from flyteplugins_batcher.server._http.errors import APIError
 from flyteplugins_batcher.server._settings import ServerSettings
 
 MULTIPART_OVERHEAD = 64 * 1024
 """Room for the multipart framing and the other fields of an upload, beyond the file itself."""
 
-MAX_HEAD_BYTES = 64 * 1024
-"""Most bytes of a request's line and headers (see `_head_limit`): four times h11's default, room for long tokens."""
 
 UPLOAD_PATH = "/v1/files"
 
@@ -58,7 +56,7 @@ def http_protocol() -> type[asyncio.Protocol] | str:
     Pass `h11_max_incomplete_event_size=MAX_HEAD_BYTES` too, for the h11 case.
     """
     try:
-        from flyteplugins_batcher.server._head_limit import HeadLimitedHttpTools
+        from flyteplugins_batcher.server._http.head_limit import HeadLimitedHttpTools
     except ImportError:  # no httptools: uvicorn's h11 protocol bounds a head itself
         return "h11"
     return HeadLimitedHttpTools

@@ -16,7 +16,7 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from flyteplugins_batcher.server._limits import MAX_HEAD_BYTES
+from flyteplugins_batcher.server._settings import MAX_HEAD_BYTES
 
 _REFUSAL = json.dumps(
     {

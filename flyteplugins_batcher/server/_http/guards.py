@@ -28,7 +28,7 @@ from starlette.datastructures import Headers
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from flyteplugins_batcher.server._errors import APIError
+from flyteplugins_batcher.server._http.errors import APIError
 from flyteplugins_batcher.server._settings import ServerSettings
 
 LOCAL_NAMES = ("127.0.0.1", "localhost", "[::1]")

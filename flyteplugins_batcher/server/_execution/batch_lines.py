@@ -30,7 +30,7 @@ from flyteplugins_batcher.engines import EngineConfigError
 from flyteplugins_batcher.jobs import fan_out
 from flyteplugins_batcher.replica import ChunkCutter, FinishedLine, JobChunk, JobOutcome, LineRules
 from flyteplugins_batcher.server._inference import Inference
-from flyteplugins_batcher.server._store import Store
+from flyteplugins_batcher.server._state.store import Store
 
 logger = logging.getLogger("flyteplugins_batcher.server")
 

@@ -13,11 +13,11 @@ from typing import Any
 from flyteplugins_batcher import size_in_flight
 from flyteplugins_batcher.batch_api import ENDPOINTS
 from flyteplugins_batcher.replica import LineRules
-from flyteplugins_batcher.server._batch_lines import BatchLines, seconds_left
-from flyteplugins_batcher.server._files import FileStore
+from flyteplugins_batcher.server._execution.batch_lines import BatchLines, seconds_left
 from flyteplugins_batcher.server._inference import Inference
 from flyteplugins_batcher.server._settings import ServerSettings
-from flyteplugins_batcher.server._store import Store
+from flyteplugins_batcher.server._state.files import FileStore
+from flyteplugins_batcher.server._state.store import Store
 
 
 class InProcessExecutor:

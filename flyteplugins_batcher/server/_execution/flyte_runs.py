@@ -1,6 +1,6 @@
 """Flyte runs of the JSONL job, started and followed by the server: in this process (local) or on a cluster (remote).
 
-Both launchers give the executor (`flyteplugins_batcher/server/_flyte_executor.py`) the same three
+Both launchers give the executor (`flyteplugins_batcher/server/_execution/flyte_executor.py`) the same three
 things: start a run of the JSONL job task under a name, find a run again by its name, and, for a
 run, its phase (flyte's `ActionPhase` values: `queued` ... `running`, then `succeeded`, `failed`,
 `aborted`, `timed_out`), its address and a way to abort it. A run also needs places that the run
@@ -31,7 +31,7 @@ from typing import Any, Protocol
 import flyte
 from flyte.io import File
 
-from flyteplugins_batcher.server._run_process import die_with_parent
+from flyteplugins_batcher.server._execution.run_process import die_with_parent
 
 logger = logging.getLogger("flyteplugins_batcher.server")
 
@@ -171,7 +171,7 @@ class LocalRuns:
 
 @dataclass
 class ProcessRun:
-    """A local run in a process of its own (`flyteplugins_batcher/server/_run_process.py`)."""
+    """A local run in a process of its own (`flyteplugins_batcher/server/_execution/run_process.py`)."""
 
     name: str
     url: str
@@ -216,7 +216,7 @@ class ProcessRuns(LocalRuns):
         arguments = json.dumps({**inputs, "input": inputs["input"].path})
         with log.open("wb") as output:
             process = subprocess.Popen(
-                [sys.executable, "-m", "flyteplugins_batcher.server._run_process", arguments],
+                [sys.executable, "-m", "flyteplugins_batcher.server._execution.run_process", arguments],
                 stdout=output,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
