@@ -48,7 +48,8 @@ from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from flyteplugins_batcher.engines import Completion, GenerationConfig, TransformersEngine
+from flyteplugins_batcher.engines import Completion, GenerationConfig
+from flyteplugins_batcher.engines.transformers import TransformersEngine
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:

@@ -60,8 +60,11 @@ from benchmarks.scale_harness import (  # noqa: E402
     write_requests,
 )
 from flyteplugins_batcher import InFlight, size_in_flight  # noqa: E402
-from flyteplugins_batcher.engines import SimulatedEngine  # noqa: E402
-from flyteplugins_batcher.engines.simulated import OutputLengths, SimulatedGpu  # noqa: E402
+from flyteplugins_batcher.engines.simulated import (  # noqa: E402
+    OutputLengths,
+    SimulatedEngine,
+    SimulatedGpu,
+)
 from flyteplugins_batcher.replica import EngineSettings  # noqa: E402
 
 DEFAULT_QUESTIONS = REPO_ROOT.parent / "shared" / "data" / "gsm8k" / "test.jsonl"

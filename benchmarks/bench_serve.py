@@ -56,7 +56,8 @@ from benchmarks._charts import add_chart_flag, write_chart_data
 from benchmarks._sse import DONE, delta_text, sse_data
 from benchmarks._tables import markdown_table
 from benchmarks.server_process import REPO_ROOT, ServerProcess, free_port, our_server, start, vllm_server
-from flyteplugins_batcher.engines import GenerationConfig, Request, SimulatedEngine
+from flyteplugins_batcher.engines import GenerationConfig, Request
+from flyteplugins_batcher.engines.simulated import SimulatedEngine
 
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data" / "gsm8k" / "test.jsonl"
 SAMPLE_DATA = REPO_ROOT / "flyteplugins_batcher" / "jobs" / "data" / "gsm8k_sample.jsonl"

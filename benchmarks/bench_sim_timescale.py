@@ -31,8 +31,8 @@ if str(REPO_ROOT) not in sys.path:
 
 from benchmarks._charts import add_chart_flag, write_chart_data  # noqa: E402
 from benchmarks._tables import markdown_table  # noqa: E402
-from flyteplugins_batcher.engines import GenerationConfig, SimulatedEngine  # noqa: E402
-from flyteplugins_batcher.engines.simulated import OutputLengths  # noqa: E402
+from flyteplugins_batcher.engines import GenerationConfig  # noqa: E402
+from flyteplugins_batcher.engines.simulated import OutputLengths, SimulatedEngine  # noqa: E402
 
 _WORDS = [
     "the",

@@ -25,8 +25,9 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 
-from flyteplugins_batcher.engines import Completion, GenerationConfig, SimulatedEngine
+from flyteplugins_batcher.engines import Completion, GenerationConfig
 from flyteplugins_batcher.engines import Request as EngineRequest
+from flyteplugins_batcher.engines.simulated import SimulatedEngine
 
 
 class BlockingEngine:

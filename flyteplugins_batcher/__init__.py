@@ -31,13 +31,11 @@ from flyteplugins_batcher._errors import (
     ResultCountError,
     UnrecoverableError,
 )
-from flyteplugins_batcher._measure.histogram import Distribution
 from flyteplugins_batcher._measure.observers import BatchObserver
 from flyteplugins_batcher._measure.stats import BatchStats, BusyClock
 from flyteplugins_batcher._measure.timeline import Timeline
 from flyteplugins_batcher._pipeline.invoke import BlockingProcessFnWarning
-from flyteplugins_batcher._pipeline.lifecycle import BatcherState
-from flyteplugins_batcher._process.device_monitor import DeviceMonitor, DeviceUtilization
+from flyteplugins_batcher._process.device_monitor import DeviceMonitor
 from flyteplugins_batcher._process.openmp import release_openmp_pool
 from flyteplugins_batcher._process.sizing import InFlight, size_in_flight
 from flyteplugins_batcher._settings import BatcherOptions, BatcherSettings
@@ -91,7 +89,6 @@ __all__ = [
     "BatcherNotRunningError",
     "BatcherOptions",
     "BatcherSettings",
-    "BatcherState",
     "BlockingProcessFnWarning",
     "BusyClock",
     "Cancellable",
@@ -99,9 +96,7 @@ __all__ = [
     "CostEstimator",
     "CostEstimatorFn",
     "DeviceMonitor",
-    "DeviceUtilization",
     "DispatchReason",
-    "Distribution",
     "DynamicBatcher",
     "InFlight",
     "InferenceFn",

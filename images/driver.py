@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import flyte
 
-from flyteplugins_batcher.images import DRIVER_SPEC, source_checkout
+from flyteplugins_batcher.images import DRIVER_SPEC
 
-image = DRIVER_SPEC.build(source_checkout())
+image = DRIVER_SPEC.image()
 # image = image.with_pip_packages("s3fs")  # adapt it: one more package (and so a new tag)
 env = flyte.TaskEnvironment("batch-llm-driver-image", image=image)

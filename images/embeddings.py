@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import flyte
 
-from flyteplugins_batcher.images import EMBED_SPEC, source_checkout
+from flyteplugins_batcher.images import EMBED_SPEC
 
-image = EMBED_SPEC.build(source_checkout())
+image = EMBED_SPEC.image()
 # image = image.with_pip_packages("einops")  # adapt it: one more package (and so a new tag)
 env = flyte.TaskEnvironment("embed-gpu-image", image=image)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import flyte
 
-from flyteplugins_batcher.images import GPU_SPEC, source_checkout
+from flyteplugins_batcher.images import GPU_SPEC
 
-image = GPU_SPEC.build(source_checkout())
+image = GPU_SPEC.image()
 # image = image.with_pip_packages("my-tokenizer")  # adapt it: one more package (and so a new tag)
 env = flyte.TaskEnvironment("batch-llm-gpu-image", image=image)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import flyte
 
-from flyteplugins_batcher.images import SERVE_SPEC, source_checkout
+from flyteplugins_batcher.images import SERVE_SPEC
 
-image = SERVE_SPEC.build(source_checkout())
+image = SERVE_SPEC.image()
 # image = image.with_pip_packages("my-tokenizer")  # adapt it: one more package (and so a new tag)
 env = flyte.TaskEnvironment("batch-serve-gpu-image", image=image)

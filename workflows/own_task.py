@@ -11,10 +11,10 @@ import flyte
 
 from flyteplugins_batcher import SharedBatcher, batched, inference_environment
 from flyteplugins_batcher.engines import GenerationConfig, create_engine
-from flyteplugins_batcher.images import gpu_image
+from flyteplugins_batcher.images import GPU_SPEC
 
 # Reusable replicas: each keeps one process, and its concurrent calls share that process's batchers.
-env = inference_environment("my_llm", image=gpu_image, gpu="L4:1", replicas=2, concurrency=16)
+env = inference_environment("my_llm", image=GPU_SPEC.resolve(), gpu="L4:1", replicas=2, concurrency=16)
 
 
 def load(model: str | None):

@@ -57,7 +57,7 @@ def inference_environment(
 
     Example:
         ```python
-        gpu_env = inference_environment("llm_worker", image=gpu_image, gpu="L4:1", replicas=2, concurrency=10)
+        gpu_env = inference_environment("llm_worker", image=GPU_SPEC.resolve(), gpu="L4:1", replicas=2, concurrency=10)
         ```
     """
     _validate_replicas(replicas)

@@ -84,23 +84,14 @@ Example:
 
 from __future__ import annotations
 
-from flyteplugins_batcher.batch_api._embeddings import (
-    EMBEDDINGS_ENDPOINT,
-    ENCODING_FORMATS,
-    MAX_EMBEDDING_INPUTS,
-    EmbeddingRequest,
-    EncodingFormat,
-)
-from flyteplugins_batcher.batch_api._generation import MAX_STOP_SEQUENCES
+from flyteplugins_batcher.batch_api._embeddings import EMBEDDINGS_ENDPOINT, EmbeddingRequest
 from flyteplugins_batcher.batch_api._ids import SeenIds
-from flyteplugins_batcher.batch_api._json import MAX_DEPTH, JSONBoundsError, loads_bounded
-from flyteplugins_batcher.batch_api._line_errors import ErrorCode, RequestLineError, error_code
-from flyteplugins_batcher.batch_api._lines import RequestLine, read_request_lines
+from flyteplugins_batcher.batch_api._json import JSONBoundsError, loads_bounded
+from flyteplugins_batcher.batch_api._line_errors import RequestLineError, error_code
+from flyteplugins_batcher.batch_api._lines import read_request_lines
 from flyteplugins_batcher.batch_api._requests import (
     ENDPOINTS,
-    GENERATION_ENDPOINTS,
     BatchRequest,
-    Endpoint,
     ModelMismatch,
     ParsedRequest,
     parse_request,
@@ -113,25 +104,16 @@ from flyteplugins_batcher.batch_api._responses import (
     encode_vector,
     response_line,
 )
-from flyteplugins_batcher.batch_api._results import error_line, output_line
+from flyteplugins_batcher.batch_api._results import error_line
 
 __all__ = [
     "EMBEDDINGS_ENDPOINT",
-    "ENCODING_FORMATS",
     "ENDPOINTS",
-    "GENERATION_ENDPOINTS",
-    "MAX_DEPTH",
-    "MAX_EMBEDDING_INPUTS",
-    "MAX_STOP_SEQUENCES",
     "BatchRequest",
     "EmbeddingRequest",
-    "EncodingFormat",
-    "Endpoint",
-    "ErrorCode",
     "JSONBoundsError",
     "ModelMismatch",
     "ParsedRequest",
-    "RequestLine",
     "RequestLineError",
     "SeenIds",
     "completion_body",
@@ -141,7 +123,6 @@ __all__ = [
     "error_code",
     "error_line",
     "loads_bounded",
-    "output_line",
     "parse_request",
     "parse_request_line",
     "read_request_lines",

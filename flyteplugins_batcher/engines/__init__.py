@@ -1,9 +1,10 @@
 """LLM engines for the batcher: a batch of prompt records in, completions in the same order out.
 
 Importing this package needs neither torch, transformers nor vllm: each engine imports its
-dependencies when it is built or loaded. Each engine has a folder of its own: `engines.vllm`,
-`engines.transformers` and `engines.simulated` (the GPU-timed engine, with its scheduler for
-capacity planning). `EmbeddingModel` is the sentence-embedding model beside them.
+dependencies when it is built or loaded. Each engine has a folder of its own, which exports it:
+`engines.vllm` (`VLLMEngine`, `VLLMStreamEngine`), `engines.transformers` (`TransformersEngine`) and
+`engines.simulated` (`SimulatedEngine`, the GPU-timed engine, and its `SimulatedGpu`);
+`create_engine` builds any of them by name. `EmbeddingModel` is the sentence-embedding model beside them.
 
 Example:
     ```python
@@ -45,9 +46,6 @@ from flyteplugins_batcher.engines._model_thread import ModelThread
 from flyteplugins_batcher.engines._prompts import PreparedPrompt, Request
 from flyteplugins_batcher.engines._response_format import ResponseFormat
 from flyteplugins_batcher.engines._smollm2 import bundled_smollm2_path
-from flyteplugins_batcher.engines.simulated import SimulatedEngine
-from flyteplugins_batcher.engines.transformers import TransformersEngine
-from flyteplugins_batcher.engines.vllm import VLLMEngine, VLLMStreamEngine
 
 __all__ = [
     "MAX_SAMPLES",
@@ -76,11 +74,7 @@ __all__ = [
     "RequestCancelledError",
     "ResponseFormat",
     "Sample",
-    "SimulatedEngine",
     "StreamingEngine",
-    "TransformersEngine",
-    "VLLMEngine",
-    "VLLMStreamEngine",
     "bundled_smollm2_path",
     "create_engine",
     "loading_model",

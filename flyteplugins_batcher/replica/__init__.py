@@ -28,7 +28,6 @@ from flyteplugins_batcher.replica._chunks import (
     EmbeddingChunk,
     EmbeddingItem,
     EmbeddingOutcome,
-    EmbeddingResult,
     ItemOutcomes,
     ItemResult,
     JobChunk,
@@ -38,7 +37,7 @@ from flyteplugins_batcher.replica._chunks import (
 )
 from flyteplugins_batcher.replica._embed import EmbeddingReplica
 from flyteplugins_batcher.replica._lines import ChunkCutter, FinishedLine, LineRules
-from flyteplugins_batcher.replica._llm import LLMReplica, load_engine
+from flyteplugins_batcher.replica._llm import LLMReplica
 from flyteplugins_batcher.replica._settings import EngineSettings
 from flyteplugins_batcher.replica._snapshot import ReplicaSnapshot
 
@@ -50,7 +49,6 @@ __all__ = [
     "EmbeddingItem",
     "EmbeddingOutcome",
     "EmbeddingReplica",
-    "EmbeddingResult",
     "EngineSettings",
     "FinishedLine",
     "ItemOutcomes",
@@ -62,5 +60,4 @@ __all__ = [
     "ReplicaSnapshot",
     "RequestChunk",
     "RequestItem",
-    "load_engine",
 ]

@@ -43,7 +43,7 @@ class BatcherAppEnvironment(FastAPIAppEnvironment):
     Args:
         settings: The server's settings (engine, model, limits, data folder).
         app: The FastAPI app; `None` (the default) builds the server's app from `settings`.
-        image: The container image; "auto" (the default) is `flyteplugins_batcher.images.serve_image`.
+        image: The container image; "auto" (the default) is `flyteplugins_batcher.images.SERVE_SPEC.resolve()`.
 
     Example:
         ```python
@@ -80,9 +80,9 @@ class BatcherAppEnvironment(FastAPIAppEnvironment):
         if self.app is None:
             self.app = create_app(self.settings)
         if self.image is None or self.image == "auto":
-            from flyteplugins_batcher.images import serve_image
+            from flyteplugins_batcher.images import SERVE_SPEC
 
-            self.image = serve_image
+            self.image = SERVE_SPEC.resolve()
         if self.resources is None:
             self.resources = flyte.Resources(cpu=4, memory="32Gi", gpu=DEFAULT_GPU)
         self.env_vars = {"BATCH_SERVE_HOST": DEPLOYED_HOST, **(self.env_vars or {})}

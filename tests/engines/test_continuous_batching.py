@@ -13,11 +13,10 @@ from pathlib import Path
 import pytest
 
 from flyteplugins_batcher.engines import EngineStats
-from flyteplugins_batcher.engines.simulated import (
+from flyteplugins_batcher.engines.simulated import OutputLengths, SimulatedGpu
+from flyteplugins_batcher.engines.simulated._continuous_batching import (
     ContinuousBatchScheduler,
-    OutputLengths,
     SequenceJob,
-    SimulatedGpu,
     StepResult,
     run_all_at_once,
 )

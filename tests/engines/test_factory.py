@@ -65,7 +65,7 @@ def test_transformers_without_the_cpu_extra_names_the_extra(monkeypatch: pytest.
 
 @needs_transformers
 def test_auto_without_a_gpu_is_transformers_with_the_bundled_model(monkeypatch: pytest.MonkeyPatch) -> None:
-    from flyteplugins_batcher.engines import TransformersEngine
+    from flyteplugins_batcher.engines.transformers import TransformersEngine
 
     _hide_modules(monkeypatch, "vllm")
     generation = GenerationConfig(max_new_tokens=7)
@@ -81,7 +81,7 @@ def test_auto_without_a_gpu_is_transformers_with_the_bundled_model(monkeypatch: 
 
 @needs_transformers
 def test_auto_with_vllm_and_a_gpu_is_vllm(vllm_on_a_gpu: None) -> None:
-    from flyteplugins_batcher.engines import VLLMStreamEngine
+    from flyteplugins_batcher.engines.vllm import VLLMStreamEngine
 
     engine = create_engine(model="org/model", mode="stream", max_model_len=256)
 

@@ -12,15 +12,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from flyteplugins_batcher.engines import (
-    CancellationToken,
-    Completion,
-    GenerationConfig,
-    Request,
-    RequestCancelledError,
-    SimulatedEngine,
-)
-from flyteplugins_batcher.engines.simulated import ContinuousBatchScheduler, OutputLengths, SequenceJob, SimulatedGpu
+from flyteplugins_batcher.engines import CancellationToken, Completion, GenerationConfig, Request, RequestCancelledError
+from flyteplugins_batcher.engines.simulated import OutputLengths, SimulatedEngine, SimulatedGpu
+from flyteplugins_batcher.engines.simulated._continuous_batching import ContinuousBatchScheduler, SequenceJob
 
 
 class Pieces:

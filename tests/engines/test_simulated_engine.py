@@ -13,10 +13,9 @@ from flyteplugins_batcher.engines import (
     GenerationConfig,
     InvalidPromptError,
     Request,
-    SimulatedEngine,
     create_engine,
 )
-from flyteplugins_batcher.engines.simulated import OutputLengths, SimulatedGpu
+from flyteplugins_batcher.engines.simulated import OutputLengths, SimulatedEngine, SimulatedGpu
 
 PROMPTS = [f"Question {index}: what is {index} times {index + 3}? Show the steps." for index in range(300)]
 """More prompts than the default 256 slots, so slots are refilled as sequences leave."""

@@ -25,7 +25,7 @@ from flyteplugins_batcher.engines._prompts import PromptRecord
 from flyteplugins_batcher.engines._smollm2 import CACHE_DIR_ENV, cache_root, publish_directory
 
 if TYPE_CHECKING:
-    from flyteplugins_batcher.engines import TransformersEngine
+    from flyteplugins_batcher.engines.transformers import TransformersEngine
 
 # Different lengths on purpose: in a batch the shorter ones are left-padded by up to ~20 tokens.
 PROMPTS = [
@@ -110,7 +110,8 @@ import sys
 for name in ("torch", "transformers", "vllm"):
     sys.modules[name] = None  # makes both `import` and importlib.util.find_spec see it as absent
 import flyteplugins_batcher.engines as engines
-assert "VLLMEngine" in engines.__all__
+import flyteplugins_batcher.engines.vllm as vllm
+assert "VLLMEngine" in vllm.__all__
 try:
     engines.create_engine("transformers")
 except ImportError as error:

@@ -17,7 +17,7 @@ from flyteplugins_batcher.engines import (
 )
 
 if TYPE_CHECKING:
-    from flyteplugins_batcher.engines import TransformersEngine
+    from flyteplugins_batcher.engines.transformers import TransformersEngine
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,7 @@ import flyte
 import pytest
 
 import flyteplugins_batcher.images as package_images
-from flyteplugins_batcher.images import ALL_SPECS, ImageSpec, source_checkout
+from flyteplugins_batcher.images import ALL_SPECS, ImageSpec
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 IMAGES = REPO_ROOT / "images"
@@ -110,7 +110,7 @@ def test_each_module_builds_its_spec_unchanged(path: Path):
     module = load(path)
     spec = spec_of(module)
     image = module.image
-    assert image == spec.build(source_checkout())
+    assert image == spec.image()
     assert isinstance(module.env, flyte.TaskEnvironment) and module.env.image is image  # what `flyte build` takes
     assert image.base_image == flyte.Image.from_debian_base(python_version=(3, 11)).uri
     assert (image.registry, image.name, image.platform, image.python_version) == (
@@ -155,7 +155,7 @@ def test_flyte_build_takes_each_module_and_gets_to_its_image_in_the_registry(pat
     # The real command: it imports the file, finds `env`, plans it and names the image it would push. Its
     # check that the image is already in the registry cannot reach one here, so flyte assumes it is and stops.
     module = load(path)
-    uri = spec_of(module).build(source_checkout()).uri
+    uri = spec_of(module).image().uri
     assert uri.startswith(f"{REGISTRY}/{module.image.name}:")
     result = flyte_build(path, tmp_path)
     output = re.sub(r"\x1b\[[0-9;]*m", "", result.stdout + result.stderr)

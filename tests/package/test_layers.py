@@ -87,6 +87,8 @@ def package_imports(package: Path = PACKAGE, root: str = ROOT) -> list[Import]:
 def part_of(module: str) -> str:
     """The part a module belongs to: `engines`, ..., or `core` for the top package and its private modules."""
     parts = module.split(".")
+    if parts[1:] == ["__main__"]:
+        return "cli"  # `python -m flyteplugins_batcher` is the command line
     return parts[1] if len(parts) > 1 and parts[1] in RANKS else "core"
 
 

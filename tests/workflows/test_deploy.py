@@ -61,10 +61,10 @@ def test_the_deploy_plan_covers_each_driver_and_the_replicas_it_calls():
 
 
 def test_each_environment_runs_on_the_image_defined_for_its_side():
-    assert jobs.gpu_env.image == images.GPU_SPEC.build(images.source_checkout())
-    assert jobs.embed_env.image == images.EMBED_SPEC.build(images.source_checkout())
+    assert jobs.gpu_env.image == images.GPU_SPEC.image()
+    assert jobs.embed_env.image == images.EMBED_SPEC.image()
     for driver in (jobs.gsm8k_driver_env, jobs.jsonl_driver_env, jobs.embed_driver_env):
-        assert driver.image == images.DRIVER_SPEC.build(images.source_checkout())
+        assert driver.image == images.DRIVER_SPEC.image()
 
 
 def extra_requirements(*extras: str) -> set[str]:
@@ -94,7 +94,7 @@ def test_installed_from_a_package_an_image_installs_the_running_version_with_its
 
 
 def test_run_from_a_checkout_an_image_installs_the_checkout_with_its_extras():
-    assert images.source_checkout() == REPO_ROOT
+    assert images.GPU_SPEC.image() == images.GPU_SPEC.build(REPO_ROOT)  # the checkout it runs from
     (project,) = [layer for layer in images.GPU_SPEC.build(REPO_ROOT)._layers if hasattr(layer, "pyproject")]
     assert Path(project.pyproject) == REPO_ROOT / "pyproject.toml"
     assert project.project_install_mode == "install_project"
@@ -184,7 +184,7 @@ def test_the_server_app_deploys_behind_authentication_on_its_own_image_and_binds
     from flyteplugins_batcher.server import default_app_environment
 
     app_env = default_app_environment()
-    assert app_env.image == images.SERVE_SPEC.build(images.source_checkout())
+    assert app_env.image == images.SERVE_SPEC.image()
     assert app_env.requires_auth and app_env.get_port().port == 8000
     assert app_env.env_vars == {"BATCH_SERVE_HOST": "0.0.0.0"}  # in its container; locally 127.0.0.1
     assert app_env.uvicorn_config.host == "127.0.0.1"

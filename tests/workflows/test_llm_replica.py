@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from flyteplugins_batcher.engines import EngineConfigError, SimulatedEngine
+from flyteplugins_batcher.engines import EngineConfigError
+from flyteplugins_batcher.engines.simulated import SimulatedEngine
 from flyteplugins_batcher.jobs._environments import vllm_default_max_num_seqs
 from flyteplugins_batcher.replica import EngineSettings
 from flyteplugins_batcher.replica._llm import engine_kwargs, load_engine

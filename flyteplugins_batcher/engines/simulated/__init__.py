@@ -11,23 +11,11 @@ Example:
 
 from __future__ import annotations
 
-from flyteplugins_batcher.engines.simulated._continuous_batching import (
-    ContinuousBatchScheduler,
-    OfflineRun,
-    SequenceJob,
-    StepResult,
-    run_all_at_once,
-)
 from flyteplugins_batcher.engines.simulated._engine import SimulatedEngine
 from flyteplugins_batcher.engines.simulated._gpu import OutputLengths, SimulatedGpu
 
 __all__ = [
-    "ContinuousBatchScheduler",
-    "OfflineRun",
     "OutputLengths",
-    "SequenceJob",
     "SimulatedEngine",
     "SimulatedGpu",
-    "StepResult",
-    "run_all_at_once",
 ]
