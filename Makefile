@@ -40,7 +40,7 @@ DATA_DIR ?= .serve-data
 serve: install  ## OpenAI-compatible server on 127.0.0.1:$(PORT): the bundled SmolLM2 and MiniLM on CPU, jobs under $(DATA_DIR)
 	$(BIN)/flyteplugins-batcher serve --port $(PORT) --data-dir $(DATA_DIR) $(if $(ENGINE),--engine $(ENGINE)) $(if $(MODEL),--model "$(MODEL)") $(ARGS)
 
-# Chromium renders the report in tests/workflows/test_report_browser.py (skipped without it); Debian's package, as root.
+# Chromium renders the report in tests/jobs/test_report_browser.py (skipped without it); Debian's package, as root.
 browser:  ## Install Chromium for the report's browser test, if it is missing
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
 

@@ -403,6 +403,12 @@ async def warm_up(replicas: Sequence[ReplicaProcess], settings: EngineSettings) 
     return {replica.index: outcome.replica for replica, outcome in zip(replicas, outcomes, strict=True)}
 
 
+def simulated_job(requests_path: Path, folder: Path, settings: EngineSettings) -> Job:
+    """The JSONL job's driver over the file, for the simulated model (a line naming another model runs on it)."""
+    served = {"served_model": "simulated", "served_embedding_model": "simulated"}
+    return Job(requests_path, folder, **served, model_mismatch="ignore", defaults=settings.generation())
+
+
 async def run_job(
     requests_path: Path,
     folder: Path,
@@ -423,14 +429,7 @@ async def run_job(
     """
     by_name = {state.replica: index for index, state in baseline.items()}
     router = Router(replicas, concurrency, latency_s, retries)
-    job = Job(
-        requests_path,
-        folder,
-        served_model="simulated",
-        served_embedding_model="simulated",
-        model_mismatch="ignore",
-        defaults=settings.generation(),
-    )
+    job = simulated_job(requests_path, folder, settings)
     total = sum(1 for line in requests_path.open(encoding="utf-8") if line.strip())
     snapshots: dict[int, list[tuple[float, ReplicaSnapshot]]] = {index: [] for index in baseline}
     kill: list[Kill] = []
@@ -458,18 +457,9 @@ async def run_job(
     results = [json.loads(line)["custom_id"] for line in _lines(job.results.path)]
     errors = sum(1 for _ in _lines(job.errors.path))
     killed = kill[0] if kill else None
+    dispatch = router.last_dispatch
     return JobRun(
-        started,
-        wall_s,
-        driver_cpu_s,
-        router.last_dispatch,
-        baseline,
-        snapshots,
-        results,
-        errors,
-        router.retried,
-        killed,
-        folder,
+        started, wall_s, driver_cpu_s, dispatch, baseline, snapshots, results, errors, router.retried, killed, folder
     )
 
 

@@ -15,7 +15,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 CHECKED = ("flyteplugins_batcher", "workflows", "benchmarks", "images", "tests")
 MAX_CLASS_LINES = 300
 MAX_FUNCTION_LINES = 50
-"""Lines of a function's body, its docstring aside."""
+"""Lines of a function, its signature included and its docstring aside."""
 
 
 def ruff(*arguments: str) -> subprocess.CompletedProcess[str]:
@@ -43,8 +43,10 @@ def oversized(tree: ast.AST, path: Path) -> Iterator[str]:
             if lines > MAX_CLASS_LINES:
                 yield f"{path}:{node.lineno} class {node.name} ({lines} lines)"
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            body = node.body[1:] if ast.get_docstring(node) is not None else node.body
-            lines = node.end_lineno - body[0].lineno + 1 if body else 0
+            # From `def` to its last line, signature included, less its docstring.
+            documented = ast.get_docstring(node) is not None
+            docstring = node.body[0].end_lineno - node.body[0].lineno + 1 if documented else 0
+            lines = node.end_lineno - node.lineno + 1 - docstring
             if lines > MAX_FUNCTION_LINES:
                 yield f"{path}:{node.lineno} def {node.name} ({lines} lines)"
 
@@ -60,8 +62,12 @@ def test_no_class_over_300_lines_and_no_function_over_50() -> None:
 
 
 def test_the_size_check_can_fail() -> None:
-    long_function = "def f():\n    '''Doc.'''\n" + "    x = 1\n" * 51
-    short_function = "def g():\n    '''Doc.\n\n    More.\n    '''\n" + "    x = 1\n" * 50
+    long_function = "def f():\n    '''Doc.'''\n" + "    x = 1\n" * 50
+    short_function = "def g():\n    '''Doc.\n\n    More.\n    '''\n" + "    x = 1\n" * 49
+    long_signature = "def h(\n" + "    a: int,\n" * 10 + "):\n" + "    x = 1\n" * 40
 
     assert [problem.split(" (")[0] for problem in oversized(ast.parse(long_function), Path("m.py"))] == ["m.py:1 def f"]
     assert list(oversized(ast.parse(short_function), Path("m.py"))) == []
+    assert [problem.split(" (")[0] for problem in oversized(ast.parse(long_signature), Path("m.py"))] == [
+        "m.py:1 def h"
+    ]

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, TypedDict
+
+from typing_extensions import Unpack
 
 from flyteplugins_batcher.batch_api._embeddings import EMBEDDINGS_ENDPOINT, EmbeddingRequest, parse_embedding_body
 from flyteplugins_batcher.batch_api._generation import FieldChecks, generation_settings
@@ -24,6 +26,30 @@ ENDPOINTS: tuple[str, ...] = (*GENERATION_ENDPOINTS, EMBEDDINGS_ENDPOINT)
 ModelMismatch = Literal["error", "ignore"]
 MESSAGE_ROLES: tuple[str, ...] = ("system", "developer", "user", "assistant", "tool", "function")
 """The roles a chat message may have, as OpenAI's API takes them."""
+
+
+class LineChecks(TypedDict, total=False):
+    """What a request line is checked against (`parse_request_line`'s and `parse_request`'s keywords).
+
+    Attributes:
+        served_model: The model that answers chat and completion lines; a body naming another one
+            fails the line unless `model_mismatch="ignore"`.
+        served_embedding_model: The same, for embedding lines.
+        model_mismatch: `"error"` (the default) or `"ignore"`.
+        endpoints: The urls the job serves; an OpenAI line for another one fails as `invalid_url`.
+            By default chat and completions; a job that also embeds passes `ENDPOINTS`.
+        model_aliases: Other names a chat or completion line may give the served model: the model
+            reference as the user gave it (a path, say), as `vllm run-batch --model PATH` accepts it.
+        context_length: The model's context, when known: a `max_tokens` that leaves no room in it for
+            a prompt fails as `context_length_exceeded` here, before the request costs anything. 0: unknown.
+    """
+
+    served_model: str | None
+    served_embedding_model: str | None
+    model_mismatch: ModelMismatch
+    endpoints: Collection[str]
+    model_aliases: Collection[str]
+    context_length: int
 
 
 @dataclass(frozen=True)
@@ -91,30 +117,14 @@ ParsedRequest = BatchRequest | EmbeddingRequest
 def parse_request_line(
     text: str,
     line: int,
-    *,
-    served_model: str | None = None,
-    served_embedding_model: str | None = None,
-    model_mismatch: ModelMismatch = "error",
-    endpoints: Collection[str] = GENERATION_ENDPOINTS,
-    model_aliases: Collection[str] = (),
-    context_length: int = 0,
+    **checks: Unpack[LineChecks],
 ) -> ParsedRequest:
     """Parse and validate one input line (see the `batch_api` notes for what is accepted).
 
     Args:
         text: The line, without its newline (`read_request_lines` yields it so).
         line: Its 1-based number, for messages.
-        served_model: The model that answers chat and completion lines; a body naming another one
-            fails the line unless `model_mismatch="ignore"`.
-        served_embedding_model: The same, for embedding lines.
-        model_mismatch: `"error"` or `"ignore"`.
-        endpoints: The urls the job serves; an OpenAI line for another one fails as `invalid_url`.
-            By default chat and completions (`GENERATION_ENDPOINTS`); a job that also embeds passes
-            `ENDPOINTS`.
-        model_aliases: Other names a chat or completion line may give the served model: the model
-            reference as the user gave it (a path, say), as `vllm run-batch --model PATH` accepts it.
-        context_length: The model's context, when known: a `max_tokens` that leaves no room in it for
-            a prompt fails as `context_length_exceeded` here, before the request costs anything. 0: unknown.
+        **checks: What the line is checked against (`LineChecks`: the served models, the endpoints, the context).
 
     Returns:
         A `BatchRequest` for chat and completion lines, an `EmbeddingRequest` for embedding lines
@@ -129,28 +139,13 @@ def parse_request_line(
         raise RequestLineError("invalid_json", str(error), line=line) from None
     if not isinstance(data, dict):
         raise RequestLineError("invalid_json", f"a request must be a JSON object, got {type(data).__name__}", line=line)
-    return parse_request(
-        data,
-        line,
-        served_model=served_model,
-        served_embedding_model=served_embedding_model,
-        model_mismatch=model_mismatch,
-        endpoints=endpoints,
-        model_aliases=model_aliases,
-        context_length=context_length,
-    )
+    return parse_request(data, line, **checks)
 
 
 def parse_request(
     data: Mapping[str, Any],
     line: int,
-    *,
-    served_model: str | None = None,
-    served_embedding_model: str | None = None,
-    model_mismatch: ModelMismatch = "error",
-    endpoints: Collection[str] = GENERATION_ENDPOINTS,
-    model_aliases: Collection[str] = (),
-    context_length: int = 0,
+    **checks: Unpack[LineChecks],
 ) -> ParsedRequest:
     """Parse and validate one request already decoded from JSON (a line's object; an HTTP request's, say).
 
@@ -164,11 +159,13 @@ def parse_request(
     Raises:
         RequestLineError: Naming the line, the field as the request wrote it, and what is wrong.
     """
+    context_length = checks.get("context_length", 0)
     if "url" in data or "body" in data or "method" in data:
         embedding = data.get("url") == EMBEDDINGS_ENDPOINT
-        served = served_embedding_model if embedding else served_model
-        aliases = () if embedding else model_aliases
-        return _parse_openai(data, line, served, model_mismatch, endpoints, aliases, context_length)
+        served = checks.get("served_embedding_model") if embedding else checks.get("served_model")
+        aliases = () if embedding else checks.get("model_aliases", ())
+        mismatch, endpoints = checks.get("model_mismatch", "error"), checks.get("endpoints", GENERATION_ENDPOINTS)
+        return _parse_openai(data, line, served, mismatch, endpoints, aliases, context_length)
     return _parse_plain(data, line, context_length)
 
 

@@ -24,7 +24,7 @@ import uuid
 from collections.abc import AsyncIterable, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Protocol, TypeVar
+from typing import IO, Any, Generic, Protocol, TypeVar
 
 import flyte.errors
 from flyte.io import File
@@ -216,52 +216,70 @@ async def fan_out(
     """
     if max_in_flight < 1:
         raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
-    started = time.time()
-    stats = FanOutStats(started_at=started)
-    slots = asyncio.Semaphore(max_in_flight)
-    running: set[asyncio.Task[None]] = set()
-    fatal: list[BaseException] = []
+    fanning = _FanOut(infer, on_chunk, max_in_flight)
+    await fanning.feed(chunks)
+    return fanning.result()
 
-    async def run(chunk: ChunkT) -> None:
+
+class _FanOut(Generic[ChunkT, OutcomeT]):
+    """One `fan_out`: its slots, its chunks in flight, and the first error that stops it."""
+
+    def __init__(
+        self, infer: Callable[[ChunkT], Awaitable[OutcomeT]], on_chunk: ChunkHandler[ChunkT, OutcomeT], slots: int
+    ) -> None:
+        self.infer = infer
+        self.on_chunk = on_chunk
+        self.started = time.time()
+        self.stats = FanOutStats(started_at=self.started)
+        self.slots = asyncio.Semaphore(slots)
+        self.running: set[asyncio.Task[None]] = set()
+        self.fatal: list[BaseException] = []
+
+    async def feed(self, chunks: AsyncIterable[ChunkT]) -> None:
+        """Start a chunk whenever a slot is free, until the chunks run out or an error stops the run."""
         try:
-            outcome: OutcomeT | None = await infer(chunk)
+            async for chunk in chunks:
+                self.stats.held_back |= self.slots.locked()
+                await self.slots.acquire()
+                if self.fatal:
+                    self.slots.release()
+                    break
+                task = asyncio.create_task(self._run(chunk))
+                self.running.add(task)
+                task.add_done_callback(self.running.discard)
+            self.stats.reading = False
+            while self.running and not self.fatal:
+                await asyncio.wait(set(self.running), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in self.running:
+                task.cancel()
+
+    async def _run(self, chunk: ChunkT) -> None:
+        try:
+            outcome: OutcomeT | None = await self.infer(chunk)
             reason = ""
         except Exception as error:
             if not_retryable(error):
-                fatal.append(error)
+                self.fatal.append(error)
                 return
             logger.error("chunk %d failed after retries: %s", chunk.index, error)
             outcome, reason = None, f"chunk failed: {error}"
         finally:
-            slots.release()
-        stats.record(outcome, started)
+            self.slots.release()
+        self.stats.record(outcome, self.started)
         try:
-            await on_chunk(chunk, outcome, reason)
+            await self.on_chunk(chunk, outcome, reason)
         except Exception as error:  # its answers could not be kept: going on would lose them, so the run stops
-            fatal.append(error)
+            self.fatal.append(error)
 
-    try:
-        async for chunk in chunks:
-            stats.held_back |= slots.locked()
-            await slots.acquire()
-            if fatal:
-                slots.release()
-                break
-            task = asyncio.create_task(run(chunk))
-            running.add(task)
-            task.add_done_callback(running.discard)
-        stats.reading = False
-        while running and not fatal:
-            await asyncio.wait(set(running), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in running:
-            task.cancel()
-    if fatal:
-        if not_retryable(fatal[0]):
-            raise UnrecoverableRunError(str(fatal[0])) from fatal[0]
-        raise fatal[0]
-    stats.wall_s = time.time() - started
-    return stats
+    def result(self) -> FanOutStats:
+        """The run's statistics, or the error that stopped it."""
+        if self.fatal:
+            if not_retryable(self.fatal[0]):
+                raise UnrecoverableRunError(str(self.fatal[0])) from self.fatal[0]
+            raise self.fatal[0]
+        self.stats.wall_s = time.time() - self.started
+        return self.stats
 
 
 def not_retryable(error: BaseException) -> bool:

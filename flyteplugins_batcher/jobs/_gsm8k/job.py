@@ -18,6 +18,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 from flyteplugins_batcher.jobs._driver import Counts, JsonLines, RunOptions, fan_out, finish_run
 from flyteplugins_batcher.jobs._environments import LLM_POOL, LLM_SIZING, driver_environment, gpu_env
@@ -56,50 +57,60 @@ async def solve_gsm8k(
     destination = Destination.check(run.output_dir, OUTPUT_FILES)  # before any inference
     loaded = await asyncio.to_thread(load_problems, source, num_questions)
     print(f"gsm8k source: {loaded.source}: {len(loaded.problems)} questions", flush=True)
-    problems = {problem.index: problem for problem in loaded.problems}
     work = WorkFolder("batch-llm-", destination)
-    answers, failures = (JsonLines(work.path / name) for name in OUTPUT_FILES)
-    tally = Tally()
-    progress = Progress("gsm8k batch inference", total=len(problems), noun="questions")
-    started = time.time()
-
-    async def on_chunk(chunk: RequestChunk, outcome: ChunkOutcome | None, reason: str) -> None:
-        for position, (item, row) in enumerate(zip(chunk.items, _rows(chunk, outcome, reason), strict=True)):
-            scored = _score(row, problems[int(item.key)])
-            fresh = outcome is None or outcome.computed_since(position, started)
-            tally.add(scored, fresh=fresh, retried=outcome is not None and outcome.was_retried(position))
-            (failures if scored["error"] else answers).write(scored)
-        await progress.update(tally.done, tally.failed, tally.accuracy_text())
-
+    scorer = _Scorer(loaded.problems, work.path, started=time.time())
     fanned = None
     try:
         fanned = await fan_out(
             _chunks(loaded.problems, run.chunk_size),
             retrying_reused_failures(
-                lambda chunk, salt: infer_chunk(chunk, settings, salt), salt=run.cache_salt(), started=started
+                lambda chunk, salt: infer_chunk(chunk, settings, salt), salt=run.cache_salt(), started=scorer.started
             ),
-            on_chunk,
+            scorer.on_chunk,
             max_in_flight=run.chunks_in_flight(LLM_POOL),
         )
     finally:
-        answers.close()
-        failures.close()
+        scorer.close()
         if fanned is None:
             work.discard()  # the run failed as a whole; its error says why
+    tally = scorer.tally
     return await finish_run(
         tally,
         fanned,
         source=loaded.source,
         work=work,
-        results=answers.path,
-        errors=failures.path,
+        results=scorer.answers.path,
+        errors=scorer.failures.path,
         run=run,
         pool=LLM_POOL,
-        progress=progress,
+        progress=scorer.progress,
         noun="questions",
         accuracy=tally.correct / tally.scored if tally.scored else 0.0,
         scored=tally.scored,
     )
+
+
+class _Scorer:
+    """Scores each finished chunk's answers as it comes: the answers and failures files, the tally, the progress."""
+
+    def __init__(self, problems: list[Problem], folder: Path, *, started: float) -> None:
+        self.problems = {problem.index: problem for problem in problems}
+        self.answers, self.failures = (JsonLines(folder / name) for name in OUTPUT_FILES)
+        self.tally = Tally()
+        self.progress = Progress("gsm8k batch inference", total=len(problems), noun="questions")
+        self.started = started
+
+    async def on_chunk(self, chunk: RequestChunk, outcome: ChunkOutcome | None, reason: str) -> None:
+        for position, (item, row) in enumerate(zip(chunk.items, _rows(chunk, outcome, reason), strict=True)):
+            scored = _score(row, self.problems[int(item.key)])
+            fresh = outcome is None or outcome.computed_since(position, self.started)
+            self.tally.add(scored, fresh=fresh, retried=outcome is not None and outcome.was_retried(position))
+            (self.failures if scored["error"] else self.answers).write(scored)
+        await self.progress.update(self.tally.done, self.tally.failed, self.tally.accuracy_text())
+
+    def close(self) -> None:
+        self.answers.close()
+        self.failures.close()
 
 
 class Tally(Counts):

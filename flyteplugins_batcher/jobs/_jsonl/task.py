@@ -70,16 +70,7 @@ async def run_batch_file(
     destination = Destination.check(run.output_dir, BATCH_OUTPUT_FILES)  # before any inference
     local_input = Path(await input.download())
     work = WorkFolder("batch-jsonl-", destination)
-    job = Job(
-        local_input,
-        work.path,
-        served_model=served_model_name or model_display_name(settings.model or None),
-        model_aliases=tuple(name for name in (settings.model, model_display_name(settings.model or None)) if name),
-        served_embedding_model=EmbeddingModel().name,
-        model_mismatch=model_mismatch,  # type: ignore[arg-type]
-        defaults=settings.generation(),
-        journal=JournalWriter(journal) if journal else None,
-    )
+    job = _job(local_input, work.path, settings, served_model_name, model_mismatch, journal)
 
     def infer(chunk: JobChunk, cache_salt: str) -> Awaitable[JobOutcome]:
         if isinstance(chunk, EmbeddingChunk):
@@ -111,4 +102,20 @@ async def run_batch_file(
         run=run,
         pool=LLM_POOL,
         progress=job.progress,
+    )
+
+
+def _job(
+    local_input: Path, folder: Path, settings: EngineSettings, served_model_name: str, model_mismatch: str, journal: str
+) -> Job:
+    """The job over a local copy of the file; the model answers to its name, its reference and `served_model_name`."""
+    return Job(
+        local_input,
+        folder,
+        served_model=served_model_name or model_display_name(settings.model or None),
+        model_aliases=tuple(name for name in (settings.model, model_display_name(settings.model or None)) if name),
+        served_embedding_model=EmbeddingModel().name,
+        model_mismatch=model_mismatch,  # type: ignore[arg-type]
+        defaults=settings.generation(),
+        journal=JournalWriter(journal) if journal else None,
     )

@@ -11,7 +11,7 @@ import pytest
 from flyte.io import File
 
 from flyteplugins_batcher.jobs import RunSummary, run_batch_file
-from tests.workflows.conftest import CountingBatcher
+from tests.jobs.conftest import CountingBatcher
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 import flyteplugins_batcher as ours
-from tests.plugin.conftest import wait_for_worker_threads
+from tests.process.conftest import wait_for_worker_threads
 
 
 class FakeModel:

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 import flyteplugins_batcher as ours
-from tests.plugin.conftest import wait_for_worker_threads
+from tests.process.conftest import wait_for_worker_threads
 
 batch_sizes: dict[str, list[int]] = {"square": [], "shout": []}
 

@@ -12,7 +12,7 @@ import pytest
 
 from flyteplugins_batcher.jobs import RunSummary, solve_gsm8k
 from flyteplugins_batcher.replica._llm import LLMReplica
-from tests.workflows.conftest import CountingBatcher
+from tests.jobs.conftest import CountingBatcher
 
 FAST = {"max_new_tokens": 16, "source": "sample"}
 

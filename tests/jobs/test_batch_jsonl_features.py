@@ -23,7 +23,7 @@ from flyte.io import File
 from flyteplugins_batcher.engines import EmbeddingModel
 from flyteplugins_batcher.jobs import RunSummary, run_batch_file
 from flyteplugins_batcher.replica import EmbeddingReplica
-from tests.workflows.test_batch_jsonl import chat, read_lines, write
+from tests.jobs.test_batch_jsonl import chat, read_lines, write
 
 pytestmark = pytest.mark.slow
 
@@ -179,7 +179,7 @@ def test_publishing_that_fails_at_the_end_prints_the_summary_and_where_the_files
     run_locally, replicas, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ):
     from flyteplugins_batcher.replica._llm import LLMReplica
-    from tests.workflows.conftest import CountingBatcher
+    from tests.jobs.conftest import CountingBatcher
 
     out = tmp_path / "out"
 
