@@ -36,7 +36,7 @@ from flyteplugins_batcher.jobs._report_charts import timeline_section
 from flyteplugins_batcher.jobs._reruns import retrying_reused_failures
 from flyteplugins_batcher.replica import ReplicaSnapshot
 
-SAMPLE_CORPUS = Path(__file__).resolve().parent / "data" / "embed_sample.jsonl"
+SAMPLE_CORPUS = Path(__file__).resolve().parents[1] / "data" / "embed_sample.jsonl"
 OUTPUT_FILES = ("vectors.parquet", "errors.jsonl")
 
 embed_driver_env = driver_environment("embed_driver", embed_env)
