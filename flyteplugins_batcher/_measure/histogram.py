@@ -100,13 +100,15 @@ class LogHistogram:
         buckets = self._buckets
         get = buckets.get
         step = -(-count // SUBSAMPLE)  # ceil: at most SUBSAMPLE values are binned
-        for start in range(0, count, step):
-            value = values[start]
+        index = 0
+        for value in values[::step]:  # each stands for `step` values...
             index = int((log(value) - log_floor) * scale) if value > floor else 0
-            buckets[index] = get(index, 0) + min(step, count - start)
+            buckets[index] = get(index, 0) + step
+        buckets[index] -= -count % step  # ...but the last one for those left
         self._count += count
         self._sum += sum(values)
-        low, high = min(values), max(values)
+        ordered = sorted(values)  # faster than min() and max() for floats: sorting compares them natively
+        low, high = ordered[0], ordered[-1]
         if low < self._min:
             self._min = low
         if high > self._max:

@@ -20,6 +20,7 @@ from flyteplugins_batcher._measure.stats import StatsRecorder
 from flyteplugins_batcher._pipeline.backpressure import Backpressure
 from flyteplugins_batcher._pipeline.deadlines import DeadlineWatch
 from flyteplugins_batcher._pipeline.envelope import CANCELLED, COMPLETED, FAILED, Envelope, tell_when_cancelled
+from flyteplugins_batcher._pipeline.invoke import is_async_callable
 from flyteplugins_batcher._pipeline.runners import RunnerHooks, RunnerPool
 from flyteplugins_batcher._pipeline.settle import Settler
 from flyteplugins_batcher._pipeline.staging import Batch, Plan, StagingArea
@@ -56,7 +57,7 @@ class Dispatcher:
     ) -> None:
         self.loop = loop
         self.active = True  # may start runners and arm timers: false once the run stopped or failed
-        self.staging = StagingArea(settings)
+        self.staging = StagingArea(settings, threads=not is_async_callable(process_fn))
         self.pending = self.staging.pending
         self.backpressure = Backpressure(loop, self.pending, settings.queue_capacity)
         self.deadlines = DeadlineWatch(loop, self._expire)

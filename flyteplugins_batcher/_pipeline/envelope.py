@@ -101,7 +101,12 @@ def take_live(envelopes: list[Envelope], now: float, to: RecordState, dropped: l
     Called under the staging area's lock for every record on its way to a runner: as a runner forms
     its batch from the queue, or takes a staged batch.
     """
-    live = [envelope for envelope in envelopes if envelope.is_live(now)]
+    # `Envelope.is_live`, inline: this runs for every record.
+    live = [
+        envelope
+        for envelope in envelopes
+        if not envelope.future.done() and (envelope.deadline is None or now < envelope.deadline)
+    ]
     for envelope in live:
         envelope.state = to
     if len(live) < len(envelopes):
@@ -120,7 +125,14 @@ def move(envelopes: list[Envelope], to: RecordState) -> list[Envelope]:
 
 
 _CANCELLABLE: dict[type, bool] = {}
-"""Whether records of a type have a `cancel()` method (`_records.Cancellable`), by type: asked once per batch record."""
+"""Whether records of a type have a `cancel()` method (`_records.Cancellable`), by type: asked once per type."""
+
+
+def _has_cancel(kind: type) -> bool:
+    known = _CANCELLABLE.get(kind)
+    if known is None:
+        known = _CANCELLABLE[kind] = callable(getattr(kind, "cancel", None))
+    return known
 
 
 def is_cancellable(record: Any) -> bool:
@@ -130,19 +142,18 @@ def is_cancellable(record: Any) -> bool:
     cancellation token): the batcher then neither watches its future nor counts it cancelled once
     it runs, since it runs to its end anyway.
     """
-    kind = type(record)
-    known = _CANCELLABLE.get(kind)
-    if known is None:
-        known = _CANCELLABLE[kind] = callable(getattr(kind, "cancel", None))
-    return known and getattr(record, "cancellable", True)
+    return _has_cancel(type(record)) and getattr(record, "cancellable", True)
 
 
 def tell_when_cancelled(envelopes: list[Envelope]) -> None:
     """Call each cancellable record's `cancel()` if its future is cancelled from now on (it is running).
 
     Called on the event loop as a runner takes a batch; a future cancelled a moment before (while
-    a worker thread took the batch) is told at once.
+    a worker thread took the batch) is told at once. A batch's records are mostly of one type, and
+    mostly of types without `cancel()`: those are told apart once per type, not once per record.
     """
+    if not any(_has_cancel(kind) for kind in {type(envelope.record) for envelope in envelopes}):
+        return
     for envelope in envelopes:
         if is_cancellable(envelope.record):
             envelope.future.add_done_callback(functools.partial(_tell_cancelled, envelope.record))

@@ -56,14 +56,14 @@ class PendingQueue:
         return self.size > 0
 
     def push(self, envelope: Envelope) -> None:
-        """Queue a record (the caller checked for space)."""
-        priority = envelope.priority
-        queue = self._queues.get(priority)
-        if queue is None:
-            queue = self._add_level(priority)
+        """Queue a record (the caller checked for space); once per record."""
+        try:
+            queue = self._queues[envelope.priority]
+        except KeyError:  # the first record of its priority
+            queue = self._add_level(envelope.priority)
         queue.append(envelope)
         if self._by_cost:
-            bisect.insort(self._sorted[priority], (envelope.cost, envelope.seq, envelope))
+            bisect.insort(self._sorted[envelope.priority], (envelope.cost, envelope.seq, envelope))
         self.size += 1
         self.cost += envelope.cost
 
@@ -86,8 +86,8 @@ class PendingQueue:
 
     def take_batch(
         self, budget: int, max_size: int, now: float, skipped: list[Envelope], to: RecordState
-    ) -> list[Envelope]:
-        """Remove and return the next batch, moved to `to`: at most `max_size` records within `budget`.
+    ) -> tuple[list[Envelope], int]:
+        """Remove and return the next batch, moved to `to`, and its cost: at most `max_size` records within `budget`.
 
         The first record always goes, so one costlier than the budget runs alone; otherwise a
         record that would cross the budget stays for the next batch. Cancelled records, and
@@ -97,7 +97,7 @@ class PendingQueue:
         """
         level = self._next_level(now, skipped)
         if level is None:
-            return []
+            return [], 0
         if self._by_cost:
             return self._take_similar_cost(level, budget, max_size, now, skipped, to)
         return self._take_in_order(level, budget, max_size, now, skipped, to)
@@ -179,7 +179,7 @@ class PendingQueue:
 
     def _take_in_order(
         self, level: int, budget: int, max_size: int, now: float, skipped: list[Envelope], to: RecordState
-    ) -> list[Envelope]:
+    ) -> tuple[list[Envelope], int]:
         queue = self._queues[level]
         # Count what fits first, then take it in one go: this runs for every record, so it is
         # written for speed. The head is live (`_next_level` dropped dead heads).
@@ -196,12 +196,13 @@ class PendingQueue:
         self.size -= count
         self.cost -= cost
         if to is STAGED:
-            return move(taken, STAGED)  # checked when a runner takes their batch: they may still be cancelled
-        return take_live(taken, now, to, skipped)
+            return move(taken, STAGED), cost  # checked when a runner takes their batch: they may still be cancelled
+        live = take_live(taken, now, to, skipped)
+        return live, cost if len(live) == count else sum(envelope.cost for envelope in live)
 
     def _take_similar_cost(
         self, level: int, budget: int, max_size: int, now: float, skipped: list[Envelope], to: RecordState
-    ) -> list[Envelope]:
+    ) -> tuple[list[Envelope], int]:
         entries = self._sorted[level]
         anchor = self._queues[level][0]  # the live head, as `_next_level` left it
         position = bisect.bisect_left(entries, (anchor.cost, anchor.seq))
@@ -238,7 +239,7 @@ class PendingQueue:
         del entries[low:high]
         self.size -= len(removed)
         self.cost -= sum(entry[0] for entry in removed)
-        return move(batch, to)
+        return move(batch, to), cost
 
     def _drop(self, envelope: Envelope) -> None:
         """Take a record that must not run (cancelled, or past its deadline) out of the counts and the cost order.

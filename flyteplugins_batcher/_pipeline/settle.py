@@ -127,34 +127,52 @@ class Settler:
             future.cancel()
 
     def _complete(self, envelopes: Sequence[Envelope], results: Sequence[Any]) -> None:
-        # Once per record that completes: the hot path of settling.
+        # Once per record that completes: the hot path of settling, so the rare cases wait for after the loop.
         failed = 0
-        earlier: list[Envelope] = []  # ended before their results came (the batcher failed or aborted)
-        stopped: list[Envelope] = []  # cancelled by their caller while they ran, and told to stop
+        unusual: list[Envelope] = []  # ended before their results came, or cancelled by their caller while they ran
+        running, completed, exception = RUNNING, COMPLETED, Exception
         for envelope, result in zip(envelopes, results, strict=True):
-            if envelope.state is not RUNNING:
-                earlier.append(envelope)
-                continue
-            future = envelope.future
-            if future.done() and is_cancellable(envelope.record):
-                envelope.state = CANCELLED
-                stopped.append(envelope)
-                continue
-            envelope.state = COMPLETED
-            if future.done():  # its caller cancelled it while it ran, and it could not stop: it counts as completed
-                continue
-            if isinstance(result, Exception):
+            if envelope.state is not running:
+                unusual.append(envelope)
+            elif isinstance(result, exception):
+                if envelope.future.done():
+                    unusual.append(envelope)
+                    continue
+                envelope.state = completed
                 add_note(result, f"{self._batcher_name}: failed {envelope.describe()}")
-                future.set_exception(result)
+                envelope.future.set_exception(result)
                 failed += 1
             else:
-                future.set_result(result)
+                try:
+                    envelope.future.set_result(result)
+                except asyncio.InvalidStateError:  # its caller cancelled it (rare: no need to ask each future first)
+                    unusual.append(envelope)
+                    continue
+                envelope.state = completed
         now = _monotonic()
-        counted: Sequence[Envelope] = envelopes
-        if earlier or stopped:
-            self._count(now, stopped, CANCELLED)
-            counted = [envelope for envelope in envelopes if envelope.state is COMPLETED]
-        self._count(now, counted, COMPLETED, failed=failed)
+        if unusual:
+            self._count(now, self._end_unusual(unusual), CANCELLED)
+            envelopes = [envelope for envelope in envelopes if envelope.state is COMPLETED]
+        self._count(now, envelopes, COMPLETED, failed=failed)
+
+    @staticmethod
+    def _end_unusual(envelopes: list[Envelope]) -> list[Envelope]:
+        """End the running records among `envelopes`, whose caller cancelled them; returns those told to stop.
+
+        The others ended before their results came (the batcher failed or aborted). A record that
+        could be told to stop (`_records.Cancellable`) ends `CANCELLED`; one that could not ran to
+        its end, and counts as completed.
+        """
+        stopped: list[Envelope] = []
+        for envelope in envelopes:
+            if envelope.state is not RUNNING:
+                continue
+            if is_cancellable(envelope.record):
+                envelope.state = CANCELLED
+                stopped.append(envelope)
+            else:
+                envelope.state = COMPLETED
+        return stopped
 
     def _count(self, now: float, envelopes: Sequence[Envelope], end: RecordState, *, failed: int = 0) -> None:
         if envelopes:
