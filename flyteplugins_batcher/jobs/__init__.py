@@ -1,58 +1,64 @@
 """Ready-made Flyte jobs: batch inference on reusable GPU replicas, driven by a task that fans chunks out.
 
-Three jobs, each a driver task with its environment, and the replica tasks they call:
+Four jobs, each a driver task with its environment, and the replica tasks they call:
 
-- `run_batch_file` (environment `jsonl_driver_env`): an OpenAI-batch JSONL file in, `results.jsonl`
-  and `errors.jsonl` out, as `vllm run-batch` takes it. `flyteplugins-batcher run-batch` runs it.
+- `run_table` (environment `table_driver_env`): a table in (Parquet, CSV, JSONL, a Hugging Face
+  dataset, a `flyte.io.DataFrame`), the same table out with each row's answer (or embedding), as
+  Ray Data LLM's processors map a dataset. `flyteplugins-batcher run-table` runs it;
+  `TableProcessor` runs it inside a task of yours.
+- `run_batch_file` (`jsonl_driver_env`): an OpenAI-batch JSONL file in, `results.jsonl` and
+  `errors.jsonl` out, as `vllm run-batch` takes it. `flyteplugins-batcher run-batch` runs it.
 - `solve_gsm8k` (`gsm8k_driver_env`): gsm8k with batched LLM inference, scored; throughput,
   occupancy and accuracy in its report.
-- `embed_corpus` (`embed_driver_env`): a corpus embedded into one Parquet file.
+- `embed_corpus` (`table_driver_env`): a corpus embedded into Parquet, the table job's embeddings.
 
 The replica tasks run on reusable containers: `gpu_env` runs `infer_chunk` (on this process's
-`LLMReplica`: one engine and one shared `TokenBatcher`), `embed_env` runs `embed_chunk` and
-`embed_requests` (on this process's `EmbeddingReplica`; both in `flyteplugins_batcher.replica`).
-Their sizes come from `BATCH_LLM_*` and `EMBED_*` variables, read when this package is imported.
+`LLMReplica`: one engine and one shared `TokenBatcher`), `embed_env` runs `embed_requests` (on this
+process's `EmbeddingReplica`; both in `flyteplugins_batcher.replica`). Their sizes come from
+`BATCH_LLM_*` and `EMBED_*` variables, read when this package is imported.
 
 The machinery is public too, for jobs of your own: `fan_out` (bounded chunks in flight, failures
 per chunk), `retrying_reused_failures` (reruns), `Progress` (the progress line and the live
-report), `task_with_options` (option dataclasses as task inputs), and `read_journal_segment` (a
-run's finished lines as it goes, for a follower such as the Batch API server).
+report), and `read_journal_segment` (a run's finished lines as it goes, for a follower such as the
+Batch API server).
 
 Example:
     ```python
     import flyte
-    from flyte.io import File
-    from flyteplugins_batcher.jobs import run_batch_file
+    from flyteplugins_batcher.jobs import run_table
 
     flyte.init()
-    run = flyte.with_runcontext(mode="local").run(run_batch_file, input=File.from_local("requests.jsonl"))
+    run = flyte.with_runcontext(mode="local").run(
+        run_table, input="questions.parquet", prompt="Answer briefly: {question}", output_dir="answers/"
+    )
     print(run.outputs())
     ```
 """
 
 from __future__ import annotations
 
-from flyteplugins_batcher.jobs._corpus.job import EmbedSummary, embed_corpus, embed_driver_env
+from flyteplugins_batcher.jobs._corpus.job import embed_corpus
 from flyteplugins_batcher.jobs._driver import RunOptions, UnrecoverableRunError, fan_out
 from flyteplugins_batcher.jobs._environments import embed_env, gpu_env
 from flyteplugins_batcher.jobs._gsm8k.job import gsm8k_driver_env, solve_gsm8k
 from flyteplugins_batcher.jobs._journal import read_journal_segment
 from flyteplugins_batcher.jobs._jsonl.task import jsonl_driver_env, run_batch_file
-from flyteplugins_batcher.jobs._options import task_with_options
-from flyteplugins_batcher.jobs._replica_tasks import embed_chunk, embed_requests, infer_chunk
+from flyteplugins_batcher.jobs._replica_tasks import embed_requests, infer_chunk
 from flyteplugins_batcher.jobs._report import Progress
 from flyteplugins_batcher.jobs._reruns import retrying_reused_failures
 from flyteplugins_batcher.jobs._summary import RunSummary
+from flyteplugins_batcher.jobs._table.processor import TableProcessor
+from flyteplugins_batcher.jobs._table.summary import TableSummary
+from flyteplugins_batcher.jobs._table.task import run_table, table_driver_env
 
 __all__ = [
-    "EmbedSummary",
     "Progress",
     "RunOptions",
     "RunSummary",
+    "TableProcessor",
+    "TableSummary",
     "UnrecoverableRunError",
-    "embed_chunk",
     "embed_corpus",
-    "embed_driver_env",
     "embed_env",
     "embed_requests",
     "fan_out",
@@ -63,6 +69,7 @@ __all__ = [
     "read_journal_segment",
     "retrying_reused_failures",
     "run_batch_file",
+    "run_table",
     "solve_gsm8k",
-    "task_with_options",
+    "table_driver_env",
 ]

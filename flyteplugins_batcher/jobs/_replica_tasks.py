@@ -1,9 +1,9 @@
 """The replicas' Flyte tasks: chunks of work run on this process's LLM or embedding replica.
 
-- `infer_chunk` (`gpu_env`): a chunk of prompts through the LLM replica's shared batcher; the gsm8k
-  and JSONL jobs send theirs here.
-- `embed_requests` (`embed_env`): a chunk of a batch file's embeddings requests; each request's vectors.
-- `embed_chunk` (`embed_env`): a chunk of a corpus's documents; their vectors in a Parquet file.
+- `infer_chunk` (`gpu_env`): a chunk of prompts through the LLM replica's shared batcher; the gsm8k,
+  JSONL and table jobs send theirs here.
+- `embed_requests` (`embed_env`): a chunk of embeddings requests (a batch file's, or a table's rows,
+  `embed_corpus`'s documents included); each request's vectors.
 
 A configuration that cannot work (a missing model, an unknown engine argument, a KV cache that does
 not fit) fails the chunk with `flyte.errors.NonRecoverableError`: Flyte does not retry it, and the
@@ -15,17 +15,9 @@ chunks that had not finished.
 
 from __future__ import annotations
 
-import asyncio
-import tempfile
-import time
-from pathlib import Path
-
 import flyte.errors
-from flyte.io import File
 
-from flyteplugins_batcher.batch_api import error_code
 from flyteplugins_batcher.engines import EngineConfigError
-from flyteplugins_batcher.jobs._corpus.chunks import ChunkVectors, DocumentChunk, DocumentResult
 from flyteplugins_batcher.jobs._environments import embed_env, gpu_env
 from flyteplugins_batcher.replica import (
     ChunkOutcome,
@@ -60,34 +52,6 @@ EMBED_RETRIES = 2
 
 
 @embed_env.task(retries=EMBED_RETRIES, cache="auto")
-async def embed_chunk(chunk: DocumentChunk) -> ChunkVectors:
-    """Embed one chunk through the replica's shared, length-aware `@batched` function."""
-    replica = EmbeddingReplica.of_process()
-    outcomes = await replica.embed_texts(chunk.texts)
-    ids, vectors, results = [], [], []
-    for doc_id, outcome in zip(chunk.ids, outcomes, strict=True):
-        if isinstance(outcome, ValueError):
-            results.append(DocumentResult(error_code(outcome), str(outcome)))
-        else:
-            ids.append(doc_id)
-            vectors.append(outcome.vector)
-            results.append(DocumentResult(truncated=outcome.truncated))
-    path = Path(tempfile.mkdtemp(prefix="embed-chunk-")) / f"chunk-{chunk.index:06d}.parquet"
-    await asyncio.to_thread(write_parquet, path, ids, vectors)
-    return ChunkVectors(
-        index=chunk.index,
-        vectors=[await File.from_local(str(path))],
-        results=results,
-        documents_per_s=replica.model.stats.documents_per_s,
-        avg_batch_size=replica.embed.stats.avg_batch_size,
-        padding_efficiency=replica.model.stats.padding_efficiency,
-        model_seconds=replica.model.stats.generate_time_s,
-        finished_at=time.time(),
-        replica=replica.snapshot(),
-    )
-
-
-@embed_env.task(retries=EMBED_RETRIES, cache="auto")
 async def embed_requests(chunk: EmbeddingChunk, model: str, cache_salt: str = "") -> EmbeddingOutcome:
     """Embed every text of a chunk of embeddings requests through the replica's shared `@batched` function.
 
@@ -104,12 +68,3 @@ async def embed_requests(chunk: EmbeddingChunk, model: str, cache_salt: str = ""
             "set EMBED_MODEL alike for both"
         )
     return await replica.run_chunk(chunk)
-
-
-def write_parquet(path: Path, ids: list[str], vectors: list[list[float]]) -> None:
-    """`id` and `vector` (a list of float32) columns."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    table = pa.table({"id": pa.array(ids, pa.string()), "vector": pa.array(vectors, pa.list_(pa.float32()))})
-    pq.write_table(table, path)

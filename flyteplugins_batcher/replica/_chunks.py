@@ -258,7 +258,8 @@ class EmbeddingResult:
     """One embeddings request's outcome: a vector per text, or an error code and message.
 
     Vectors travel as base64 of their little-endian float32 bytes (OpenAI's `encoding_format="base64"`):
-    exact, and a third of the size of JSON numbers.
+    exact, and a third of the size of JSON numbers. `truncated` counts the request's texts the model
+    cut at its `max_seq_length`.
     """
 
     key: str
@@ -266,6 +267,7 @@ class EmbeddingResult:
     prompt_tokens: int = 0
     error_code: str = ""
     error_message: str = ""
+    truncated: int = 0
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """The embedding replica: one process's embedding model and the `@batched` function every caller feeds.
 
-Every concurrent call on a replica (the `embed_chunk` and `embed_requests` tasks of
+Every concurrent call on a replica (the `embed_requests` task of
 `flyteplugins_batcher.jobs`, or a server's online requests and batch lines) feeds the replica's one
 batched function, which forms batches of texts of similar length from everything waiting: a padded
 model pays for every row of a batch as if it were as long as the longest (`grouping="by_cost"`, a
@@ -123,7 +123,12 @@ def request_result(item: EmbeddingItem, outcomes: list[Embedding | ValueError]) 
         return EmbeddingResult(item.key, error_code=error_code(failed), error_message=str(failed))
     embeddings = [outcome for outcome in outcomes if isinstance(outcome, Embedding)]
     vectors = [str(encode_vector(embedding.vector, "base64")) for embedding in embeddings]
-    return EmbeddingResult(item.key, vectors, prompt_tokens=sum(embedding.tokens for embedding in embeddings))
+    return EmbeddingResult(
+        item.key,
+        vectors,
+        prompt_tokens=sum(embedding.tokens for embedding in embeddings),
+        truncated=sum(embedding.truncated for embedding in embeddings),
+    )
 
 
 _PROCESS: ProcessSlot[EmbeddingReplica] = ProcessSlot(EmbeddingReplica)

@@ -126,19 +126,27 @@ async def test_a_snapshot_carries_its_timeline_across_the_task_boundary() -> Non
     assert len(literal.SerializeToString()) < 100_000  # bounded, however many batches ran
 
 
-def test_the_embedding_report_draws_the_replicas_this_run_used():
-    from flyteplugins_batcher.jobs._corpus.chunks import ChunkVectors
-    from flyteplugins_batcher.jobs._corpus.job import EmbedSummary, report_html
+def test_the_table_report_draws_the_replicas_this_run_used():
+    from flyte.io import DataFrame
 
-    nowhere = File(path="/tmp/vectors.parquet")
-    run = EmbedSummary("docs", 4, 4, 0, 384, 10.0, 2.0, 0.9, 0, nowhere, nowhere)
+    from flyteplugins_batcher.jobs import TableSummary
+    from flyteplugins_batcher.jobs._driver import FanOutStats
+    from flyteplugins_batcher.jobs._table.summary import report_html
+    from flyteplugins_batcher.replica import EmbeddingOutcome
 
-    def chunk(finished_at: float, name: str, records: int) -> ChunkVectors:
+    output = DataFrame.from_existing_remote("/tmp/table", format="parquet")
+    run = TableSummary("docs", 4, 4, 0, 0, 0, 0.0, 5.0, 0.8, 0.0, output, dimensions=384, padding_efficiency=0.9)
+
+    def chunk(finished_at: float, name: str, records: int) -> EmbeddingOutcome:
         snapshot = ReplicaSnapshot(replica=name, records=records, timeline=timeline(1000.0, (1.0, 2.0, records, 0)))
-        return ChunkVectors(0, [], [], 1.0, 2.0, 0.9, 1.0, finished_at=finished_at, replica=snapshot)
+        return EmbeddingOutcome(0, [], snapshot, finished_at=finished_at)
 
+    fanned, reused_only = FanOutStats(), FanOutStats()
     earlier_run = chunk(900.0, "host/1 (embeddings)", 2)  # reused from the cache: another run's replica
-    page = report_html(run, 5.0, [earlier_run, chunk(1002.0, "host/2 (embeddings)", 2)], started_at=1000.0)
-    assert "Where the time went" in page
+    for stats, outcome in ((fanned, earlier_run), (fanned, chunk(1002.0, "host/2 (embeddings)", 2))):
+        stats.record(outcome, started=1000.0)
+    reused_only.record(earlier_run, started=1000.0)
+    page = report_html(run, fanned.replicas, started_at=1000.0)
+    assert "Where the time went" in page and ">384<" in page and ">90%<" in page
     assert "host/2" in page and "host/1" not in page
-    assert "No replica recorded" in report_html(run, 5.0, [earlier_run], started_at=1000.0)
+    assert "No replica reported" in report_html(run, reused_only.replicas, started_at=1000.0)

@@ -1,0 +1,222 @@
+"""A finished chunk's rows, joined with their answers, written as one Parquet part of the output dataset.
+
+A part holds its chunk's input rows as they were read (every column, nested types included, in
+order), then the answer column (text; a struct built from the JSON schema; or a fixed-size list of
+float32 for embeddings), the token counts (`num_input_tokens`, `num_generated_tokens`, as Ray Data
+LLM names them), the columns your `postprocess` adds, and `error`: null where the row succeeded,
+`code: reason` where it failed. Parts are named by chunk (`part-000000000.parquet`, ...), so reading
+the folder reads the rows in input order.
+"""
+
+from __future__ import annotations
+
+import array
+import base64
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from flyteplugins_batcher.jobs._table.options import RowFunction, TableOptions
+from flyteplugins_batcher.jobs._table.requests import RowError
+from flyteplugins_batcher.jobs._table.schema import arrow_type, structured_value
+from flyteplugins_batcher.replica import EmbeddingResult, ItemResult, JobOutcome
+
+ERROR_COLUMN = "error"
+INPUT_TOKENS = "num_input_tokens"
+OUTPUT_TOKENS = "num_generated_tokens"
+PART_NAME = "part-{:09d}.parquet"
+
+
+@dataclass
+class ChunkRows:
+    """One chunk's input rows, held while its requests run, and what became of each before it was sent.
+
+    Attributes:
+        index: The chunk's number (its part's name).
+        start: The number of its first row in the table (from 0).
+        table: Its input rows, as read.
+        errors: The rows that failed before they were sent, by position in the chunk.
+        sent: The positions of the rows that were sent, in the order of the chunk's items.
+    """
+
+    index: int
+    start: int
+    table: pa.Table
+    errors: dict[int, str] = field(default_factory=dict)
+    sent: list[int] = field(default_factory=list)
+
+
+@dataclass
+class RowAnswer:
+    """One row's answer: its value for the answer column, its token counts, and its error (None: it succeeded)."""
+
+    value: Any = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    error: str | None = None
+    truncated: int = 0
+    added: dict[str, Any] = field(default_factory=dict)
+
+
+class TableParts:
+    """Writes the output dataset's parts, one per finished chunk, in a folder.
+
+    Args:
+        folder: Where the parts go.
+        options: What the rows asked (the task, the answer column, the schema).
+        input_columns: The table's own columns (your `postprocess` cannot replace them).
+        postprocess: Your function from a row and its answer to the columns to add.
+
+    Example:
+        ```python
+        parts = TableParts(work, TableOptions(prompt="{q}"), ["q"], None)
+        answers = parts.answers(rows, outcome, reason="")
+        parts.write(rows, answers)
+        ```
+    """
+
+    def __init__(
+        self, folder: Path, options: TableOptions, input_columns: list[str], postprocess: RowFunction | None
+    ) -> None:
+        self.folder = folder
+        self.options = options
+        self.schema = options.schema()
+        self.postprocess = postprocess
+        self.own_columns = {*input_columns, *job_columns(options)}
+        self.dimensions = 0
+        self.paths: list[Path] = []
+
+    def answers(self, rows: ChunkRows, outcome: JobOutcome | None, reason: str) -> list[RowAnswer]:
+        """Each row's answer, in the chunk's order (your `postprocess` runs here, on the rows that succeeded)."""
+        answers = [RowAnswer(error=rows.errors.get(position)) for position in range(rows.table.num_rows)]
+        for item_position, position in enumerate(rows.sent):
+            result = outcome.results[item_position] if outcome is not None else None
+            answers[position] = self._answer(result, reason)
+        if self.postprocess is not None:
+            for row, answer in zip(rows.table.to_pylist(), answers, strict=True):
+                if answer.error is None:
+                    self._postprocess(row, answer)
+        return answers
+
+    def write(self, rows: ChunkRows, answers: list[RowAnswer]) -> Path:
+        """Write the chunk's part: its input rows, then the answers' columns."""
+        table = rows.table.replace_schema_metadata(_without_pandas(rows.table.schema.metadata))
+        for name, column in self._columns(answers).items():
+            table = table.append_column(name, column)
+        path = self.folder / PART_NAME.format(rows.index)
+        pq.write_table(table, path)
+        self.paths.append(path)
+        return path
+
+    def _answer(self, result: ItemResult | EmbeddingResult | None, reason: str) -> RowAnswer:
+        if result is None:
+            return RowAnswer(error=f"inference_failed: {reason}")
+        if result.error_code:
+            return RowAnswer(error=f"{result.error_code}: {result.error_message}")
+        if isinstance(result, EmbeddingResult):
+            vector = _floats(result.vectors[0])
+            self.dimensions = self.dimensions or len(vector)
+            return RowAnswer(vector, result.prompt_tokens, truncated=result.truncated)
+        answer = RowAnswer(result.text, result.prompt_tokens, result.completion_tokens)
+        if self.schema is not None:
+            try:
+                answer.value = structured_value(result.text, self.schema, result.finish_reason)
+            except RowError as error:
+                answer.value, answer.error = None, str(error)
+        return answer
+
+    def _postprocess(self, row: dict[str, Any], answer: RowAnswer) -> None:
+        """Your `postprocess`'s columns for a row that succeeded (a failure fails the row, its answer kept)."""
+        assert self.postprocess is not None
+        row[self.options.answer_column], row[INPUT_TOKENS] = answer.value, answer.input_tokens
+        if self.options.task == "generate":
+            row[OUTPUT_TOKENS] = answer.output_tokens
+        try:
+            added = self.postprocess(row)
+            if not isinstance(added, Mapping):
+                raise TypeError(f"postprocess must return a dict, got {type(added).__name__}")
+        except Exception as error:  # your function's failure fails its row, not the run
+            answer.error = f"postprocess_failed: {type(error).__name__}: {error}"
+            return
+        # The input's and the job's own columns are written as they are: Ray's `dict(answer=..., **row)` works.
+        answer.added = {name: value for name, value in added.items() if name not in self.own_columns}
+
+    def _columns(self, answers: list[RowAnswer]) -> dict[str, pa.Array]:
+        columns = {self.options.answer_column: pa.array([answer.value for answer in answers], self._answer_type())}
+        columns[INPUT_TOKENS] = pa.array([answer.input_tokens for answer in answers], pa.int64())
+        if self.options.task == "generate":
+            columns[OUTPUT_TOKENS] = pa.array([answer.output_tokens for answer in answers], pa.int64())
+        added = list(dict.fromkeys(name for answer in answers for name in answer.added))
+        for name in added:
+            columns[name] = _added_column(name, [answer.added.get(name) for answer in answers])
+        columns[ERROR_COLUMN] = pa.array([answer.error for answer in answers], pa.string())
+        return columns
+
+    def _answer_type(self) -> pa.DataType:
+        if self.options.task == "embed":
+            # Before the first vector its size is unknown: null, made the vector's type when the parts are joined.
+            return pa.list_(pa.float32(), self.dimensions) if self.dimensions else pa.null()
+        return arrow_type(self.schema) if self.schema is not None else pa.string()
+
+
+def job_columns(options: TableOptions) -> list[str]:
+    """The columns the job adds to every row (beside your `postprocess`'s)."""
+    tokens = [INPUT_TOKENS, OUTPUT_TOKENS] if options.task == "generate" else [INPUT_TOKENS]
+    return [options.answer_column, *tokens, ERROR_COLUMN]
+
+
+def _added_column(name: str, values: list[Any]) -> pa.Array:
+    try:
+        return pa.array(values)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as error:
+        raise ValueError(f"postprocess column {name!r} mixes values of different types ({error})") from None
+
+
+def _floats(encoded: str) -> list[float]:
+    """A vector sent as base64 of little-endian float32 bytes (how the embedding replica answers)."""
+    values = array.array("f", base64.b64decode(encoded))
+    if sys.byteorder != "little":
+        values.byteswap()
+    return values.tolist()
+
+
+def _without_pandas(metadata: dict[bytes, bytes] | None) -> dict[bytes, bytes] | None:
+    # pandas' metadata describes the whole frame it came from (its index's length, say), not one part of it.
+    return {key: value for key, value in metadata.items() if key != b"pandas"} if metadata else None
+
+
+def unify_parts(paths: list[Path]) -> None:
+    """Give every part the same columns and types, rewriting those that differ, so the folder reads as one table.
+
+    Parts differ where a chunk could not know a type (the vectors' size before the first vector) or
+    where your `postprocess` added columns to some chunks only; `error` stays the last column.
+
+    Raises:
+        ValueError: Two parts hold one column in types that cannot be one (the message names it).
+    """
+    schemas = [pq.read_schema(path) for path in paths]
+    if all(schema.equals(schemas[0]) for schema in schemas):
+        return
+    try:
+        unified = pa.unify_schemas(schemas, promote_options="permissive")
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as error:
+        raise ValueError(f"the output's parts do not agree on their columns' types: {error}") from None
+    error_field = unified.field(ERROR_COLUMN)
+    unified = unified.remove(unified.get_field_index(ERROR_COLUMN)).append(error_field)
+    for path, schema in zip(paths, schemas, strict=True):
+        if not schema.equals(unified):
+            table = pq.read_table(path)
+            columns = [_column_as(table, unified.field(name)) for name in unified.names]
+            pq.write_table(pa.Table.from_arrays(columns, schema=unified), path)
+
+
+def _column_as(table: pa.Table, wanted: pa.Field) -> pa.ChunkedArray:
+    """The part's column as the unified type, or nulls of it where the part lacks the column."""
+    if wanted.name not in table.column_names:
+        return pa.chunked_array([pa.nulls(table.num_rows, wanted.type)], wanted.type)
+    return table.column(wanted.name).cast(wanted.type)
