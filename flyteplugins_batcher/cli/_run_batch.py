@@ -40,7 +40,7 @@ def _engine_args(engine_args: str, max_num_seqs: int | None) -> str:
     return json.dumps(merged)
 
 
-def _line_kinds(path: Path, sample: int = 64) -> set[str]:
+def line_kinds(path: Path, sample: int = 64) -> set[str]:
     """What the file's first lines ask for: "generation", "embedding" (unreadable lines say nothing)."""
     kinds: set[str] = set()
     with path.open("rb") as lines:
@@ -60,7 +60,7 @@ def _preload(inputs: dict[str, Any], input_path: Path) -> None:
     The job's first chunk finds the model loading (or loaded) under the same settings, in this
     process's replica: the load overlaps the rest of the start-up instead of following it.
     """
-    if "generation" not in _line_kinds(input_path):
+    if "generation" not in line_kinds(input_path):
         return
     settings = EngineSettings(**{name: inputs[name] for name in _ENGINE_FIELDS if name in inputs})
     LLMReplica.of_process().shared.preload(settings)

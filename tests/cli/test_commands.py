@@ -185,11 +185,11 @@ def test_run_batch_starts_loading_the_model_before_the_job_and_the_job_uses_that
 
 
 def test_a_file_of_embeddings_alone_preloads_no_llm(tmp_path: Path):
-    from flyteplugins_batcher.cli._run_batch import _line_kinds
+    from flyteplugins_batcher.cli._run_batch import line_kinds
 
     embedding = {"custom_id": "e", "url": "/v1/embeddings", "body": {"input": "x"}}
     path = tmp_path / "requests.jsonl"
     path.write_text(json.dumps(embedding) + "\n{broken\n")
-    assert _line_kinds(path) == {"embedding"}
+    assert line_kinds(path) == {"embedding"}
     path.write_text(json.dumps(embedding) + "\n" + chat("a", "hi") + "\n")
-    assert _line_kinds(path) == {"embedding", "generation"}
+    assert line_kinds(path) == {"embedding", "generation"}
