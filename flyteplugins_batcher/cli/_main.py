@@ -12,6 +12,11 @@ import rich_click as click
 
 COMMANDS = {
     "run-batch": ("flyteplugins_batcher.cli._run_batch", "run_batch", "Run an OpenAI-batch JSONL file locally."),
+    "run-table": (
+        "flyteplugins_batcher.cli._run_table",
+        "run_table_command",
+        "Answer (or embed) every row of a table locally.",
+    ),
     "serve": ("flyteplugins_batcher.cli._serve", "serve", "Serve the OpenAI-compatible API on this machine."),
     "gsm8k": ("flyteplugins_batcher.cli._gsm8k", "gsm8k", "Solve gsm8k with batched LLM inference (the demo)."),
 }
@@ -38,7 +43,7 @@ class LazyGroup(click.RichGroup):
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="flyteplugins-batcher", prog_name="flyteplugins-batcher")
 def batcher() -> None:
-    """Batch inference that keeps GPUs busy: run batch files, serve the OpenAI API, or try it on gsm8k."""
+    """Batch inference that keeps GPUs busy: run batch files and tables, serve the OpenAI API, or try it on gsm8k."""
 
 
 def main() -> None:

@@ -8,7 +8,6 @@ takes run here unchanged, but for `-o`, which names a folder here.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -16,28 +15,12 @@ from typing import Any
 import rich_click as click
 
 from flyteplugins_batcher.batch_api import EMBEDDINGS_ENDPOINT
+from flyteplugins_batcher.cli._engine_flags import VLLM_FLAGS, apply_vllm_flags, preload, vllm_flags
 from flyteplugins_batcher.cli._options import given, input_options
 from flyteplugins_batcher.cli._run import local_file, run_locally
 from flyteplugins_batcher.jobs import run_batch_file
-from flyteplugins_batcher.replica import EngineSettings, LLMReplica
 
 _JOB = run_batch_file.func
-_VLLM_FLAGS = ("enforce_eager",)  # a boolean flag in vLLM, a text field of the job
-_ENGINE_FIELDS = tuple(field.name for field in dataclasses.fields(EngineSettings))  # the job's inputs spread them
-
-
-def _engine_args(engine_args: str, max_num_seqs: int | None) -> str:
-    """The job's `engine_args` JSON with `--max-num-seqs` merged in (vLLM's option of that name)."""
-    if max_num_seqs is None:
-        return engine_args
-    try:
-        merged: dict[str, Any] = json.loads(engine_args) if engine_args.strip() else {}
-    except json.JSONDecodeError as error:
-        raise click.BadParameter(f"not a JSON object: {error.msg}", param_hint="--engine-args") from None
-    if not isinstance(merged, dict):
-        raise click.BadParameter("must be a JSON object", param_hint="--engine-args")
-    merged["max_num_seqs"] = max_num_seqs
-    return json.dumps(merged)
 
 
 def line_kinds(path: Path, sample: int = 64) -> set[str]:
@@ -52,18 +35,6 @@ def line_kinds(path: Path, sample: int = 64) -> set[str]:
             if isinstance(request, dict):
                 kinds.add("embedding" if request.get("url") == EMBEDDINGS_ENDPOINT else "generation")
     return kinds
-
-
-def _preload(inputs: dict[str, Any], input_path: Path) -> None:
-    """Start loading the LLM now, while flyte starts and the file is read, when the file's lines need it.
-
-    The job's first chunk finds the model loading (or loaded) under the same settings, in this
-    process's replica: the load overlaps the rest of the start-up instead of following it.
-    """
-    if "generation" not in line_kinds(input_path):
-        return
-    settings = EngineSettings(**{name: inputs[name] for name in _ENGINE_FIELDS if name in inputs})
-    LLMReplica.of_process().shared.preload(settings)
 
 
 def _output_dir(value: Path) -> Path:
@@ -93,20 +64,8 @@ def _output_dir(value: Path) -> Path:
     type=click.Path(file_okay=False, path_type=Path),
     help="The folder for results.jsonl and errors.jsonl (created; existing files are replaced).",
 )
-@click.option(
-    "--enforce-eager/--no-enforce-eager",
-    default=None,
-    show_default="the device's: eager on CPU",
-    help="Skip vLLM's graph compilation.",
-)
-@click.option(
-    "--max-num-seqs",
-    type=int,
-    default=None,
-    show_default="vLLM's",
-    help="vLLM's sequences per step (into --engine-args).",
-)
-@input_options(_JOB, skip=("input", "output_dir", *_VLLM_FLAGS))
+@vllm_flags
+@input_options(_JOB, skip=("input", "output_dir", *VLLM_FLAGS))
 def run_batch(
     input_path: Path, output_folder: Path, enforce_eager: bool | None, max_num_seqs: int | None, **options: Any
 ) -> None:
@@ -117,12 +76,10 @@ def run_batch(
     line fails alone. Running it again resumes: finished chunks are reused (--no-resume recomputes).
     Exits non-zero when more requests failed than --max-failed-fraction allows.
     """
-    inputs = given(options, _JOB)
-    inputs["engine_args"] = _engine_args(inputs.get("engine_args", ""), max_num_seqs)
-    if enforce_eager is not None:
-        inputs["enforce_eager"] = "true" if enforce_eager else "false"
+    inputs = apply_vllm_flags(given(options, _JOB), enforce_eager, max_num_seqs)
     folder = _output_dir(output_folder).resolve()
-    _preload(inputs, input_path)
+    if "generation" in line_kinds(input_path):  # the model loads while flyte starts and the file is read
+        preload(inputs)
     summary = run_locally(run_batch_file, input=local_file(input_path), output_dir=str(folder), **inputs)
     click.echo(f"results: {folder / 'results.jsonl'} ({summary.answered} lines)")
     click.echo(f"errors: {folder / 'errors.jsonl'} ({summary.failed} lines)")

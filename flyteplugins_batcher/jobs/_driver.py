@@ -69,16 +69,17 @@ class RunOptions:
     defaults.
 
     Attributes:
-        chunk_size: Requests per replica call (a chunk is what Flyte caches and retries).
+        chunk_size: Requests (a table's rows) per replica call (a chunk is what Flyte caches and retries).
         max_chunks_in_flight: Chunks outstanding at once over all replicas (bounds the driver's memory); 0:
             replicas x concurrency of the replicas' environment, which fills every replica's slots, so that
             adding replicas adds work in flight.
-        max_failed_fraction: Share of requests that may fail before the run exits non-zero (everything that
-            finished is written first).
+        max_failed_fraction: Share of requests (rows) that may fail before the run exits non-zero (everything
+            that finished is written first).
         resume: Reuse chunks finished by an earlier run with the same requests and settings (--no-resume
             computes everything again).
-        output_dir: Where the results and errors files go: a local folder, a file:// URI or a remote URI (s3://,
-            gs://, abfs://, abfss://), checked before any inference; empty: the run's own Flyte storage.
+        output_dir: Where the output goes (the results and errors files; a table's Parquet dataset): a local
+            folder, a file:// URI or a remote URI (s3://, gs://, abfs://, abfss://), checked before any
+            inference; empty: the run's own Flyte storage.
     """
 
     chunk_size: int = 8

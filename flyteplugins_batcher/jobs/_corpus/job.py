@@ -4,7 +4,7 @@
     flyte run --local workflows/embed.py main --corpus docs.jsonl   # {"id"?, "text"} per line, or a .txt file
     EMBED_MODEL=BAAI/bge-small-en-v1.5 flyte run workflows/embed.py main --corpus s3://bucket/docs.jsonl
 
-`embed_corpus` is `run_table` with `task="embed"` over the `text` column of a corpus: a JSONL file
+`embed_corpus` is `run_table` with `task_type="embed"` over the `text` column of a corpus: a JSONL file
 of `{"id"?, "text"}` lines (any other fields are kept too), or a text file with one document per
 line, read as `id` (its line number) and `text`. Its chunks go to `embed_requests` on the embedding
 replicas, where every concurrent call feeds the replica's one batched function, which forms batches
@@ -54,7 +54,7 @@ async def embed_corpus(
             exits non-zero; the output is written either way.
         resume: Reuse chunks embedded by an earlier run with the same documents.
     """
-    options = TableOptions(task="embed", column="text", embedding_chunk_size=chunk_size)
+    options = TableOptions(task_type="embed", column="text", embedding_chunk_size=chunk_size)
     run = RunOptions(
         chunk_size=chunk_size, max_failed_fraction=max_failed_fraction, resume=resume, output_dir=output_dir
     )

@@ -72,7 +72,7 @@ class TableJob:
         for rows in self._chunk_rows():
             items = self._items(rows)
             self._waiting[rows.index] = rows
-            if self.requests.options.task == "embed":
+            if self.requests.options.task_type == "embed":
                 yield EmbeddingChunk(rows.index, [item for item in items if isinstance(item, EmbeddingItem)])
             else:
                 yield RequestChunk(rows.index, [item for item in items if isinstance(item, RequestItem)])

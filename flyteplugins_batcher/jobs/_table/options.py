@@ -19,7 +19,7 @@ Row = dict[str, Any]
 RowFunction = Callable[[Row], Mapping[str, Any]]
 """A `preprocess` (a row to its request) or a `postprocess` (a row and its answer to columns to add)."""
 
-TASKS = ("generate", "embed")
+TASK_TYPES = ("generate", "embed")
 DEFAULT_COLUMNS = {"generate": "generated_text", "embed": "embedding"}
 """The answer's column when `output_column` is empty, named as Ray Data LLM names it."""
 
@@ -29,8 +29,8 @@ class TableOptions:
     """What each row of a table asks, and where its answer goes.
 
     Attributes:
-        task: "generate" (an LLM answer per row, on the LLM replicas) or "embed" (a vector per row from
-            `column`, on the embedding replicas).
+        task_type: "generate" (an LLM answer per row, on the LLM replicas) or "embed" (a vector per row from
+            `column`, on the embedding replicas), as Ray Data LLM's processor config names it.
         prompt: The user message, as a template over the row's columns in Python's format syntax:
             "Answer briefly: {question}" ({{ and }} for literal braces). A row whose column is null, or a
             template naming a column the row lacks, fails alone.
@@ -49,7 +49,7 @@ class TableOptions:
         embedding_chunk_size: Rows per chunk sent to an embedding replica ("embed"; "generate" uses chunk_size).
     """
 
-    task: str = "generate"
+    task_type: str = "generate"
     prompt: str = ""
     messages_column: str = ""
     column: str = ""
@@ -65,13 +65,13 @@ class TableOptions:
         Raises:
             ValueError: An unknown task, no way (or two ways) to make a row's request, or a bad chunk size.
         """
-        if self.task not in TASKS:
-            raise ValueError(f"task must be 'generate' or 'embed', got {self.task!r}")
+        if self.task_type not in TASK_TYPES:
+            raise ValueError(f"task_type must be 'generate' or 'embed', got {self.task_type!r}")
         if self.embedding_chunk_size < 1:
             raise ValueError(f"embedding_chunk_size must be >= 1, got {self.embedding_chunk_size}")
-        if self.task == "embed":
+        if self.task_type == "embed":
             if not self.column:
-                raise ValueError("task='embed' needs the column to embed: column='text', say (--column text)")
+                raise ValueError("task_type='embed' needs the column to embed: column='text', say (--column text)")
             return
         ways = {"prompt": self.prompt, "messages_column": self.messages_column, "column": self.column}
         ways["preprocess"] = self.preprocess
@@ -83,7 +83,7 @@ class TableOptions:
     @property
     def answer_column(self) -> str:
         """The column the answers go to."""
-        return self.output_column or DEFAULT_COLUMNS[self.task]
+        return self.output_column or DEFAULT_COLUMNS[self.task_type]
 
     def schema(self) -> dict[str, Any] | None:
         """The JSON schema answers follow, if `response_format` gives one.

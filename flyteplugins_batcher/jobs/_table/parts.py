@@ -134,7 +134,7 @@ class TableParts:
         """Your `postprocess`'s columns for a row that succeeded (a failure fails the row, its answer kept)."""
         assert self.postprocess is not None
         row[self.options.answer_column], row[INPUT_TOKENS] = answer.value, answer.input_tokens
-        if self.options.task == "generate":
+        if self.options.task_type == "generate":
             row[OUTPUT_TOKENS] = answer.output_tokens
         try:
             added = self.postprocess(row)
@@ -149,7 +149,7 @@ class TableParts:
     def _columns(self, answers: list[RowAnswer]) -> dict[str, pa.Array]:
         columns = {self.options.answer_column: pa.array([answer.value for answer in answers], self._answer_type())}
         columns[INPUT_TOKENS] = pa.array([answer.input_tokens for answer in answers], pa.int64())
-        if self.options.task == "generate":
+        if self.options.task_type == "generate":
             columns[OUTPUT_TOKENS] = pa.array([answer.output_tokens for answer in answers], pa.int64())
         added = list(dict.fromkeys(name for answer in answers for name in answer.added))
         for name in added:
@@ -158,7 +158,7 @@ class TableParts:
         return columns
 
     def _answer_type(self) -> pa.DataType:
-        if self.options.task == "embed":
+        if self.options.task_type == "embed":
             # Before the first vector its size is unknown: null, made the vector's type when the parts are joined.
             return pa.list_(pa.float32(), self.dimensions) if self.dimensions else pa.null()
         return arrow_type(self.schema) if self.schema is not None else pa.string()
@@ -166,7 +166,7 @@ class TableParts:
 
 def job_columns(options: TableOptions) -> list[str]:
     """The columns the job adds to every row (beside your `postprocess`'s)."""
-    tokens = [INPUT_TOKENS, OUTPUT_TOKENS] if options.task == "generate" else [INPUT_TOKENS]
+    tokens = [INPUT_TOKENS, OUTPUT_TOKENS] if options.task_type == "generate" else [INPUT_TOKENS]
     return [options.answer_column, *tokens, ERROR_COLUMN]
 
 

@@ -28,7 +28,7 @@ class TableProcessor(TableOptions):
     Chunks go to the LLM replicas (`gpu_env`, task `infer_chunk`) or the embedding replicas
     (`embed_env`), so your task's environment depends on them: `depends_on=processor.replicas`.
 
-    Its other fields are `run_table`'s inputs of those names (`task`, `prompt`, `messages_column`,
+    Its other fields are `run_table`'s inputs of those names (`task_type`, `prompt`, `messages_column`,
     `column`, `output_column`, `response_format`, `embedding_chunk_size`). A processor pickles
     (with module-level functions, or lambdas through cloudpickle), so `flyte deploy` can version
     a module that holds one.
@@ -73,7 +73,7 @@ class TableProcessor(TableOptions):
     @property
     def replicas(self) -> list[flyte.TaskEnvironment]:
         """The replicas' environments this processor sends chunks to: your task's environment depends on them."""
-        return [embed_env] if self.task == "embed" else [gpu_env]
+        return [embed_env] if self.task_type == "embed" else [gpu_env]
 
     async def __call__(self, table: Any) -> DataFrame:
         """The table with each row's answer (every input column, the answer, token counts, `error`), in row order.

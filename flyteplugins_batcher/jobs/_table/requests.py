@@ -70,7 +70,7 @@ class RowRequests:
         Raises:
             RowError: The row cannot make its request; it fails alone.
         """
-        if self.options.task == "embed":
+        if self.options.task_type == "embed":
             return EmbeddingItem(row_key(number), [_text(row, self.options.column)])
         body = self._body(row)
         if self.schema is not None:

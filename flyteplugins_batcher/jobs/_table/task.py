@@ -100,11 +100,11 @@ class TableRun:
     @property
     def pool(self) -> ReplicaPool:
         """The replicas the chunks go to."""
-        return EMBED_POOL if self.options.task == "embed" else LLM_POOL
+        return EMBED_POOL if self.options.task_type == "embed" else LLM_POOL
 
     @property
     def chunk_size(self) -> int:
-        return self.options.embedding_chunk_size if self.options.task == "embed" else self.run.chunk_size
+        return self.options.embedding_chunk_size if self.options.task_type == "embed" else self.run.chunk_size
 
 
 async def run_table_job(
@@ -162,7 +162,7 @@ async def _start(table: Any, plan: TableRun) -> tuple[TableJob, WorkFolder]:
 def _sender(plan: TableRun, started: float) -> Callable[[JobChunk], Awaitable[JobOutcome]]:
     """What `fan_out` calls per chunk: the replica's task (a chunk reused from an earlier run has its failures
     sent again); a chunk whose rows all failed before they were sent is answered here."""
-    embedding_model = EmbeddingModel().name if plan.options.task == "embed" else ""
+    embedding_model = EmbeddingModel().name if plan.options.task_type == "embed" else ""
 
     def infer(chunk: JobChunk, cache_salt: str) -> Awaitable[JobOutcome]:
         if isinstance(chunk, EmbeddingChunk):
@@ -192,7 +192,7 @@ async def _finish(job: TableJob, fanned: FanOutStats, work: WorkFolder, plan: Ta
     except PublishError as error:  # the parts stay in the work folder, where the summary points
         where, unpublished = str(work.path), error
     summary = _summary(job, fanned, where)
-    warning = occupancy_warning(fanned, plan.run, plan.pool) if plan.options.task == "generate" else ""
+    warning = occupancy_warning(fanned, plan.run, plan.pool) if plan.options.task_type == "generate" else ""
     await job.progress.finish(report_html(summary, fanned.replicas, warning, fanned.started_at or None))
     print(summary_line(summary, plan.noun), flush=True)
     if warning:
@@ -208,7 +208,7 @@ async def _finish(job: TableJob, fanned: FanOutStats, work: WorkFolder, plan: Ta
 def _summary(job: TableJob, fanned: FanOutStats, where: str) -> TableSummary:
     counts = job.counts
     busiest = max(fanned.replicas, key=lambda replica: replica.records, default=None)
-    embedded = job.parts.options.task == "embed"
+    embedded = job.parts.options.task_type == "embed"
     return TableSummary(
         source=job.source.description,
         rows=counts.done,

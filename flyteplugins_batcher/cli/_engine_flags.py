@@ -1,0 +1,72 @@
+"""What the commands that run an LLM job share: vLLM's spellings of two engine options, and loading the model early.
+
+- `--enforce-eager/--no-enforce-eager`: a boolean flag in vLLM, a text field of the jobs' `EngineSettings`.
+- `--max-num-seqs`: vLLM's option of that name, merged into `--engine-args`.
+- `preload`: the model starts loading while flyte starts and the input is read; the job's first chunk
+  finds it loading (or loaded) under the same settings, in this process's replica.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from typing import Any
+
+import rich_click as click
+
+from flyteplugins_batcher.replica import EngineSettings, LLMReplica
+
+VLLM_FLAGS = ("enforce_eager",)
+"""Job inputs that the commands spell as vLLM does (a boolean flag here, text in the job)."""
+
+_ENGINE_FIELDS = tuple(field.name for field in dataclasses.fields(EngineSettings))  # the jobs' inputs spread them
+
+
+def vllm_flags(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Add `--enforce-eager/--no-enforce-eager` and `--max-num-seqs` to a command (`apply_vllm_flags` reads them)."""
+    command = click.option(
+        "--max-num-seqs",
+        type=int,
+        default=None,
+        show_default="vLLM's",
+        help="vLLM's sequences per step (into --engine-args).",
+    )(command)
+    return click.option(
+        "--enforce-eager/--no-enforce-eager",
+        default=None,
+        show_default="the device's: eager on CPU",
+        help="Skip vLLM's graph compilation.",
+    )(command)
+
+
+def apply_vllm_flags(inputs: dict[str, Any], enforce_eager: bool | None, max_num_seqs: int | None) -> dict[str, Any]:
+    """The job's inputs with the two vLLM flags written in: `enforce_eager` as text, `max_num_seqs` into `engine_args`.
+
+    Raises:
+        click.BadParameter: `--engine-args` is not a JSON object.
+    """
+    inputs["engine_args"] = _engine_args(inputs.get("engine_args", ""), max_num_seqs)
+    if enforce_eager is not None:
+        inputs["enforce_eager"] = "true" if enforce_eager else "false"
+    return inputs
+
+
+def preload(inputs: dict[str, Any]) -> None:
+    """Start loading the LLM the job's inputs ask for, in this process's replica, now."""
+    settings = EngineSettings(**{name: inputs[name] for name in _ENGINE_FIELDS if name in inputs})
+    LLMReplica.of_process().shared.preload(settings)
+
+
+def _engine_args(engine_args: str, max_num_seqs: int | None) -> str:
+    """The job's `engine_args` JSON with `--max-num-seqs` merged in (vLLM's option of that name)."""
+    if max_num_seqs is None:
+        return engine_args
+    try:
+        merged: dict[str, Any] = json.loads(engine_args) if engine_args.strip() else {}
+    except json.JSONDecodeError as error:
+        raise click.BadParameter(f"not a JSON object: {error.msg}", param_hint="--engine-args") from None
+    if not isinstance(merged, dict):
+        raise click.BadParameter("must be a JSON object", param_hint="--engine-args")
+    merged["max_num_seqs"] = max_num_seqs
+    return json.dumps(merged)
