@@ -16,22 +16,13 @@ and `error` (null, or why the document failed: an empty one, say).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from dataclasses import replace
-from pathlib import Path
-
-import pyarrow as pa
 
 from flyteplugins_batcher.jobs._driver import RunOptions
 from flyteplugins_batcher.jobs._options import task_with_options
 from flyteplugins_batcher.jobs._table.options import TableOptions
-from flyteplugins_batcher.jobs._table.source import TableSource, open_table
 from flyteplugins_batcher.jobs._table.summary import TableSummary
-from flyteplugins_batcher.jobs._table.task import run_table_job, table_driver_env
+from flyteplugins_batcher.jobs._table.task import table_driver_env
 from flyteplugins_batcher.replica import EngineSettings
-
-SAMPLE_CORPUS = Path(__file__).resolve().parents[1] / "data" / "embed_sample.jsonl"
-_LINES = pa.schema([("id", pa.string()), ("text", pa.string())])
 
 
 @task_with_options(table_driver_env, report=True)
@@ -54,43 +45,13 @@ async def embed_corpus(
             exits non-zero; the output is written either way.
         resume: Reuse chunks embedded by an earlier run with the same documents.
     """
+    # Arrow's modules: the driver image has them, the replicas' images (which import this one) may not.
+    from flyteplugins_batcher.jobs._corpus.lines import corpus_table
+    from flyteplugins_batcher.jobs._table.driver import run_table_job
+
     options = TableOptions(task_type="embed", column="text", embedding_chunk_size=chunk_size)
     run = RunOptions(
         chunk_size=chunk_size, max_failed_fraction=max_failed_fraction, resume=resume, output_dir=output_dir
     )
     source = await asyncio.to_thread(corpus_table, corpus)
     return await run_table_job(source, options, run, EngineSettings(), noun="documents")
-
-
-def corpus_table(corpus: str) -> TableSource:
-    """The corpus as a table: our sample, a JSONL file, or a text file's lines (`id`, `text`), local or remote.
-
-    Raises:
-        FileNotFoundError: A local path that names no file.
-    """
-    path = str(SAMPLE_CORPUS) if corpus == "sample" else corpus
-    if "://" not in path:
-        path = str(Path(path).expanduser())
-        if not Path(path).is_file():
-            raise FileNotFoundError(f"corpus {corpus!r} is not 'sample', an existing file, or a URI")
-    if path.endswith(".txt"):
-        return TableSource(corpus, _LINES, None, lambda rows: _lines(path, rows))
-    return replace(open_table(path), description=corpus)
-
-
-def _lines(path: str, rows: int) -> Iterator[pa.RecordBatch]:
-    """A text file's lines as record batches of `id` (the line's number, from 1) and `text`."""
-    import flyte.storage
-
-    ids: list[str] = []
-    texts: list[str] = []
-    filesystem = flyte.storage.get_underlying_filesystem(path=path)  # this machine's, or an object store's
-    with filesystem.open(path, "r", encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
-            ids.append(str(number))
-            texts.append(line.rstrip("\n"))
-            if len(ids) == rows:
-                yield pa.record_batch([ids, texts], schema=_LINES)
-                ids, texts = [], []
-    if ids:
-        yield pa.record_batch([ids, texts], schema=_LINES)

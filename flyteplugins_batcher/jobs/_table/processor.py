@@ -13,7 +13,6 @@ from flyteplugins_batcher.jobs._driver import RunOptions
 from flyteplugins_batcher.jobs._environments import LLM_SIZING, embed_env, gpu_env
 from flyteplugins_batcher.jobs._table.options import RowFunction, TableOptions
 from flyteplugins_batcher.jobs._table.summary import TableSummary
-from flyteplugins_batcher.jobs._table.task import run_table_job
 from flyteplugins_batcher.replica import EngineSettings
 
 
@@ -86,4 +85,6 @@ class TableProcessor(TableOptions):
 
     async def process(self, table: Any) -> TableSummary:
         """What `__call__` does, returning the run's summary (counts, throughput, and the output as `output`)."""
+        from flyteplugins_batcher.jobs._table.driver import run_table_job  # Arrow's: the replicas' images have none
+
         return await run_table_job(table, self, self.run, self.settings)
