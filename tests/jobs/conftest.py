@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -114,18 +115,32 @@ class CountingBatcher:
         real = engine.generate
 
         def generate(records: list[Any]) -> list[Any]:
-            texts = [prompt_text(record) for record in records]
-            if any(self.fail_when(text) for text in texts):
-                raise self.error("the GPU fell off the bus")
-            self.prompts.extend(texts)
-            runnable = [record for record, text in zip(records, texts, strict=True) if not self.refuse_when(text)]
-            answers = iter(real(runnable) if runnable else [])
-            refusal = InvalidResponseFormatError("response_format needs xgrammar: pip install xgrammar")
-            return [refusal if self.refuse_when(text) else next(answers) for text in texts]
+            texts, runnable = self._admit(records)
+            return self._answers(texts, real(runnable) if runnable else [])
+
+        async def generate_async(records: list[Any]) -> list[Any]:  # a streaming engine's (vLLM's, simulated)
+            texts, runnable = self._admit(records)
+            return self._answers(texts, await real(runnable) if runnable else [])
 
         return TokenBatcher(
-            inference_fn=generate, token_estimator=engine.estimate_tokens, on_error="split", max_batch_size=16
+            inference_fn=generate_async if inspect.iscoroutinefunction(real) else generate,
+            token_estimator=engine.estimate_tokens,
+            on_error="split",
+            max_batch_size=16,
         )
+
+    def _admit(self, records: list[Any]) -> tuple[list[str], list[Any]]:
+        """The batch's prompt texts, and the records to send to the engine (a batch that must fail raises)."""
+        texts = [prompt_text(record) for record in records]
+        if any(self.fail_when(text) for text in texts):
+            raise self.error("the GPU fell off the bus")
+        self.prompts.extend(texts)
+        return texts, [record for record, text in zip(records, texts, strict=True) if not self.refuse_when(text)]
+
+    def _answers(self, texts: list[str], outcomes: list[Any]) -> list[Any]:
+        answers = iter(outcomes)
+        refusal = InvalidResponseFormatError("response_format needs xgrammar: pip install xgrammar")
+        return [refusal if self.refuse_when(text) else next(answers) for text in texts]
 
 
 def prompt_text(record: Any) -> str:

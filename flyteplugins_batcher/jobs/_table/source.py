@@ -14,6 +14,7 @@ What a table can be:
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -22,12 +23,17 @@ from typing import Any
 
 import pyarrow as pa
 
+from flyteplugins_batcher.jobs._gsm8k import hub_reachable
+
 BatchReader = Callable[[int], Iterator[pa.RecordBatch]]
 """Reads a table from its start: record batches of at most the rows asked for, in row order."""
 
 _FORMATS = {".parquet": "parquet", ".pq": "parquet", ".parq": "parquet", ".csv": "csv", ".jsonl": "json"}
-_FORMATS |= {".json": "json", ".ndjson": "json", "": "parquet"}  # "": flyte writes a DataFrame as `00000`
+_FORMATS |= {".json": "json", ".ndjson": "json"}
+_NO_SUFFIX = "parquet"
+"""A file without a suffix in a folder: what flyte writes a DataFrame as (`00000`)."""
 _HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?(:[\w.-]+){0,2}$")
+_OFFLINE = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
 _HUB_HELP = (
     "Where the Hub is reachable, save it with `datasets.load_dataset(...).save_to_disk(PATH)` or "
     "`.to_parquet(PATH)` and pass PATH"
@@ -122,7 +128,7 @@ def _named(text: str) -> TableSource:
     saved, _, split = text.rpartition(":")
     if saved and Path(saved).expanduser().is_dir():
         return _saved_dataset(str(Path(saved).expanduser()), split)
-    if _HUB_NAME.match(text) and Path(text).suffix not in _FORMATS:
+    if _HUB_NAME.match(text) and Path(text).suffix.lower() not in _FORMATS:  # a file's name is no dataset's
         return _hub(text)
     raise FileNotFoundError(f"input {text!r}: no file or folder at {local.resolve()}")
 
@@ -176,6 +182,8 @@ def _format_of(filesystem: Any, path: str, uri: str) -> str:
 
 def _suffix_format(name: str, uri: str) -> str:
     suffix = Path(name).suffix.lower()
+    if not suffix:
+        return _NO_SUFFIX
     if suffix not in _FORMATS:
         raise ValueError(
             f"input {uri!r}: cannot read {Path(name).name!r} as a table; give .parquet, .csv or .jsonl files, or a "
@@ -204,6 +212,12 @@ def _hub(name: str) -> TableSource:
 
     repository, *rest = name.split(":")
     config, split = (rest[0], rest[1]) if len(rest) == 2 else (None, rest[0] if rest else None)
+    offline = any(os.environ.get(name, "").lower() in ("1", "true", "yes") for name in _OFFLINE)
+    if not offline and not hub_reachable():  # else `datasets` retries for half a minute before it fails
+        raise ValueError(
+            f"cannot load {repository!r} from the Hugging Face Hub: it is out of reach (offline?). {_HUB_HELP}; or, "
+            "with the dataset in your Hugging Face cache, set HF_HUB_OFFLINE=1."
+        )
     try:
         loaded = datasets.load_dataset(repository, config, split=split)
     except Exception as error:  # offline, not found, no such config: all end the run before any inference
