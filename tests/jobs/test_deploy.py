@@ -43,7 +43,8 @@ def test_driver_task_specs_are_plain_tasks():
     for env, task in (
         (jobs.gsm8k_driver_env, jobs.solve_gsm8k),
         (jobs.jsonl_driver_env, jobs.run_batch_file),
-        (jobs.embed_driver_env, jobs.embed_corpus),
+        (jobs.table_driver_env, jobs.run_table),
+        (jobs.table_driver_env, jobs.embed_corpus),
     ):
         template = spec_of(env, task.short_name).task_template
         assert not template.HasField("reuse_policy")
@@ -54,16 +55,26 @@ def test_the_deploy_plan_covers_each_driver_and_the_replicas_it_calls():
     for driver, replicas in (
         (jobs.gsm8k_driver_env, [jobs.gpu_env]),
         (jobs.jsonl_driver_env, [jobs.gpu_env, jobs.embed_env]),  # chat and embedding lines
-        (jobs.embed_driver_env, [jobs.embed_env]),
+        (jobs.table_driver_env, [jobs.gpu_env, jobs.embed_env]),  # a table's answers or its embeddings
     ):
         (plan,) = plan_deploy(driver)
         assert set(plan.envs) == {driver.name, *(env.name for env in replicas)}
 
 
+def test_a_task_of_your_own_with_a_processor_deploys_with_the_replicas_it_sends_rows_to():
+    for processor, replicas in (
+        (jobs.TableProcessor(prompt="{question}"), jobs.gpu_env),
+        (jobs.TableProcessor(task_type="embed", column="text"), jobs.embed_env),
+    ):
+        mine = flyte.TaskEnvironment(f"mine_{replicas.name}", depends_on=processor.replicas)
+        (plan,) = plan_deploy(mine)
+        assert set(plan.envs) == {mine.name, replicas.name}
+
+
 def test_each_environment_runs_on_the_image_defined_for_its_side():
     assert jobs.gpu_env.image == images.GPU_SPEC.image()
     assert jobs.embed_env.image == images.EMBED_SPEC.image()
-    for driver in (jobs.gsm8k_driver_env, jobs.jsonl_driver_env, jobs.embed_driver_env):
+    for driver in (jobs.gsm8k_driver_env, jobs.jsonl_driver_env, jobs.table_driver_env):
         assert driver.image == images.DRIVER_SPEC.image()
 
 
@@ -117,7 +128,7 @@ pool = jobs.gpu_env.reusable
 print(json.dumps({
     "replicas": pool.replicas, "concurrency": pool.concurrency, "gpu": str(jobs.gpu_env.resources.gpu),
     "images": [uri(env.image) for env in (jobs.gpu_env, jobs.gsm8k_driver_env, jobs.jsonl_driver_env,
-                                           jobs.embed_env, jobs.embed_driver_env)],
+                                           jobs.embed_env, jobs.table_driver_env)],
 }))
 """
 
