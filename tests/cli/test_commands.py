@@ -12,12 +12,13 @@ import pytest
 
 from flyteplugins_batcher.cli._gsm8k import gsm8k
 from flyteplugins_batcher.cli._run_batch import run_batch
+from flyteplugins_batcher.cli._run_table import run_table_command
 from flyteplugins_batcher.cli._serve import serve
-from flyteplugins_batcher.jobs import run_batch_file, solve_gsm8k
+from flyteplugins_batcher.jobs import run_batch_file, run_table, solve_gsm8k
 
 BIN = Path(sys.executable).parent
 SIMULATED = ("--engine", "simulated", "--engine-args", '{"time_scale": 0.05}')
-COMMANDS = ("run-batch", "serve", "gsm8k")
+COMMANDS = ("run-batch", "run-table", "serve", "gsm8k")
 
 
 def cli(*arguments: str, cwd: Path | None = None, program: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
@@ -56,6 +57,7 @@ def test_every_way_in_lists_the_same_commands(program: tuple[str, ...]):
     for command in COMMANDS:
         assert command in result.stdout
     assert cli("run-batch", "--help", program=program).returncode == 0
+    assert cli("run-table", "--help", program=program).returncode == 0
 
 
 def test_the_group_imports_no_command_until_one_runs():
@@ -69,8 +71,12 @@ def test_the_group_imports_no_command_until_one_runs():
 
 @pytest.mark.parametrize(
     ("command", "job", "own"),
-    [(run_batch, run_batch_file.func, {"input", "output_dir"}), (gsm8k, solve_gsm8k.func, {"output_dir"})],
-    ids=["run-batch", "gsm8k"],
+    [
+        (run_batch, run_batch_file.func, {"input", "output_dir"}),
+        (run_table_command, run_table.func, {"input", "output_dir", "response_format"}),
+        (gsm8k, solve_gsm8k.func, {"output_dir"}),
+    ],
+    ids=["run-batch", "run-table", "gsm8k"],
 )
 def test_a_job_command_has_a_flag_for_every_input_of_its_job_with_the_jobs_default(command, job, own):
     import inspect
@@ -193,3 +199,66 @@ def test_a_file_of_embeddings_alone_preloads_no_llm(tmp_path: Path):
     assert line_kinds(path) == {"embedding"}
     path.write_text(json.dumps(embedding) + "\n" + chat("a", "hi") + "\n")
     assert line_kinds(path) == {"embedding", "generation"}
+
+
+HOOKS = """
+def ask(row):
+    return {"messages": [{"role": "user", "content": "Q: " + row["question"]}], "max_tokens": row["budget"]}
+
+
+def words(row):
+    return {"words": len(row["generated_text"].split())}
+"""
+
+
+def test_run_table_answers_each_row_with_hooks_of_this_folder_and_exits_non_zero_when_rows_fail(tmp_path: Path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "my_hooks.py").write_text(HOOKS)  # a module of the folder the command runs in, as `flyte run` finds it
+    table = pa.table({"question": ["What is 2 + 2?", None, "Name a prime."], "budget": [3, 4, 5]})
+    pq.write_table(table, tmp_path / "questions.parquet")
+    hooks = ("--preprocess", "my_hooks:ask", "--postprocess", "my_hooks:words")
+    command = ("run-table", "-i", "questions.parquet", *hooks, *SIMULATED)
+
+    failed = cli(*command, "-o", "strict", cwd=tmp_path)
+    assert failed.returncode == 1
+    assert "1 of 3 rows failed" in " ".join(failed.stderr.split())
+    assert pq.read_table(tmp_path / "strict").num_rows == 3  # still written
+
+    accepted = cli(*command, "-o", "out", "--max-failed-fraction", "0.5", cwd=tmp_path)
+    assert accepted.returncode == 0, accepted.stderr
+    assert "answered 2/3 rows, 1 failed, 2 reused from an earlier run" in accepted.stdout  # the first run's chunks
+    out = pq.read_table(tmp_path / "out").to_pylist()
+    assert [row["num_generated_tokens"] for row in out] == [3, None, 5]
+    assert out[1]["error"].startswith("preprocess_failed: TypeError")  # "Q: " + None
+    assert [row["words"] for row in out] == [
+        len(out[0]["generated_text"].split()),
+        None,
+        len(out[2]["generated_text"].split()),
+    ]
+
+
+def test_run_table_builds_a_typed_answer_column_from_a_json_schema_file(tmp_path: Path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = {"type": "object", "properties": {"answer": {"type": "integer"}, "why": {"type": ["string", "null"]}}}
+    (tmp_path / "schema.json").write_text(json.dumps(schema))
+    pq.write_table(pa.table({"question": ["What is 2 + 2?"]}), tmp_path / "q.parquet")
+    result = cli(
+        "run-table", "-i", "q.parquet", "-o", "out", "--prompt", "{question}", "--response-format", "schema.json",
+        *SIMULATED, cwd=tmp_path,
+    )  # fmt: skip
+    # The simulated engine writes filler, not JSON: the row fails, saying why, and with it the run, once written.
+    assert result.returncode == 1 and "1 of 1 rows failed" in " ".join(result.stderr.split())
+    out = pq.read_table(tmp_path / "out")
+    assert out.schema.field("generated_text").type == pa.struct([("answer", pa.int64()), ("why", pa.string())])
+    assert out.column("error")[0].as_py().startswith("invalid_answer: the answer is not JSON that fits the schema")
+
+
+def test_run_table_refuses_an_unreadable_table_before_anything_runs(tmp_path: Path):
+    (tmp_path / "notes.txt").write_text("hello")
+    result = cli("run-table", "-i", "notes.txt", "-o", "out", "--prompt", "{question}", *SIMULATED, cwd=tmp_path)
+    assert result.returncode == 1
+    assert "cannot read 'notes.txt' as a table" in " ".join(result.stderr.split())
