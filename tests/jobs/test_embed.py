@@ -69,6 +69,13 @@ def test_an_empty_document_fails_alone_and_an_over_long_one_is_truncated_by_rule
     assert np.abs(vectors([results[0]]) - vectors(MODEL.encode([TEXTS[0]]))).max() <= TOLERANCE
 
 
+def embedded_ids(summary) -> list[str]:
+    """The ids of the documents the run embedded, in the corpus's order (a failed one has an error instead)."""
+    import pyarrow.parquet as pq
+
+    return [row["id"] for row in pq.read_table(summary.output.uri).to_pylist() if row["error"] is None]
+
+
 def test_the_workflow_writes_vectors_by_id_and_reports_failures(run_locally, tmp_path: Path):
     import pyarrow.parquet as pq
 
@@ -78,19 +85,22 @@ def test_the_workflow_writes_vectors_by_id_and_reports_failures(run_locally, tmp
 
     summary = run_locally(embed_corpus, corpus=str(corpus), chunk_size=2, max_failed_fraction=0.5)
 
-    table = pq.read_table(summary.vectors.path)
-    assert sorted(table.column("id").to_pylist()) == ["d0", "d1", "d2", "d3"]
-    by_id = dict(zip(table.column("id").to_pylist(), table.column("vector").to_pylist(), strict=True))
+    table = pq.read_table(summary.output.uri)
+    assert table.column("id").to_pylist() == ["d0", "d1", "d2", "d3", "blank"] and table.column("text").to_pylist() == [
+        row["text"] for row in rows
+    ]
+    assert embedded_ids(summary) == ["d0", "d1", "d2", "d3"]
+    by_id = dict(zip(table.column("id").to_pylist(), table.column("embedding").to_pylist(), strict=True))
     assert np.abs(np.asarray([by_id["d2"]]) - vectors(MODEL.encode([TEXTS[2]]))).max() <= TOLERANCE
-    assert (summary.documents, summary.embedded, summary.failed, summary.dimensions) == (5, 4, 1, 384)
-    [error] = [json.loads(line) for line in Path(summary.errors.path).read_text().splitlines()]
-    assert error["id"] == "blank" and "empty document" in error["error"]
-    assert 0 < summary.padding_efficiency <= 1 and summary.documents_per_s > 0
+    assert (summary.rows, summary.answered, summary.failed, summary.dimensions) == (5, 4, 1, 384)
+    [error] = [row for row in table.to_pylist() if row["error"] is not None]
+    assert error["id"] == "blank" and "empty document" in error["error"] and error["embedding"] is None
+    assert 0 < summary.padding_efficiency <= 1 and summary.rows_per_s > 0
 
 
 def test_the_default_run_embeds_our_sample_offline(run_locally):
     summary = run_locally(embed_corpus)
-    assert summary.corpus == "sample" and summary.embedded == summary.documents - 1  # one document is blank
+    assert summary.source == "sample" and summary.answered == summary.rows - 1  # one document is blank
     assert summary.truncated == 1  # and one is longer than the model takes
 
 
@@ -102,7 +112,6 @@ def test_too_many_failures_exit_non_zero(run_locally, tmp_path: Path):
 
 
 def test_a_rerun_reuses_the_vectors_and_embeds_the_documents_that_failed_again(run_locally, tmp_path, monkeypatch):
-    import pyarrow.parquet as pq
 
     marker = uuid.uuid4().hex[:8]  # documents no earlier run has cached
     corpus = tmp_path / "docs.jsonl"
@@ -118,7 +127,7 @@ def test_a_rerun_reuses_the_vectors_and_embeds_the_documents_that_failed_again(r
 
     monkeypatch.setattr(EmbeddingReplica.of_process().model, "encode", flaky_once)
     first = run_locally(embed_corpus, cache=True, corpus=str(corpus), chunk_size=2, max_failed_fraction=0.5)
-    assert (first.embedded, first.failed, first.reused, first.retried) == (3, 1, 0, 0)
+    assert (first.answered, first.failed, first.reused, first.retried) == (3, 1, 0, 0)
 
     seen.clear()
     monkeypatch.setattr(
@@ -127,5 +136,5 @@ def test_a_rerun_reuses_the_vectors_and_embeds_the_documents_that_failed_again(r
     second = run_locally(embed_corpus, cache=True, corpus=str(corpus), chunk_size=2)
 
     assert seen == [f"Blue. {marker}"]  # only the document that failed went to the model again
-    assert (second.embedded, second.failed, second.reused, second.retried) == (4, 0, 3, 1)
-    assert sorted(pq.read_table(second.vectors.path).column("id").to_pylist()) == ["d0", "d1", "d2", "d3"]
+    assert (second.answered, second.failed, second.reused, second.retried) == (4, 0, 3, 1)
+    assert embedded_ids(second) == ["d0", "d1", "d2", "d3"]
