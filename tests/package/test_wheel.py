@@ -105,6 +105,29 @@ def test_run_batch_answers_a_file_and_fails_its_bad_line_alone(user: UserInstall
     assert [(line["error"]["code"], line["error"]["line"]) for line in errors] == [("invalid_json", 2)]
 
 
+def test_run_table_answers_a_parquet_table_with_a_hook_of_the_empty_folder(user: UserInstall):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    meta = [{"id": n, "tags": ["a"] * n} for n in range(3)]
+    table = pa.table({"question": ["What is 2 + 2?", None, "Name a color."], "meta": meta})
+    pq.write_table(table, user.home / "questions.parquet")
+    (user.home / "my_hooks.py").write_text(
+        "def words(row):\n    return {'words': len(row['generated_text'].split())}\n"
+    )
+    result = user.run(
+        "flyteplugins-batcher", "run-table", "-i", "questions.parquet", "-o", "answers",
+        "--prompt", "Answer briefly: {question}", "--postprocess", "my_hooks:words", "--max-new-tokens", "8",
+        "--max-failed-fraction", "0.5",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = pq.read_table(user.home / "answers")
+    assert out.select(["question", "meta"]).equals(table)
+    assert out.column("error").to_pylist() == [None, "null_value: column 'question' is null", None]
+    answers, words = out.column("generated_text").to_pylist(), out.column("words").to_pylist()
+    assert answers[0] and answers[2] and words == [len(answers[0].split()), None, len(answers[2].split())]
+
+
 @pytest.fixture
 def served(user: UserInstall) -> Iterator[str]:
     port = free_port()
