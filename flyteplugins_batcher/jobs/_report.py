@@ -128,9 +128,7 @@ def final_html(
             wall time (`load_time_s + inference_s`) before the replicas' last batch.
     """
     cards = [
-        ("answered", f"{result.answered}/{result.requests}"),
-        ("failed", str(result.failed)),
-        ("per second (inference)", f"{result.requests_per_s:.2f}"),
+        *headline_cards(result.answered, result.requests, result.failed, result.requests_per_s),
         ("output tokens/s", f"{result.output_tokens_per_s:.0f}"),
         ("model load", f"{result.load_time_s:.1f}s"),
         ("inference", f"{result.inference_s:.1f}s"),
@@ -162,6 +160,15 @@ def final_html(
             "</div>",
         ]
     )
+
+
+def headline_cards(answered: int, total: int, failed: int, per_second: float) -> list[tuple[str, str]]:
+    """The cards a run's final report opens with: answered of all, failed, and how many per second of inference."""
+    return [
+        ("answered", f"{answered}/{total}"),
+        ("failed", str(failed)),
+        ("per second (inference)", f"{per_second:.2f}"),
+    ]
 
 
 def replicas_html(replicas: Sequence[ReplicaSnapshot]) -> str:

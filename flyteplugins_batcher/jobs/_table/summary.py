@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from flyte.io import DataFrame
 
-from flyteplugins_batcher.jobs._report import STYLE, cards_html, replicas_html
+from flyteplugins_batcher.jobs._report import STYLE, cards_html, headline_cards, replicas_html
 from flyteplugins_batcher.jobs._report_charts import timeline_section
 from flyteplugins_batcher.replica import ReplicaSnapshot
 
@@ -72,9 +72,7 @@ def report_html(
 ) -> str:
     """The final report: headline numbers, where the output is, each replica's batching, and where the time went."""
     cards = [
-        ("answered", f"{summary.answered}/{summary.rows}"),
-        ("failed", str(summary.failed)),
-        ("per second (inference)", f"{summary.rows_per_s:.2f}"),
+        *headline_cards(summary.answered, summary.rows, summary.failed, summary.rows_per_s),
         ("model load", f"{summary.load_time_s:.1f}s"),
         ("inference", f"{summary.inference_s:.1f}s"),
     ]
