@@ -89,7 +89,10 @@ def test_a_hub_dataset_out_of_reach_is_a_clear_error_before_anything_runs(run_lo
     monkeypatch.setattr(source, "hub_reachable", lambda: False)  # offline, whatever this machine's network
     for variable in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
         monkeypatch.delenv(variable, raising=False)
-    with pytest.raises(flyte.errors.RuntimeUserError, match=r"cannot load 'openai/gsm8k' from the Hugging Face Hub"):
+    with pytest.raises(
+        flyte.errors.RuntimeUserError,
+        match=r"no file or folder here has that name, and the Hugging Face Hub, to load 'openai/gsm8k' from, is out",
+    ):
         run_locally(run_table, input="openai/gsm8k:main:test", prompt="{question}", **SIMULATED)
 
 

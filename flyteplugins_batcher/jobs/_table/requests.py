@@ -21,6 +21,9 @@ from flyteplugins_batcher.replica import EmbeddingItem, RequestItem
 
 RowItem = RequestItem | EmbeddingItem
 
+_SHOWN_COLUMNS = 10
+"""Columns a missing column's message names (a wide table's others are counted)."""
+
 
 class RowError(ValueError):
     """Why one row fails alone: a code, as a batch line's error has one, and what is wrong.
@@ -114,7 +117,11 @@ def _value(row: Row, column: str) -> Any:
         RowError: The row has no such column, or its value is null.
     """
     if column not in row:
-        raise RowError("missing_column", f"the row has no column {column!r} (it has {', '.join(map(repr, row))})")
+        names = [repr(name) for name in row]
+        shown = ", ".join(names[:_SHOWN_COLUMNS]) + (
+            f" and {len(names) - _SHOWN_COLUMNS} more" if len(names) > _SHOWN_COLUMNS else ""
+        )
+        raise RowError("missing_column", f"the row has no column {column!r} (it has {shown})")
     value = row[column]
     if value is None:
         raise RowError("null_value", f"column {column!r} is null")

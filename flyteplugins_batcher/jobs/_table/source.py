@@ -215,14 +215,16 @@ def _hub(name: str) -> TableSource:
     offline = any(os.environ.get(name, "").lower() in ("1", "true", "yes") for name in _OFFLINE)
     if not offline and not hub_reachable():  # else `datasets` retries for half a minute before it fails
         raise ValueError(
-            f"cannot load {repository!r} from the Hugging Face Hub: it is out of reach (offline?). {_HUB_HELP}; or, "
-            "with the dataset in your Hugging Face cache, set HF_HUB_OFFLINE=1."
+            f"input {name!r}: no file or folder here has that name, and the Hugging Face Hub, to load "
+            f"{repository!r} from, is out of reach (offline?). {_HUB_HELP}; or, with the dataset in your Hugging "
+            "Face cache, set HF_HUB_OFFLINE=1."
         )
     try:
         loaded = datasets.load_dataset(repository, config, split=split)
     except Exception as error:  # offline, not found, no such config: all end the run before any inference
         raise ValueError(
-            f"cannot load {repository!r} from the Hugging Face Hub ({type(error).__name__}: {error}). {_HUB_HELP}."
+            f"input {name!r}: no file or folder here has that name, and {repository!r} cannot be loaded from the "
+            f"Hugging Face Hub ({type(error).__name__}: {error}). {_HUB_HELP}."
         ) from None
     if isinstance(loaded, datasets.DatasetDict):
         loaded = _split(loaded, "", f"{repository}:SPLIT")
