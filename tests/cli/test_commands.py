@@ -17,6 +17,7 @@ from flyteplugins_batcher.cli._serve import serve
 from flyteplugins_batcher.jobs import run_batch_file, run_table, solve_gsm8k
 
 BIN = Path(sys.executable).parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 SIMULATED = ("--engine", "simulated", "--engine-args", '{"time_scale": 0.05}')
 COMMANDS = ("run-batch", "run-table", "serve", "gsm8k")
 
@@ -262,3 +263,21 @@ def test_run_table_refuses_an_unreadable_table_before_anything_runs(tmp_path: Pa
     result = cli("run-table", "-i", "notes.txt", "-o", "out", "--prompt", "{question}", *SIMULATED, cwd=tmp_path)
     assert result.returncode == 1
     assert "cannot read 'notes.txt' as a table" in " ".join(result.stderr.split())
+
+
+def test_flyte_run_takes_the_table_example_with_a_jsonl_path_as_its_input(tmp_path: Path):
+    # flyte's CLI wraps the path as a flyte.io.DataFrame that says "parquet": the file's own suffix must win.
+    import pyarrow.parquet as pq
+
+    rows = [{"question": f"What is {n} + {n}? ({tmp_path.name})"} for n in range(3)]
+    (tmp_path / "q.jsonl").write_text("\n".join(json.dumps(row) for row in rows) + "\n")
+    result = cli(
+        "run", "--local", "workflows/table.py", "main", "--input", str(tmp_path / "q.jsonl"), "--prompt", "{question}",
+        "--output_dir", str(tmp_path / "out"), "--engine", "simulated", "--engine_args", '{"time_scale": 50}',
+        cwd=REPO_ROOT, program=(str(BIN / "flyte"),),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    out = pq.read_table(tmp_path / "out")
+    assert (
+        out.column("question").to_pylist() == [row["question"] for row in rows] and out.column("error").null_count == 3
+    )

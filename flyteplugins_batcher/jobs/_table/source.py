@@ -85,7 +85,8 @@ def open_table(table: Any) -> TableSource:
             return open_table(table.val)
         if not table.uri:
             raise ValueError("the flyte.io.DataFrame holds neither a value nor a URI")
-        return _files(table.uri, table.format if table.format in ("parquet", "csv") else None)
+        # Its files tell their format (flyte's CLI says "parquet" of any file it wraps, a .jsonl's too).
+        return _files(table.uri)
     if type(table).__module__.split(".")[0] == "datasets":
         return _hugging_face(table, "a Hugging Face dataset in memory")
     return in_memory(arrow_table(table), f"a {type(table).__name__} in memory")
@@ -133,12 +134,12 @@ def _named(text: str) -> TableSource:
     raise FileNotFoundError(f"input {text!r}: no file or folder at {local.resolve()}")
 
 
-def _files(uri: str, fmt: str | None = None) -> TableSource:
+def _files(uri: str) -> TableSource:
     """A Parquet, CSV or JSONL file or folder (or a saved Hugging Face dataset), local or in an object store."""
     import pyarrow.dataset as ds
 
     filesystem, path = _filesystem(uri)
-    fmt = fmt or _format_of(filesystem, path, uri)
+    fmt = _format_of(filesystem, path, uri)
     if fmt == "hf":
         return _saved_dataset(uri, "")
     dataset = ds.dataset(path, format=fmt, filesystem=filesystem)
