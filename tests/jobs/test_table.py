@@ -228,3 +228,36 @@ def test_a_processor_pickles_with_its_functions():
 def test_a_processor_refuses_options_that_cannot_work_when_it_is_built(options: dict, message: str):
     with pytest.raises(ValueError, match=message):
         TableProcessor(**options)
+
+
+def test_the_driver_reads_the_table_as_chunks_are_taken_not_all_at_once(tmp_path: Path):
+    import asyncio
+
+    from flyteplugins_batcher.engines import GenerationConfig
+    from flyteplugins_batcher.jobs._table.job import TableJob
+    from flyteplugins_batcher.jobs._table.options import TableOptions
+    from flyteplugins_batcher.jobs._table.parts import TableParts
+    from flyteplugins_batcher.jobs._table.requests import RowRequests
+    from flyteplugins_batcher.jobs._table.source import TableSource
+
+    read: list[int] = []
+
+    def batches(rows: int):
+        for number in range(100):  # 1,000 rows in batches of 10
+            read.append(number)
+            yield pa.record_batch([[f"q{number}-{row}" for row in range(10)]], names=["question"])
+
+    options = TableOptions(prompt="{question}")
+    source = TableSource("counted", pa.schema([("question", pa.string())]), None, batches)
+    requests = RowRequests(options, None, GenerationConfig())
+    job = TableJob(source, requests, TableParts(tmp_path, options, ["question"], None), chunk_size=4)
+
+    async def take(count: int) -> list:
+        chunks = job.chunks()
+        taken = [await anext(chunks) for _ in range(count)]
+        await chunks.aclose()
+        return taken
+
+    taken = asyncio.run(take(3))
+    assert [[item.key for item in chunk.items] for chunk in taken][2] == ["row-8", "row-9", "row-10", "row-11"]
+    assert read == [0, 1] and job.progress.total == 12  # two batches read for three chunks, not the table

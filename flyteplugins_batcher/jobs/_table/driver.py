@@ -118,8 +118,10 @@ async def _start(table: Any, plan: TableRun) -> tuple[TableJob, WorkFolder]:
 
 
 def _sender(plan: TableRun, started: float) -> Callable[[JobChunk], Awaitable[JobOutcome]]:
-    """What `fan_out` calls per chunk: the replica's task (a chunk reused from an earlier run has its failures
-    sent again); a chunk whose rows all failed before they were sent is answered here."""
+    """What `fan_out` calls per chunk: the replica's task, a reused chunk's failed rows sent again.
+
+    A chunk whose rows all failed before they were sent is answered here, without a replica.
+    """
     embedding_model = EmbeddingModel().name if plan.options.task_type == "embed" else ""
 
     def infer(chunk: JobChunk, cache_salt: str) -> Awaitable[JobOutcome]:
