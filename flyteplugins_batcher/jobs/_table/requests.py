@@ -170,10 +170,12 @@ def _checked(body: dict[str, Any], number: int, defaults: GenerationConfig) -> R
     body["custom_id"] = row_key(number)
     try:
         request = parse_request(body, number)
-        assert isinstance(request, BatchRequest)  # a plain body is never an embeddings request
-        request.generation(defaults)
     except RequestLineError as error:
         raise RowError(error.code, error.message) from None
+    if not isinstance(request, BatchRequest):  # a preprocess that made an OpenAI embeddings line
+        raise RowError("invalid_request", "a row asks for a chat or completion here (embeddings: task_type='embed')")
+    try:
+        request.generation(defaults)
     except ValueError as error:
         raise RowError("invalid_request", str(error)) from None
     if request.settings.get("n", 1) > 1:

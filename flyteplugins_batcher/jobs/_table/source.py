@@ -144,6 +144,7 @@ def _files(uri: str) -> TableSource:
         return _saved_dataset(uri, "")
     dataset = ds.dataset(path, format=fmt, filesystem=filesystem)
     rows = dataset.count_rows() if fmt == "parquet" else None  # Parquet's metadata has it; others must be read
+
     def read(batch_rows: int) -> Iterator[pa.RecordBatch]:
         # Arrow reads ahead 16 batches of 4 files by default: a little is enough to keep the chunks coming.
         return dataset.to_batches(batch_size=batch_rows, batch_readahead=2, fragment_readahead=1)
