@@ -9,7 +9,8 @@ import pytest
 from flyte.io import File
 from flyte.types import TypeEngine
 
-from flyteplugins_batcher._measure.timeline import Timeline, TimelineRecorder
+from flyteplugins_batcher import Timeline
+from flyteplugins_batcher._measure.timeline import TimelineRecorder
 from flyteplugins_batcher.jobs import RunSummary
 from flyteplugins_batcher.jobs._report import final_html
 from flyteplugins_batcher.jobs._report_charts import (
@@ -127,8 +128,9 @@ async def test_a_snapshot_carries_its_timeline_across_the_task_boundary() -> Non
 
 
 def test_the_embedding_report_draws_the_replicas_this_run_used():
+    from flyteplugins_batcher.jobs import EmbedSummary
     from flyteplugins_batcher.jobs._corpus.chunks import ChunkVectors
-    from flyteplugins_batcher.jobs._corpus.job import EmbedSummary, report_html
+    from flyteplugins_batcher.jobs._corpus.job import report_html
 
     nowhere = File(path="/tmp/vectors.parquet")
     run = EmbedSummary("docs", 4, 4, 0, 384, 10.0, 2.0, 0.9, 0, nowhere, nowhere)
