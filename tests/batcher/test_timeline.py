@@ -10,7 +10,8 @@ from dataclasses import dataclass
 import pytest
 
 import flyteplugins_batcher as ours
-from flyteplugins_batcher._measure.timeline import MAX_POINTS, Timeline, TimelineRecorder, completion_tokens
+from flyteplugins_batcher import Timeline
+from flyteplugins_batcher._measure.timeline import MAX_POINTS, TimelineRecorder, completion_tokens
 
 
 @dataclass

@@ -178,7 +178,7 @@ def test_a_bom_is_accepted_and_bad_bytes_and_out_of_range_settings_fail_their_li
 def test_publishing_that_fails_at_the_end_prints_the_summary_and_where_the_files_are(
     run_locally, replicas, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ):
-    from flyteplugins_batcher.replica._llm import LLMReplica
+    from flyteplugins_batcher.replica import LLMReplica
     from tests.jobs.conftest import CountingBatcher
 
     out = tmp_path / "out"

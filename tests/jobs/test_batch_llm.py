@@ -11,7 +11,7 @@ import flyte.errors
 import pytest
 
 from flyteplugins_batcher.jobs import RunSummary, solve_gsm8k
-from flyteplugins_batcher.replica._llm import LLMReplica
+from flyteplugins_batcher.replica import LLMReplica
 from tests.jobs.conftest import CountingBatcher
 
 FAST = {"max_new_tokens": 16, "source": "sample"}

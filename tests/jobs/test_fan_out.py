@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from flyteplugins_batcher.jobs._driver import fan_out
+from flyteplugins_batcher.jobs import fan_out
 
 
 @dataclass(frozen=True)

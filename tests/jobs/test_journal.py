@@ -8,8 +8,8 @@ from pathlib import Path
 
 from flyte.io import File
 
-from flyteplugins_batcher.jobs import run_batch_file
-from flyteplugins_batcher.jobs._journal import JournalWriter, read_journal_segment, segment_name
+from flyteplugins_batcher.jobs import read_journal_segment, run_batch_file
+from flyteplugins_batcher.jobs._journal import JournalWriter, segment_name
 from flyteplugins_batcher.replica import FinishedLine
 
 

@@ -8,8 +8,8 @@ from dataclasses import replace
 
 from flyte.io import File
 
-from flyteplugins_batcher.jobs import RunSummary
-from flyteplugins_batcher.jobs._driver import FanOutStats, RunOptions, fan_out, occupancy_warning, summary_line
+from flyteplugins_batcher.jobs import RunOptions, RunSummary, fan_out
+from flyteplugins_batcher.jobs._driver import FanOutStats, occupancy_warning, summary_line
 from flyteplugins_batcher.jobs._environments import ReplicaPool
 from flyteplugins_batcher.jobs._report import final_html
 from flyteplugins_batcher.replica import (

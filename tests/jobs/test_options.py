@@ -13,8 +13,7 @@ from pathlib import Path
 import flyte
 import pytest
 
-from flyteplugins_batcher.jobs import run_batch_file, solve_gsm8k
-from flyteplugins_batcher.jobs._driver import RunOptions
+from flyteplugins_batcher.jobs import RunOptions, run_batch_file, solve_gsm8k
 from flyteplugins_batcher.jobs._options import option_help, spread_options, task_with_options
 from flyteplugins_batcher.replica import EngineSettings
 

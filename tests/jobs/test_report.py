@@ -9,7 +9,8 @@ import pytest
 from flyte.io import File
 from flyte.types import TypeEngine
 
-from flyteplugins_batcher._measure.timeline import Timeline, TimelineRecorder
+from flyteplugins_batcher import Timeline
+from flyteplugins_batcher._measure.timeline import TimelineRecorder
 from flyteplugins_batcher.jobs import RunSummary
 from flyteplugins_batcher.jobs._report import final_html
 from flyteplugins_batcher.jobs._report_charts import (

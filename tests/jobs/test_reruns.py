@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from flyteplugins_batcher.jobs._reruns import retrying_reused_failures
+from flyteplugins_batcher.jobs import retrying_reused_failures
 from flyteplugins_batcher.replica import (
     ChatMessage,
     ChunkOutcome,

@@ -18,8 +18,8 @@ from flyte.io import File
 
 from flyteplugins_batcher.jobs._journal import JournalWriter
 from flyteplugins_batcher.replica import FinishedLine
+from flyteplugins_batcher.server import ServerSettings
 from flyteplugins_batcher.server._execution.flyte_executor import FlyteExecutor, RunFailedError, run_name
-from flyteplugins_batcher.server._settings import ServerSettings
 from flyteplugins_batcher.server._state.store import LeaseLost, Store
 
 

@@ -8,11 +8,11 @@ from fastapi.testclient import TestClient
 from starlette.datastructures import Headers
 
 from flyteplugins_batcher import BatcherSettings, QueueFullError
+from flyteplugins_batcher.server import ServerSettings
 from flyteplugins_batcher.server._http.errors import APIError, install_error_handlers
 from flyteplugins_batcher.server._http.guards import HostGuard, HostPolicy, key_refusal, media_refusal, split_host
 from flyteplugins_batcher.server._http.limits import MULTIPART_OVERHEAD, limit_for
 from flyteplugins_batcher.server._metrics import DrainRate
-from flyteplugins_batcher.server._settings import ServerSettings
 
 
 def test_a_host_header_splits_into_name_and_port() -> None:

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
+from flyteplugins_batcher.server import ServerSettings
 from flyteplugins_batcher.server._http.errors import APIError
-from flyteplugins_batcher.server._settings import ServerSettings
 from flyteplugins_batcher.server._state.errors import StateError
 from flyteplugins_batcher.server._state.files import FileStore, ObjectFiles
 from flyteplugins_batcher.server._state.store import Store

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from flyteplugins_batcher.replica import FinishedLine
+from flyteplugins_batcher.server import ServerSettings
 from flyteplugins_batcher.server._execution.leases import LeaseKeeper
 from flyteplugins_batcher.server._execution.runner import BatchRunner
-from flyteplugins_batcher.server._settings import ServerSettings
 from flyteplugins_batcher.server._state.batches import batch_creation, moved, new_batch
 from flyteplugins_batcher.server._state.files import FileStore
 from flyteplugins_batcher.server._state.store import Lease, LeaseLost, Store, engine_url, shown_url

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from flyteplugins_batcher.replica import EngineSettings, FinishedLine
+from flyteplugins_batcher.server import ServerSettings
 from flyteplugins_batcher.server._execution.runner import BatchRunner
 from flyteplugins_batcher.server._http.errors import APIError
 from flyteplugins_batcher.server._http.streaming import stream_events
-from flyteplugins_batcher.server._settings import ServerSettings
 from flyteplugins_batcher.server._state.batches import (
     batch_creation,
     checked_metadata,
