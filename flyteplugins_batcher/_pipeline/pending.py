@@ -24,10 +24,14 @@ import bisect
 import contextlib
 from collections import deque
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from flyteplugins_batcher._pipeline.envelope import QUEUED, STAGED, Envelope, move, take_live
 from flyteplugins_batcher._settings import Grouping
 from flyteplugins_batcher._types import RecordState
+
+if TYPE_CHECKING:
+    from flyteplugins_batcher._pipeline.slo_model import BatchLimit
 
 
 class PendingQueue:
@@ -85,22 +89,29 @@ class PendingQueue:
         return None if level is None else self._queues[level][0]
 
     def take_batch(
-        self, budget: int, max_size: int, now: float, skipped: list[Envelope], to: RecordState
+        self,
+        budget: int,
+        max_size: int,
+        now: float,
+        skipped: list[Envelope],
+        to: RecordState,
+        limit: BatchLimit | None = None,
     ) -> tuple[list[Envelope], int]:
         """Remove and return the next batch, moved to `to`, and its cost: at most `max_size` records within `budget`.
 
         The first record always goes, so one costlier than the budget runs alone; otherwise a
-        record that would cross the budget stays for the next batch. Cancelled records, and
-        records whose deadline has passed, are dropped into `skipped` and never batched; a batch
-        to stage is checked when a runner takes it instead (until then, its records may still be
-        cancelled).
+        record that would cross the budget stays for the next batch. With a latency target, the
+        batch also stays within its controller's `limit` on the batch's predicted time.
+        Cancelled records, and records whose deadline has passed, are dropped into `skipped` and
+        never batched; a batch to stage is checked when a runner takes it instead (until then,
+        its records may still be cancelled).
         """
         level = self._next_level(now, skipped)
         if level is None:
             return [], 0
         if self._by_cost:
-            return self._take_similar_cost(level, budget, max_size, now, skipped, to)
-        return self._take_in_order(level, budget, max_size, now, skipped, to)
+            return self._take_similar_cost(level, budget, max_size, now, skipped, to, limit)
+        return self._take_in_order(level, budget, max_size, now, skipped, to, limit)
 
     def remove(self, envelope: Envelope) -> None:
         """Drop one queued record (its deadline passed); a scan in FIFO mode, for rare events such as this."""
@@ -178,19 +189,29 @@ class PendingQueue:
         return best_level
 
     def _take_in_order(
-        self, level: int, budget: int, max_size: int, now: float, skipped: list[Envelope], to: RecordState
+        self,
+        level: int,
+        budget: int,
+        max_size: int,
+        now: float,
+        skipped: list[Envelope],
+        to: RecordState,
+        limit: BatchLimit | None,
     ) -> tuple[list[Envelope], int]:
         queue = self._queues[level]
         # Count what fits first, then take it in one go: this runs for every record, so it is
         # written for speed. The head is live (`_next_level` dropped dead heads).
         count = 0
         cost = 0
-        for envelope in queue:
-            grown = cost + envelope.cost
-            if count == max_size or (count and grown > budget):
-                break
-            cost = grown
-            count += 1
+        if limit is not None:
+            count, cost = limit.count_in_order(queue, budget, max_size)
+        else:
+            for envelope in queue:
+                grown = cost + envelope.cost
+                if count == max_size or (count and grown > budget):
+                    break
+                cost = grown
+                count += 1
         popleft = queue.popleft
         taken = [popleft() for _ in range(count)]
         self.size -= count
@@ -201,7 +222,14 @@ class PendingQueue:
         return live, cost if len(live) == count else sum(envelope.cost for envelope in live)
 
     def _take_similar_cost(
-        self, level: int, budget: int, max_size: int, now: float, skipped: list[Envelope], to: RecordState
+        self,
+        level: int,
+        budget: int,
+        max_size: int,
+        now: float,
+        skipped: list[Envelope],
+        to: RecordState,
+        limit: BatchLimit | None,
     ) -> tuple[list[Envelope], int]:
         entries = self._sorted[level]
         anchor = self._queues[level][0]  # the live head, as `_next_level` left it
@@ -221,7 +249,13 @@ class PendingQueue:
             candidate = above if take_above else below
             assert candidate is not None
             if candidate.is_live(now):
-                if cost + candidate.cost > budget:
+                if cost + candidate.cost > budget or (
+                    # the costliest record is the range's top, or the candidate when it is above the range
+                    limit is not None
+                    and not limit.fits(
+                        len(batch) + 1, cost + candidate.cost, candidate.cost if take_above else entries[high - 1][0]
+                    )
+                ):
                     if take_above:
                         can_grow_up = False  # a cheaper record below may still fit; costlier ones never will
                         continue

@@ -1,0 +1,331 @@
+"""The SLO controller: a latency target (`latency_slo_s`) instead of knobs.
+
+With a target, the batcher learns how long its batches take (`_slo_model.LatencyModel`, from every
+batch the runners time), counts the records that arrive at each priority, and every few batches
+chooses the batch time limit that its model predicts meets every priority's target at that load
+with the least latency (`SloController.decide`). The staging area then grows each batch while its
+predicted time stays within the limit (`BatchLimit`): cheap records go many to a batch, costly ones
+few, so that a padding device wastes little, and no batch keeps a record waiting long. The
+settings' knobs stay bounds: no batch exceeds `max_batch_size` or `target_batch_cost`, no record
+waits past `batch_timeout_s`, no more than `max_in_flight_cost` is in flight.
+
+How it chooses: for eight limits between the time of one record and half the tightest target, the
+model gives the latency each priority would see (`_slo_model.predicted_latency`: the records of a
+priority wait behind those of its own and higher priorities), corrected by how far the model's
+last predictions were from the latencies the records then saw. The limit whose worst priority is
+furthest within its target wins. When even the best one misses a target at the load offered, that
+priority is overloaded: the batcher logs one warning, `BatchStats.slo.overloaded` says so until the
+load falls, and it keeps the batches that clear the most records.
+
+Until it has timed a few batches, batches start small (1, 2, 4 records) so that the first ones
+teach the model without keeping anybody waiting.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+import time
+from collections import deque
+from typing import TYPE_CHECKING
+
+from flyteplugins_batcher._measure.slo import SloChoice, SloTally, SloVerdict, describe
+from flyteplugins_batcher._pipeline.envelope import Envelope
+from flyteplugins_batcher._pipeline.slo_model import (
+    BatchLimit,
+    ClearingCurve,
+    LatencyModel,
+    pools_of,
+    predicted_latency,
+)
+from flyteplugins_batcher._pipeline.staging import Batch, Plan, StagingArea
+from flyteplugins_batcher._settings import BatcherSettings
+
+if TYPE_CHECKING:
+    import asyncio
+
+logger = logging.getLogger("flyteplugins_batcher")
+
+LEARNING_BATCHES = 3
+"""Batches timed before the first choice; until then batches hold 1, 2, 4 records."""
+CANDIDATES = 12
+"""Batch time limits the controller weighs at each decision."""
+COST_SAMPLE = 256
+"""Latest record costs the clearing curves are computed from."""
+HEADROOM = 1.15
+"""The choice is made for this much more load than measured, so that a rise does not find it at its edge."""
+TIE = 1.03
+"""Limits whose score is within this factor of the best count as equally good; the shortest of them wins."""
+STAY = 1.05
+"""The current limit stays while its score is within this factor of the best: choices do not flicker with noise."""
+LEAVE_OVERLOAD = 0.9
+"""An overloaded priority is no longer so once its predicted latency is back under this share of its target."""
+RATE_MEMORY = 256
+"""Arrivals the arrival rates are smoothed over (at least one target's time, at most five)."""
+WARN_AGAIN = 30
+"""Targets' times without overload after which a new overload is warned of again."""
+
+
+class SloStagingArea(StagingArea):
+    """The staging area of a batcher with a latency target: it also counts the records that arrive, by priority."""
+
+    def __init__(self, settings: BatcherSettings, controller: SloController, *, threads: bool = True) -> None:
+        super().__init__(settings, threads=threads)
+        self.controller = controller
+        controller.start(self)
+
+    def plan(self, now: float, envelope: Envelope | None = None) -> Plan | None:
+        """Count `envelope` (if given), then plan as any staging area (`StagingArea.plan`)."""
+        if envelope is not None:
+            self.controller.arrived(envelope.priority)
+        return super().plan(now, envelope)
+
+
+class SloController:
+    """Learns the batches' time and chooses the batch time limit, the wait and the work in flight (module notes).
+
+    Lives as long as its batcher (what it learned survives a restart); everything but `arrived`
+    runs on the batcher's event loop, and `arrived` only counts.
+
+    Args:
+        settings: The batcher's settings (`latency_slo_s` is set).
+        tally: Where the records' latencies against their targets are counted, and the choice shown.
+        batcher_name: For the overload warning.
+    """
+
+    def __init__(self, settings: BatcherSettings, tally: SloTally, batcher_name: str) -> None:
+        self._settings = settings
+        self._tally = self.tally = tally
+        self._name = batcher_name
+        self._by_cost = settings.grouping == "by_cost"
+        self._burst_z = statistics.NormalDist().inv_cdf(settings.slo_quantile)
+        self.model = LatencyModel()
+        self._costs: deque[int] = deque(maxlen=COST_SAMPLE)
+        self._arrived: dict[int, int] = {}  # records per priority since the last decision
+        self._rates: dict[int, float] = {}  # records per second per priority, smoothed
+        self._calibration: dict[int, float] = {}  # observed / predicted latency, per priority
+        self._predicted: dict[int, float] = {}  # the model's latest prediction per priority, before calibration
+        self._missing: dict[int, bool] = {}  # whether the latest prediction missed the priority's target
+        self._overloaded_at = -math.inf  # when some priority was last overloaded
+        self._decided_at = -math.inf
+        self._counted_since = time.monotonic()
+        self._batches_since = 0
+        self._decide_cost_s = 0.0
+        self._staging: StagingArea | None = None
+
+    @classmethod
+    def of(cls, settings: BatcherSettings, batcher_name: str) -> SloController | None:
+        """The controller a batcher with these settings needs: `None` without a latency target."""
+        if settings.latency_slo_s is None:
+            return None
+        return cls(settings, SloTally(settings.latency_slo_s, settings.slo_quantile, settings.slo_of), batcher_name)
+
+    @property
+    def tightest_s(self) -> float:
+        """The tightest target of any priority."""
+        slo = self._settings.latency_slo_s
+        assert slo is not None
+        return min(slo.values()) if isinstance(slo, dict) else float(slo)
+
+    # -- what happens -----------------------------------------------------------------------------
+
+    def start(self, staging: StagingArea) -> None:
+        """A run of the batcher begins with `staging`: apply what was learned before, or start learning."""
+        self._staging = staging
+        if self.model.batches < LEARNING_BATCHES:
+            staging.apply_limits(max_size=min(staging.settings.max_batch_size, 1 << self.model.batches))
+        elif self._tally.choice is not None:
+            self._apply(self._tally.choice, staging)
+
+    def arrived(self, priority: int) -> None:
+        """A record of `priority` was submitted."""
+        arrived = self._arrived
+        arrived[priority] = arrived.get(priority, 0) + 1
+
+    def batch_done(self, batch: Batch, loop: asyncio.AbstractEventLoop) -> None:
+        """`batch` left the process function: learn its time, and decide again soon if it is time to."""
+        envelopes = batch.envelopes
+        if batch.calls == 1 and envelopes:  # a batch split to isolate a failure is not one device call
+            costs = [envelope.cost for envelope in envelopes]
+            self.model.observe(len(costs), sum(costs), max(costs), batch.in_flight_before, batch.device_s)
+            self._costs.extend(costs)
+        self._batches_since += 1
+        now = time.monotonic()
+        if self.model.batches < LEARNING_BATCHES:
+            if self._staging is not None:
+                limit = min(self._settings.max_batch_size, 1 << self.model.batches)
+                self._staging.apply_limits(max_size=limit)
+            return
+        interval = max(self.tightest_s / 10, 50 * self._decide_cost_s)  # deciding takes at most 2% of the loop
+        if now - self._decided_at >= interval or self._batches_since >= 16:
+            self._decided_at = now  # one decision per interval, however many batches end before it runs
+            loop.call_soon(self.decide)
+
+    # -- deciding ---------------------------------------------------------------------------------
+
+    def decide(self) -> None:
+        """Refit the model and choose anew for the load seen since the last decision; tell the staging area."""
+        started = time.perf_counter()
+        now = time.monotonic()
+        self._batches_since = 0
+        self.model.fit()
+        self._update_rates(now)
+        classes = self._classes()
+        costs = sorted(self._costs) if self._by_cost else list(self._costs)
+        if not costs:
+            return
+        pools = pools_of(costs)
+        curves = [ClearingCurve.of(self.model, pools, limit) for limit in self._candidates(costs)]
+        curve = self._best(curves, classes, pools)
+        choice = self._choice(curve)
+        self._judge(curve, classes, now)
+        self._tally.choice = choice
+        self._tally.model = self.model.as_dict()
+        self._tally.arrivals_per_s = sum(self._rates.values())
+        self._tally.sustainable_per_s = self._sustainable(curves, classes)
+        if self._staging is not None:
+            self._apply(choice, self._staging)
+        self._decide_cost_s = time.perf_counter() - started
+
+    def _update_rates(self, now: float) -> None:
+        """Smooth each priority's arrival rate over about `RATE_MEMORY` records."""
+        elapsed = max(now - self._counted_since, 1e-9)
+        total = sum(self._rates.values())
+        memory_s = min(max(RATE_MEMORY / total if total > 0 else math.inf, self.tightest_s), 5 * self.tightest_s)
+        weight = 1.0 - math.exp(-elapsed / memory_s)
+        for priority in set(self._rates) | set(self._arrived):
+            measured = self._arrived.get(priority, 0) / elapsed
+            previous = self._rates.get(priority)
+            self._rates[priority] = measured if previous is None else previous + weight * (measured - previous)
+        self._arrived = {}
+        self._counted_since = now
+
+    def _classes(self) -> list[tuple[int, float, float]]:
+        """Each priority with a target that records came in at: (priority, target, records/s at or above it)."""
+        slo_of = self._settings.slo_of
+        classes = []
+        for priority in sorted(self._rates, reverse=True):
+            slo_s = slo_of(priority)
+            if slo_s is not None:
+                ahead = sum(rate for other, rate in self._rates.items() if other >= priority)
+                classes.append((priority, slo_s, ahead))
+        return classes
+
+    def _candidates(self, costs: list[int]) -> list[float]:
+        """Batch time limits from one typical record's batch up to half the tightest target, evenly in ratio."""
+        typical = sorted(costs)[len(costs) // 2]
+        shortest = 1.05 * self.model.predict(1, typical, typical)
+        longest = max(self.tightest_s / 2, shortest)
+        ratio = (longest / shortest) ** (1 / (CANDIDATES - 1)) if shortest > 0 else 1.0
+        return [shortest * ratio**index for index in range(CANDIDATES)]
+
+    def _score(self, curve: ClearingCurve, classes: list[tuple[int, float, float]], load: float) -> float:
+        """The worst share of its target that any priority's predicted latency takes at `load` times the rates."""
+        worst = 0.0
+        for priority, slo_s, rate in classes:
+            predicted = predicted_latency(curve, rate * load, self._burst_z, 4 * slo_s)
+            worst = max(worst, self._calibration.get(priority, 1.0) * predicted / slo_s)
+        return worst
+
+    def _best(
+        self, curves: list[ClearingCurve], classes: list[tuple[int, float, float]], pools: list[list[int]]
+    ) -> ClearingCurve:
+        """The current limit if it scores about as well as the best, else the shortest of the best scored.
+
+        When no limit has a finite score (the load is more than any clears), the one that clears most.
+        """
+        scores = [self._score(curve, classes, HEADROOM) for curve in curves]
+        best = min(scores)
+        if math.isinf(best):
+            scores = [self._score(curve, classes, 1.0) for curve in curves]
+            best = min(scores)
+        if math.isinf(best):
+            return min(reversed(curves), key=lambda curve: curve.per_record_s)  # the longest of equals
+        current = self._tally.choice
+        if current is not None:
+            limit = current.batch_time_s
+            staying = ClearingCurve.of(self.model, pools, limit)
+            if self._score(staying, classes, HEADROOM) <= best * STAY:
+                return staying
+        return next(curve for curve, score in zip(curves, scores, strict=True) if score <= best * TIE)
+
+    def _choice(self, curve: ClearingCurve) -> SloChoice:
+        settings = self._settings
+        wait = min(settings.batch_timeout_s, max(self.tightest_s - 2 * curve.limit_s, 0.0))
+        in_flight = settings.in_flight_cost_limit
+        per_in_flight = self.model.coefficients[-1]
+        if per_in_flight > 0:
+            typical = max(curve.batch_cost / max(curve.batch_size, 1.0), 1.0)
+            alone = self.model.predict(round(curve.batch_size), round(curve.batch_cost), round(typical))
+            room = max(curve.limit_s - alone, 0.0) / per_in_flight
+            in_flight = min(in_flight, max(round(room + curve.batch_cost), 1))
+        return SloChoice(
+            batch_time_s=curve.limit_s,
+            batch_size=curve.batch_size,
+            batch_cost=min(curve.batch_cost, settings.batch_budget),
+            wait_s=wait,
+            in_flight_cost=in_flight,
+        )
+
+    def _apply(self, choice: SloChoice, staging: StagingArea) -> None:
+        staging.apply_limits(
+            max_size=self._settings.max_batch_size,
+            limit=BatchLimit(self.model, choice.batch_time_s),
+            full_cost=max(1, math.ceil(choice.batch_cost)),
+            wait_s=choice.wait_s,
+            in_flight_cost=choice.in_flight_cost,
+            # Grouping by cost chooses from what waits when a runner takes a batch: a batch staged
+            # ahead would be cut from fewer records, and pad more.
+            prefetch=0 if self._by_cost else None,
+        )
+
+    # -- judging ----------------------------------------------------------------------------------
+
+    def _judge(self, curve: ClearingCurve, classes: list[tuple[int, float, float]], now: float) -> None:
+        """Calibrate against the latencies records saw, predict each priority's, and flag and warn of overload."""
+        for priority, slo_s, rate in classes:
+            verdict = self._tally.verdicts.setdefault(priority, SloVerdict())
+            observed = self._tally.recent_quantile(priority, now - 4 * slo_s, 64)
+            before = self._predicted.get(priority, 0.0)
+            if observed is not None and 0 < before < math.inf:
+                ratio = min(max(observed / before, 0.5), 2.0)
+                previous = self._calibration.get(priority, 1.0)
+                self._calibration[priority] = previous + 0.25 * (ratio - previous)
+            predicted = self._predicted[priority] = predicted_latency(curve, rate, self._burst_z, 4 * slo_s)
+            verdict.predicted_s = self._calibration.get(priority, 1.0) * predicted
+            verdict.arrivals_per_s = rate
+            missing = verdict.predicted_s > slo_s
+            if verdict.overloaded:
+                verdict.overloaded = verdict.predicted_s > LEAVE_OVERLOAD * slo_s
+            else:  # two predictions in a row over the target: one noisy estimate of the load does not flag it
+                verdict.overloaded = missing and self._missing.get(priority, False)
+            self._missing[priority] = missing
+        if not self._tally.overloaded:
+            return
+        if now - self._overloaded_at > WARN_AGAIN * self.tightest_s:
+            logger.warning(
+                "%s: %.0f records/s is more than the batcher can serve within latency_slo_s=%s at p%g: "
+                "about %.0f records/s would fit; records will miss the target until the load falls",
+                self._name,
+                sum(self._rates.values()),
+                describe(self._settings.latency_slo_s),
+                100 * self._settings.slo_quantile,
+                self._sustainable([curve], classes),
+            )
+        self._overloaded_at = now
+
+    def _sustainable(self, curves: list[ClearingCurve], classes: list[tuple[int, float, float]]) -> float:
+        """The highest total load, with today's mix, at which some limit is predicted to meet every target."""
+        total = sum(rate for _, _, rate in classes[-1:])  # the lowest priority with a target sees all ahead of it
+        if not classes or total <= 0:
+            return 0.0
+        fastest = min(curve.per_record_s for curve in curves)
+        low, high = 0.0, 1.0 / (total * fastest) if fastest > 0 else 1e6
+        for _ in range(12):
+            middle = (low + high) / 2
+            if any(self._score(curve, classes, middle) <= 1.0 for curve in curves):
+                low = middle
+            else:
+                high = middle
+        return low * sum(self._rates.values())
