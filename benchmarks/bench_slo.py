@@ -34,7 +34,6 @@ import argparse
 import asyncio
 import logging
 import math
-import random
 import sys
 from collections import deque
 from collections.abc import Callable
@@ -54,42 +53,14 @@ from flyte import extras  # noqa: E402
 
 import flyteplugins_batcher as ours  # noqa: E402
 from benchmarks._charts import add_chart_flag, write_chart_data  # noqa: E402
+from benchmarks._padded_gpu import Doc, PaddedGpu, poisson_arrivals  # noqa: E402
 from benchmarks._tables import markdown_table  # noqa: E402
 
 SLO_S = 0.25
 QUANTILE = 0.99
-FIXED_S = 0.010
-PER_PADDED_TOKEN_S = 10e-6
-MEDIAN_TOKENS = 64
-SIGMA = 1.0
-TOKEN_RANGE = (8, 512)
+device = PaddedGpu(fixed_s=0.010, per_padded_token_s=10e-6)
 STATIC_SIZES = (4, 8, 16, 32, 64, 128)
 GROUPINGS = ("fifo", "by_cost")
-
-
-@dataclass(frozen=True)
-class Doc:
-    """A record: its token count."""
-
-    tokens: int
-
-
-async def device(batch: list[Doc]) -> list[int]:
-    """The simulated GPU: 10 ms a batch plus 10 µs per padded token."""
-    await asyncio.sleep(FIXED_S + PER_PADDED_TOKEN_S * len(batch) * max(doc.tokens for doc in batch))
-    return [doc.tokens for doc in batch]
-
-
-def arrivals(rate: float, duration_s: float, seed: int) -> list[tuple[float, Doc]]:
-    """Poisson arrivals at `rate` per second for `duration_s`: (offset in seconds, record)."""
-    rng = random.Random(seed)
-    found: list[tuple[float, Doc]] = []
-    offset = rng.expovariate(rate)
-    while offset < duration_s:
-        tokens = round(rng.lognormvariate(math.log(MEDIAN_TOKENS), SIGMA))
-        found.append((offset, Doc(min(max(tokens, TOKEN_RANGE[0]), TOKEN_RANGE[1]))))
-        offset += rng.expovariate(rate)
-    return found
 
 
 class GuideAdaptiveBatcher:
@@ -157,8 +128,8 @@ def contenders(quick: bool) -> dict[str, Callable[[], Any]]:
     }
     for grouping in GROUPINGS:
         for size in STATIC_SIZES if not quick else (8, 32, 128):
-            found[f"static {size}, {grouping}"] = (
-                lambda size=size, grouping=grouping: ours.DynamicBatcher(device, max_batch_size=size, grouping=grouping)
+            found[f"static {size}, {grouping}"] = lambda size=size, grouping=grouping: ours.DynamicBatcher(
+                device, max_batch_size=size, grouping=grouping
             )
     return found
 
@@ -176,7 +147,7 @@ class Outcome:
 async def serve(make: Callable[[], Any], rate: float, duration_s: float, warmup_s: float, drain_s: float) -> Outcome:
     """Offer `rate` records per second for `duration_s` to a fresh batcher; its p99 and throughput."""
     loop = asyncio.get_running_loop()
-    schedule = arrivals(rate, duration_s, seed=int(rate))
+    schedule = poisson_arrivals(rate, duration_s, seed=int(rate))
     batcher = make()
     await batcher.start()
     start = loop.time()
@@ -291,7 +262,11 @@ def main() -> None:
     duration = args.duration or (12.0 if args.quick else 30.0)
     results = sweep(loads, duration, args.warmup, args.quick)
     print(f"\n### Highest load within a {SLO_S * 1000:.0f}-ms p99\n")
-    print(markdown_table(["batcher", "records/s"], [[name, highest_within(outcomes)] for name, outcomes in results.items()]))
+    print(
+        markdown_table(
+            ["batcher", "records/s"], [[name, highest_within(outcomes)] for name, outcomes in results.items()]
+        )
+    )
     print(f"\n### p99 and throughput at each load ({duration:.0f} simulated s per run)\n")
     print(markdown_table(PER_LOAD_HEADERS, per_load_rows(results, loads)))
     write_chart_data(

@@ -184,11 +184,14 @@ class SloTally:
             return tally
 
     def recent_quantile(self, priority: int, since: float, least: int) -> float | None:
-        """The `quantile` of the latencies of `priority`'s records that ended after `since` (`None`: under `least`)."""
+        """The `quantile` of the latencies of `priority`'s latest records that arrived after `since`.
+
+        `None` when fewer than `least` of them have completed.
+        """
         tally = self.priority(priority)
         if tally is None:
             return None
-        latest = sorted(latency for ended, latency in tally.recent if ended > since)
+        latest = sorted(latency for ended, latency in tally.recent if ended - latency > since)
         if len(latest) < least:
             return None
         return latest[min(len(latest) - 1, math.ceil(self.quantile * len(latest)) - 1)]

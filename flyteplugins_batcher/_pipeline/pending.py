@@ -44,6 +44,7 @@ class PendingQueue:
 
     def __init__(self, grouping: Grouping = "fifo", priority_aging_s: float | None = None) -> None:
         self.cost = 0  # summed cost of the records still queued (cancelled ones until they are dropped)
+        self.limit: BatchLimit | None = None  # with a latency target: the most a batch may take, as predicted
         self.size = 0  # records still queued (read on every submit, hence an attribute)
         self._by_cost = grouping == "by_cost"
         self._aging_s = priority_aging_s
@@ -89,29 +90,23 @@ class PendingQueue:
         return None if level is None else self._queues[level][0]
 
     def take_batch(
-        self,
-        budget: int,
-        max_size: int,
-        now: float,
-        skipped: list[Envelope],
-        to: RecordState,
-        limit: BatchLimit | None = None,
+        self, budget: int, max_size: int, now: float, skipped: list[Envelope], to: RecordState
     ) -> tuple[list[Envelope], int]:
         """Remove and return the next batch, moved to `to`, and its cost: at most `max_size` records within `budget`.
 
         The first record always goes, so one costlier than the budget runs alone; otherwise a
-        record that would cross the budget stays for the next batch. With a latency target, the
-        batch also stays within its controller's `limit` on the batch's predicted time.
-        Cancelled records, and records whose deadline has passed, are dropped into `skipped` and
-        never batched; a batch to stage is checked when a runner takes it instead (until then,
-        its records may still be cancelled).
+        record that would cross the budget (or, with a latency target, make the batch's predicted
+        time cross `limit`) stays for the next batch. Cancelled records, and
+        records whose deadline has passed, are dropped into `skipped` and never batched; a batch
+        to stage is checked when a runner takes it instead (until then, its records may still be
+        cancelled).
         """
         level = self._next_level(now, skipped)
         if level is None:
             return [], 0
         if self._by_cost:
-            return self._take_similar_cost(level, budget, max_size, now, skipped, to, limit)
-        return self._take_in_order(level, budget, max_size, now, skipped, to, limit)
+            return self._take_similar_cost(level, budget, max_size, now, skipped, to)
+        return self._take_in_order(level, budget, max_size, now, skipped, to)
 
     def remove(self, envelope: Envelope) -> None:
         """Drop one queued record (its deadline passed); a scan in FIFO mode, for rare events such as this."""
@@ -189,22 +184,15 @@ class PendingQueue:
         return best_level
 
     def _take_in_order(
-        self,
-        level: int,
-        budget: int,
-        max_size: int,
-        now: float,
-        skipped: list[Envelope],
-        to: RecordState,
-        limit: BatchLimit | None,
+        self, level: int, budget: int, max_size: int, now: float, skipped: list[Envelope], to: RecordState
     ) -> tuple[list[Envelope], int]:
         queue = self._queues[level]
         # Count what fits first, then take it in one go: this runs for every record, so it is
         # written for speed. The head is live (`_next_level` dropped dead heads).
         count = 0
         cost = 0
-        if limit is not None:
-            count, cost = limit.count_in_order(queue, budget, max_size)
+        if self.limit is not None:
+            count, cost = self.limit.count_in_order(queue, budget, max_size)
         else:
             for envelope in queue:
                 grown = cost + envelope.cost
@@ -222,14 +210,7 @@ class PendingQueue:
         return live, cost if len(live) == count else sum(envelope.cost for envelope in live)
 
     def _take_similar_cost(
-        self,
-        level: int,
-        budget: int,
-        max_size: int,
-        now: float,
-        skipped: list[Envelope],
-        to: RecordState,
-        limit: BatchLimit | None,
+        self, level: int, budget: int, max_size: int, now: float, skipped: list[Envelope], to: RecordState
     ) -> tuple[list[Envelope], int]:
         entries = self._sorted[level]
         anchor = self._queues[level][0]  # the live head, as `_next_level` left it
@@ -239,6 +220,7 @@ class PendingQueue:
         block_high = block_low + max_size
         batch = [anchor]
         cost = anchor.cost
+        limit = self.limit
         can_grow_up = True
         while len(batch) < max_size:
             below = entries[low - 1][2] if low > block_low else None

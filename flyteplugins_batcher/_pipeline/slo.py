@@ -53,18 +53,19 @@ CANDIDATES = 12
 """Batch time limits the controller weighs at each decision."""
 COST_SAMPLE = 256
 """Latest record costs the clearing curves are computed from."""
-HEADROOM = 1.15
-"""The choice is made for this much more load than measured, so that a rise does not find it at its edge."""
 TIE = 1.03
 """Limits whose score is within this factor of the best count as equally good; the shortest of them wins."""
+MARGIN = 0.8
+"""With records of priorities without a target beside, the limit that clears most among those predicted within this
+share of every target wins: the records with targets keep them, the others get the device's best throughput."""
 STAY = 1.05
 """The current limit stays while its score is within this factor of the best: choices do not flicker with noise."""
 LEAVE_OVERLOAD = 0.9
 """An overloaded priority is no longer so once its predicted latency is back under this share of its target."""
 RATE_MEMORY = 256
 """Arrivals the arrival rates are smoothed over (at least one target's time, at most five)."""
-WARN_AGAIN = 30
-"""Targets' times without overload after which a new overload is warned of again."""
+WARN_AGAIN_S = 60.0
+"""Seconds without overload (at least a hundred targets' times) after which a new overload is warned of again."""
 
 
 class SloStagingArea(StagingArea):
@@ -109,8 +110,8 @@ class SloController:
         self._missing: dict[int, bool] = {}  # whether the latest prediction missed the priority's target
         self._overloaded_at = -math.inf  # when some priority was last overloaded
         self._decided_at = -math.inf
+        self._chosen_at = -math.inf  # when the batch time limit last changed
         self._counted_since = time.monotonic()
-        self._batches_since = 0
         self._decide_cost_s = 0.0
         self._staging: StagingArea | None = None
 
@@ -150,7 +151,6 @@ class SloController:
             costs = [envelope.cost for envelope in envelopes]
             self.model.observe(len(costs), sum(costs), max(costs), batch.in_flight_before, batch.device_s)
             self._costs.extend(costs)
-        self._batches_since += 1
         now = time.monotonic()
         if self.model.batches < LEARNING_BATCHES:
             if self._staging is not None:
@@ -158,7 +158,7 @@ class SloController:
                 self._staging.apply_limits(max_size=limit)
             return
         interval = max(self.tightest_s / 10, 50 * self._decide_cost_s)  # deciding takes at most 2% of the loop
-        if now - self._decided_at >= interval or self._batches_since >= 16:
+        if now - self._decided_at >= interval:
             self._decided_at = now  # one decision per interval, however many batches end before it runs
             loop.call_soon(self.decide)
 
@@ -168,7 +168,6 @@ class SloController:
         """Refit the model and choose anew for the load seen since the last decision; tell the staging area."""
         started = time.perf_counter()
         now = time.monotonic()
-        self._batches_since = 0
         self.model.fit()
         self._update_rates(now)
         classes = self._classes()
@@ -179,7 +178,9 @@ class SloController:
         curves = [ClearingCurve.of(self.model, pools, limit) for limit in self._candidates(costs)]
         curve = self._best(curves, classes, pools)
         choice = self._choice(curve)
-        self._judge(curve, classes, now)
+        if self._tally.choice is None or self._tally.choice.batch_time_s != choice.batch_time_s:
+            self._chosen_at = now
+        self._judge(curve, classes, now, steady=not self._backlogged(curve))
         self._tally.choice = choice
         self._tally.model = self.model.as_dict()
         self._tally.arrivals_per_s = sum(self._rates.values())
@@ -212,6 +213,11 @@ class SloController:
                 classes.append((priority, slo_s, ahead))
         return classes
 
+    def _untargeted_rate(self) -> float:
+        """Records per second of priorities without a target (they fill the device around the others)."""
+        slo_of = self._settings.slo_of
+        return sum(rate for priority, rate in self._rates.items() if slo_of(priority) is None)
+
     def _candidates(self, costs: list[int]) -> list[float]:
         """Batch time limits from one typical record's batch up to half the tightest target, evenly in ratio."""
         typical = sorted(costs)[len(costs) // 2]
@@ -220,13 +226,18 @@ class SloController:
         ratio = (longest / shortest) ** (1 / (CANDIDATES - 1)) if shortest > 0 else 1.0
         return [shortest * ratio**index for index in range(CANDIDATES)]
 
-    def _score(self, curve: ClearingCurve, classes: list[tuple[int, float, float]], load: float) -> float:
+    def _score(self, curve: ClearingCurve, classes: list[tuple[int, float, float]], load: float = 1.0) -> float:
         """The worst share of its target that any priority's predicted latency takes at `load` times the rates."""
         worst = 0.0
         for priority, slo_s, rate in classes:
-            predicted = predicted_latency(curve, rate * load, self._burst_z, 4 * slo_s)
+            predicted = self._predict(curve, slo_s, rate, load)
             worst = max(worst, self._calibration.get(priority, 1.0) * predicted / slo_s)
         return worst
+
+    def _predict(self, curve: ClearingCurve, slo_s: float, rate: float, load: float = 1.0) -> float:
+        """The latency quantile of a priority that sees `rate` records/s at or above it, at `load` times that."""
+        behind_others = rate < sum(self._rates.values())  # lower priorities run too: their batch may be running
+        return predicted_latency(curve, rate * load, self._burst_z, 4 * slo_s, behind_others=behind_others)
 
     def _best(
         self, curves: list[ClearingCurve], classes: list[tuple[int, float, float]], pools: list[list[int]]
@@ -235,18 +246,19 @@ class SloController:
 
         When no limit has a finite score (the load is more than any clears), the one that clears most.
         """
-        scores = [self._score(curve, classes, HEADROOM) for curve in curves]
+        scores = [self._score(curve, classes) for curve in curves]
         best = min(scores)
         if math.isinf(best):
-            scores = [self._score(curve, classes, 1.0) for curve in curves]
-            best = min(scores)
-        if math.isinf(best):
             return min(reversed(curves), key=lambda curve: curve.per_record_s)  # the longest of equals
+        if self._untargeted_rate() > 0 or not classes:
+            within = [curve for curve, score in zip(curves, scores, strict=True) if score <= MARGIN]
+            if within:
+                return min(reversed(within), key=lambda curve: curve.per_record_s)
         current = self._tally.choice
         if current is not None:
             limit = current.batch_time_s
             staying = ClearingCurve.of(self.model, pools, limit)
-            if self._score(staying, classes, HEADROOM) <= best * STAY:
+            if self._score(staying, classes) <= best * STAY:
                 return staying
         return next(curve for curve, score in zip(curves, scores, strict=True) if score <= best * TIE)
 
@@ -282,28 +294,41 @@ class SloController:
 
     # -- judging ----------------------------------------------------------------------------------
 
-    def _judge(self, curve: ClearingCurve, classes: list[tuple[int, float, float]], now: float) -> None:
-        """Calibrate against the latencies records saw, predict each priority's, and flag and warn of overload."""
+    def _backlogged(self, curve: ClearingCurve) -> bool:
+        """Whether more records wait than a steady cycle leaves (a load that rose, or a limit that was wrong)."""
+        if self._staging is None:
+            return False
+        rate = sum(self._rates.values())
+        cycle = curve.cycle_time(rate, 4 * self.tightest_s)
+        if math.isinf(cycle):
+            return True
+        steady = rate * cycle + self._burst_z * math.sqrt(max(rate * cycle, 1.0))
+        return self._staging.waiting > 2 * steady
+
+    def _judge(
+        self, curve: ClearingCurve, classes: list[tuple[int, float, float]], now: float, *, steady: bool
+    ) -> None:
+        """Calibrate against the latencies records saw, predict each priority's, and flag and warn of overload.
+
+        The model is calibrated on the records that arrived since the limit last changed, while the
+        batcher is `steady` (no backlog beyond what a cycle leaves): records that waited out a rise
+        of the load, or a choice made for another, say nothing of how well the model predicts.
+        """
         for priority, slo_s, rate in classes:
             verdict = self._tally.verdicts.setdefault(priority, SloVerdict())
-            observed = self._tally.recent_quantile(priority, now - 4 * slo_s, 64)
+            observed = self._tally.recent_quantile(priority, max(now - 16 * slo_s, self._chosen_at), 32)
             before = self._predicted.get(priority, 0.0)
-            if observed is not None and 0 < before < math.inf:
-                ratio = min(max(observed / before, 0.5), 2.0)
+            if steady and observed is not None and 0 < before < math.inf:
+                ratio = min(max(observed / before, 0.5), 1.5)
                 previous = self._calibration.get(priority, 1.0)
-                self._calibration[priority] = previous + 0.25 * (ratio - previous)
-            predicted = self._predicted[priority] = predicted_latency(curve, rate, self._burst_z, 4 * slo_s)
+                self._calibration[priority] = previous + 0.1 * (ratio - previous)
+            predicted = self._predicted[priority] = self._predict(curve, slo_s, rate)
             verdict.predicted_s = self._calibration.get(priority, 1.0) * predicted
             verdict.arrivals_per_s = rate
-            missing = verdict.predicted_s > slo_s
-            if verdict.overloaded:
-                verdict.overloaded = verdict.predicted_s > LEAVE_OVERLOAD * slo_s
-            else:  # two predictions in a row over the target: one noisy estimate of the load does not flag it
-                verdict.overloaded = missing and self._missing.get(priority, False)
-            self._missing[priority] = missing
+            self._flag(priority, verdict, slo_s, observed)
         if not self._tally.overloaded:
             return
-        if now - self._overloaded_at > WARN_AGAIN * self.tightest_s:
+        if now - self._overloaded_at > max(WARN_AGAIN_S, 100 * self.tightest_s):
             logger.warning(
                 "%s: %.0f records/s is more than the batcher can serve within latency_slo_s=%s at p%g: "
                 "about %.0f records/s would fit; records will miss the target until the load falls",
@@ -315,9 +340,27 @@ class SloController:
             )
         self._overloaded_at = now
 
+    def _flag(self, priority: int, verdict: SloVerdict, slo_s: float, observed: float | None) -> None:
+        """Whether the priority is overloaded: its prediction misses the target, and the records see it.
+
+        A load no limit clears is overload at once. Short of that, it takes two predictions in a
+        row over the target while the latest records miss it too: near the edge, a noisy estimate
+        of the load does not raise it. It ends once the prediction is back under `LEAVE_OVERLOAD`
+        of the target, or the latest records are well within it.
+        """
+        predicted = verdict.predicted_s
+        seen = observed is not None and observed > slo_s
+        missing = math.isinf(predicted) or (predicted > slo_s and seen)
+        if verdict.overloaded:
+            calm = observed is not None and observed <= (2 * LEAVE_OVERLOAD - 1) * slo_s
+            verdict.overloaded = predicted > LEAVE_OVERLOAD * slo_s and not (calm and math.isfinite(predicted))
+        else:
+            verdict.overloaded = math.isinf(predicted) or (missing and self._missing.get(priority, False))
+        self._missing[priority] = missing
+
     def _sustainable(self, curves: list[ClearingCurve], classes: list[tuple[int, float, float]]) -> float:
         """The highest total load, with today's mix, at which some limit is predicted to meet every target."""
-        total = sum(rate for _, _, rate in classes[-1:])  # the lowest priority with a target sees all ahead of it
+        total = sum(self._rates.values())
         if not classes or total <= 0:
             return 0.0
         fastest = min(curve.per_record_s for curve in curves)
@@ -328,4 +371,4 @@ class SloController:
                 low = middle
             else:
                 high = middle
-        return low * sum(self._rates.values())
+        return low * total

@@ -274,10 +274,18 @@ def _cut(model: LatencyModel, costs: Sequence[int], limit_s: float) -> tuple[flo
     return total, batches + 1
 
 
-def predicted_latency(curve: ClearingCurve, rate: float, burst_z: float, horizon_s: float) -> float:
-    """The latency quantile at `rate`: two cycles, and a burst of `burst_z` standard deviations of Poisson arrivals."""
+def predicted_latency(
+    curve: ClearingCurve, rate: float, burst_z: float, horizon_s: float, *, behind_others: bool = False
+) -> float:
+    """The latency quantile of records arriving at `rate`: the cycle they arrive in, their own, and a burst.
+
+    The burst is `burst_z` standard deviations of Poisson arrivals beyond a cycle's mean. Records
+    that others of a lower priority run beside (`behind_others`) may find one of their batches
+    running, as long as the limit, instead of a cycle of their own.
+    """
     cycle = curve.cycle_time(rate, horizon_s)
     if math.isinf(cycle):
         return math.inf
     burst = burst_z * math.sqrt(max(rate * cycle, 1.0))
-    return 2 * cycle + curve.time(burst)
+    running = max(cycle, curve.limit_s) if behind_others else cycle
+    return running + cycle + curve.time(burst)

@@ -82,7 +82,6 @@ class StagingArea:
         self._budget = settings.batch_budget
         self._full_cost = self._budget  # waiting cost that makes a full batch
         self._wait = settings.batch_timeout_s
-        self._limit: BatchLimit | None = None
         self._max_runners = settings.max_concurrent_batches
         # Grouping by cost chooses among everything waiting, so it stages batches when the device
         # takes one (from the largest pool) rather than as soon as a batch's worth has arrived.
@@ -141,7 +140,7 @@ class StagingArea:
         pending = self.pending
         while len(self.staged) < self._prefetch and (pending.size >= self._max_size or pending.cost >= self._full_cost):
             why: DispatchReason = "full" if pending.size >= self._max_size else "budget"
-            records, cost = pending.take_batch(self._budget, self._max_size, now, skipped, STAGED, self._limit)
+            records, cost = pending.take_batch(self._budget, self._max_size, now, skipped, STAGED)
             if not records:
                 break
             self.staged.append(Batch(records, cost, why, staged=True))
@@ -160,7 +159,7 @@ class StagingArea:
         settings = self.settings
         with self.lock:
             self._max_size = max_size
-            self._limit = limit
+            self.pending.limit = limit
             self._full_cost = settings.batch_budget if full_cost is None else full_cost
             self._wait = settings.batch_timeout_s if wait_s is None else wait_s
             self._in_flight_limit = settings.in_flight_cost_limit if in_flight_cost is None else in_flight_cost
@@ -309,10 +308,10 @@ class StagingArea:
             if head is None or head.cost > room:
                 return None  # it goes once a batch in flight returns (an oversized record: on an idle device)
             budget = min(budget, room)
-        limit = self._limit
+        limit = self.pending.limit
         if limit is not None:
             limit.in_flight = self.in_flight_cost
-        records, cost = self.pending.take_batch(budget, self._max_size, now, skipped, RUNNING, limit)
+        records, cost = self.pending.take_batch(budget, self._max_size, now, skipped, RUNNING)
         if not records:
             return None
         return Batch(records, cost, reason)
