@@ -52,7 +52,8 @@ CLOCK = install()  # before the batchers are imported: they keep a reference to 
 from flyte import extras  # noqa: E402
 
 import flyteplugins_batcher as ours  # noqa: E402
-from benchmarks._charts import add_chart_flag, write_chart_data  # noqa: E402
+from benchmarks._charts import add_chart_flag  # noqa: E402
+from benchmarks._line_charts import LineChartData, Panel, write_line_chart_data  # noqa: E402
 from benchmarks._padded_gpu import Doc, PaddedGpu, poisson_arrivals  # noqa: E402
 from benchmarks._tables import markdown_table  # noqa: E402
 
@@ -123,6 +124,7 @@ def contenders(quick: bool) -> dict[str, Callable[[], Any]]:
     """Every batcher of the sweep, by name, as a function that builds a fresh one."""
     found: dict[str, Callable[[], Any]] = {
         "ours, latency_slo_s=0.25": lambda: ours.DynamicBatcher(device, latency_slo_s=SLO_S, grouping="by_cost"),
+        "ours, latency_slo_s=0.25, fifo": lambda: ours.DynamicBatcher(device, latency_slo_s=SLO_S),
         "flyte.extras defaults": lambda: extras.DynamicBatcher(process_fn=device),
         "guide's AdaptiveBatcher": lambda: GuideAdaptiveBatcher(device, SLO_S),
     }
@@ -269,13 +271,28 @@ def main() -> None:
     )
     print(f"\n### p99 and throughput at each load ({duration:.0f} simulated s per run)\n")
     print(markdown_table(PER_LOAD_HEADERS, per_load_rows(results, loads)))
-    write_chart_data(
-        args.chart_data,
-        title=f"Highest load with a {SLO_S * 1000:.0f}-ms p99: simulated padding GPU, mixed-length records",
-        unit="records/s, higher is better",
-        rows=[(name, highest_within(outcomes)) for name, outcomes in results.items()],
-        note="Virtual clock, Poisson arrivals (benchmarks/bench_slo.py).",
-        digits=0,
+    write_line_chart_data(args.chart_data, chart(results, loads, duration))
+
+
+CHARTED = ("ours, latency_slo_s=0.25", "best static at each load", "static 8, by_cost", "static 32, by_cost")
+CHARTED_TOO = ("static 128, fifo", "flyte.extras defaults", "guide's AdaptiveBatcher")
+
+
+def chart(results: dict[str, dict[int, Outcome]], loads: list[int], duration: float) -> LineChartData:
+    """p99 and throughput against the load offered, for ours, the oracle, a few static configurations and the others."""
+    lines = {**results, "best static at each load": {load: oracle(results, load)[1] for load in loads}}
+    shown = [name for name in (*CHARTED, *CHARTED_TOO) if name in lines]
+    p99 = tuple((name, tuple((load, lines[name][load].p99_s * 1000) for load in loads)) for name in shown)
+    served = tuple((name, tuple((load, lines[name][load].throughput) for load in loads)) for name in shown)
+    return LineChartData(
+        title=f"A {SLO_S * 1000:.0f}-ms p99 target against static knobs: p99 and throughput as the load grows",
+        unit="simulated padding GPU (10 ms a batch + 10 µs a padded token), lognormal 8-512 tokens, Poisson arrivals",
+        x_label="records/s offered",
+        panels=(
+            Panel("p99 latency, ms (log scale)", p99, log=True, threshold=SLO_S * 1000, threshold_label="target"),
+            Panel("records/s served", served),
+        ),
+        note=f"Virtual clock, {duration:.0f} simulated s per run (benchmarks/bench_slo.py).",
     )
 
 

@@ -1,23 +1,29 @@
 """The SLO controller: a latency target (`latency_slo_s`) instead of knobs.
 
-With a target, the batcher learns how long its batches take (`_slo_model.LatencyModel`, from every
+With a target, the batcher learns how long its batches take (`slo_model.LatencyModel`, from every
 batch the runners time), counts the records that arrive at each priority, and every few batches
-chooses the batch time limit that its model predicts meets every priority's target at that load
-with the least latency (`SloController.decide`). The staging area then grows each batch while its
-predicted time stays within the limit (`BatchLimit`): cheap records go many to a batch, costly ones
-few, so that a padding device wastes little, and no batch keeps a record waiting long. The
-settings' knobs stay bounds: no batch exceeds `max_batch_size` or `target_batch_cost`, no record
-waits past `batch_timeout_s`, no more than `max_in_flight_cost` is in flight.
+chooses a batch time limit for the load it sees (`SloController.decide`). The staging area then
+grows each batch while its predicted time stays within the limit (`slo_model.BatchLimit`): cheap
+records go many to a batch, costly ones few, so that a padding device wastes little, and no batch
+keeps a record waiting long. The settings' knobs stay bounds: no batch exceeds `max_batch_size`
+or `target_batch_cost`, no record waits past `batch_timeout_s`, no more than
+`max_in_flight_cost` is in flight.
 
-How it chooses: for eight limits between the time of one record and half the tightest target, the
-model gives the latency each priority would see (`_slo_model.predicted_latency`: the records of a
-priority wait behind those of its own and higher priorities), corrected by how far the model's
-last predictions were from the latencies the records then saw. The limit whose worst priority is
-furthest within its target wins. When even the best one misses a target at the load offered, that
-priority is overloaded: the batcher logs one warning, `BatchStats.slo.overloaded` says so until the
-load falls, and it keeps the batches that clear the most records.
+How it chooses: for twelve limits between the time of one typical record and half the tightest
+target, the model gives the latency quantile each priority would see (`slo_model.predicted_latency`:
+a priority's records wait behind those of its own and higher priorities, and behind a lower
+one's batch already running), corrected by how far its predictions were from what the records
+then saw. The limit whose worst priority takes the smallest share of its target wins (the current
+one stays while it is about as good, so that noise does not move it). With records of priorities
+without a target beside, the limit that clears the most records per second among those that keep
+every target with room wins instead: the others' work gets the device's best throughput.
 
-Until it has timed a few batches, batches start small (1, 2, 4 records) so that the first ones
+When even the best limit misses a target at the load offered, and the latest records miss it too
+(or no limit clears the load at all), that priority is overloaded: the batcher logs one warning,
+`BatchStats.slo.overloaded` says so until the load falls, and it keeps the batches that clear the
+most records.
+
+Until it has timed a few batches, batches start small (1, 2, 4 records), so that the first ones
 teach the model without keeping anybody waiting.
 """
 
@@ -49,8 +55,12 @@ logger = logging.getLogger("flyteplugins_batcher")
 
 LEARNING_BATCHES = 3
 """Batches timed before the first choice; until then batches hold 1, 2, 4 records."""
-CANDIDATES = 12
-"""Batch time limits the controller weighs at each decision."""
+JUDGING_BATCHES = 16
+"""Batches timed before the model's predictions may flag an overload: a model of three batches is a guess."""
+LADDER = 2 ** (1 / 3)
+"""Ratio between neighbouring batch time limits the controller weighs: a ladder down from half the tightest target."""
+SMOOTHING = 0.3
+"""Weight of a decision's score of a limit against the scores it had before: choices follow the load, not its noise."""
 COST_SAMPLE = 256
 """Latest record costs the clearing curves are computed from."""
 TIE = 1.03
@@ -113,6 +123,7 @@ class SloController:
         self._chosen_at = -math.inf  # when the batch time limit last changed
         self._counted_since = time.monotonic()
         self._decide_cost_s = 0.0
+        self._scores: dict[float, float] = {}  # each limit's smoothed score
         self._staging: StagingArea | None = None
 
     @classmethod
@@ -174,9 +185,9 @@ class SloController:
         costs = sorted(self._costs) if self._by_cost else list(self._costs)
         if not costs:
             return
-        pools = pools_of(costs)
+        pools = pools_of(costs, windows=1 if self._by_cost else 8)
         curves = [ClearingCurve.of(self.model, pools, limit) for limit in self._candidates(costs)]
-        curve = self._best(curves, classes, pools)
+        curve = self._best(curves, classes)
         choice = self._choice(curve)
         if self._tally.choice is None or self._tally.choice.batch_time_s != choice.batch_time_s:
             self._chosen_at = now
@@ -219,12 +230,28 @@ class SloController:
         return sum(rate for priority, rate in self._rates.items() if slo_of(priority) is None)
 
     def _candidates(self, costs: list[int]) -> list[float]:
-        """Batch time limits from one typical record's batch up to half the tightest target, evenly in ratio."""
-        typical = sorted(costs)[len(costs) // 2]
-        shortest = 1.05 * self.model.predict(1, typical, typical)
-        longest = max(self.tightest_s / 2, shortest)
-        ratio = (longest / shortest) ** (1 / (CANDIDATES - 1)) if shortest > 0 else 1.0
-        return [shortest * ratio**index for index in range(CANDIDATES)]
+        """Batch time limits down a fixed ladder from half the tightest target to one typical record's batch.
+
+        The ladder's steps do not move with the model, so each limit's score can be smoothed across
+        decisions (`_smoothed`).
+        """
+        typical = costs[len(costs) // 2] if self._by_cost else sorted(costs)[len(costs) // 2]
+        shortest = max(self.model.predict(1, typical, typical), 1e-6)  # a device too fast to time: 1 µs
+        limits = [self.tightest_s / 2]
+        while limits[-1] / LADDER > shortest and len(limits) < 24:
+            limits.append(limits[-1] / LADDER)
+        return limits[::-1]
+
+    def _smoothed(self, curves: list[ClearingCurve], scores: list[float]) -> list[float]:
+        """Each limit's score, smoothed with the scores it had at the decisions before."""
+        smoothed = []
+        for curve, score in zip(curves, scores, strict=True):
+            before = self._scores.get(curve.limit_s)
+            if before is not None and math.isfinite(before) and math.isfinite(score):
+                score = before + SMOOTHING * (score - before)
+            smoothed.append(score)
+        self._scores = dict(zip((curve.limit_s for curve in curves), smoothed, strict=True))
+        return smoothed
 
     def _score(self, curve: ClearingCurve, classes: list[tuple[int, float, float]], load: float = 1.0) -> float:
         """The worst share of its target that any priority's predicted latency takes at `load` times the rates."""
@@ -239,14 +266,12 @@ class SloController:
         behind_others = rate < sum(self._rates.values())  # lower priorities run too: their batch may be running
         return predicted_latency(curve, rate * load, self._burst_z, 4 * slo_s, behind_others=behind_others)
 
-    def _best(
-        self, curves: list[ClearingCurve], classes: list[tuple[int, float, float]], pools: list[list[int]]
-    ) -> ClearingCurve:
+    def _best(self, curves: list[ClearingCurve], classes: list[tuple[int, float, float]]) -> ClearingCurve:
         """The current limit if it scores about as well as the best, else the shortest of the best scored.
 
         When no limit has a finite score (the load is more than any clears), the one that clears most.
         """
-        scores = [self._score(curve, classes) for curve in curves]
+        scores = self._smoothed(curves, [self._score(curve, classes) for curve in curves])
         best = min(scores)
         if math.isinf(best):
             return min(reversed(curves), key=lambda curve: curve.per_record_s)  # the longest of equals
@@ -255,11 +280,9 @@ class SloController:
             if within:
                 return min(reversed(within), key=lambda curve: curve.per_record_s)
         current = self._tally.choice
-        if current is not None:
-            limit = current.batch_time_s
-            staying = ClearingCurve.of(self.model, pools, limit)
-            if self._score(staying, classes) <= best * STAY:
-                return staying
+        for curve, score in zip(curves, scores, strict=True):
+            if current is not None and curve.limit_s == current.batch_time_s and score <= best * STAY:
+                return curve
         return next(curve for curve, score in zip(curves, scores, strict=True) if score <= best * TIE)
 
     def _choice(self, curve: ClearingCurve) -> SloChoice:
@@ -318,14 +341,14 @@ class SloController:
             verdict = self._tally.verdicts.setdefault(priority, SloVerdict())
             observed = self._tally.recent_quantile(priority, max(now - 16 * slo_s, self._chosen_at), 32)
             before = self._predicted.get(priority, 0.0)
-            if steady and observed is not None and 0 < before < math.inf:
+            if steady and observed is not None and 0 < before < math.inf:  # the model against what it predicted
                 ratio = min(max(observed / before, 0.5), 1.5)
                 previous = self._calibration.get(priority, 1.0)
                 self._calibration[priority] = previous + 0.1 * (ratio - previous)
             predicted = self._predicted[priority] = self._predict(curve, slo_s, rate)
             verdict.predicted_s = self._calibration.get(priority, 1.0) * predicted
             verdict.arrivals_per_s = rate
-            self._flag(priority, verdict, slo_s, observed)
+            self._flag(priority, verdict, slo_s, self._tally.recent_quantile(priority, now - 4 * slo_s, 32))
         if not self._tally.overloaded:
             return
         if now - self._overloaded_at > max(WARN_AGAIN_S, 100 * self.tightest_s):
@@ -343,19 +366,19 @@ class SloController:
     def _flag(self, priority: int, verdict: SloVerdict, slo_s: float, observed: float | None) -> None:
         """Whether the priority is overloaded: its prediction misses the target, and the records see it.
 
-        A load no limit clears is overload at once. Short of that, it takes two predictions in a
-        row over the target while the latest records miss it too: near the edge, a noisy estimate
-        of the load does not raise it. It ends once the prediction is back under `LEAVE_OVERLOAD`
-        of the target, or the latest records are well within it.
+        It takes two decisions in a row that find the load more than any limit clears, or a
+        prediction over the target while the latest records miss it too: near the edge, one noisy
+        estimate of the load does not raise it. It ends once the prediction is back under
+        `LEAVE_OVERLOAD` of the target, or the latest records are well within it.
         """
         predicted = verdict.predicted_s
         seen = observed is not None and observed > slo_s
-        missing = math.isinf(predicted) or (predicted > slo_s and seen)
+        missing = self.model.batches >= JUDGING_BATCHES and (math.isinf(predicted) or (predicted > slo_s and seen))
         if verdict.overloaded:
             calm = observed is not None and observed <= (2 * LEAVE_OVERLOAD - 1) * slo_s
             verdict.overloaded = predicted > LEAVE_OVERLOAD * slo_s and not (calm and math.isfinite(predicted))
         else:
-            verdict.overloaded = math.isinf(predicted) or (missing and self._missing.get(priority, False))
+            verdict.overloaded = missing and self._missing.get(priority, False)
         self._missing[priority] = missing
 
     def _sustainable(self, curves: list[ClearingCurve], classes: list[tuple[int, float, float]]) -> float:

@@ -8,6 +8,9 @@ call (`a`), per record (`b`), per token for a device that packs its inputs (`c`)
 token for one that pads them to the longest (`d`), and the slowdown from other work in flight
 (`e`); the fit finds which of them this device has.
 
+**A batch's limit.** `BatchLimit` holds the controller's choice: the most a batch may take, as the
+model predicts it; the staging area grows each batch within it.
+
 **The load.** Records arriving at `rate` per second while a batch runs wait for the next one, so the
 batcher runs in cycles: the records that arrived during one cycle are cleared in the next. The
 `ClearingCurve` of a batch time limit tells how long clearing `m` waiting records takes, from a
@@ -189,20 +192,21 @@ class ClearingCurve:
     batch_cost: float
 
     @classmethod
-    def of(cls, model: LatencyModel, pools: Sequence[Sequence[int]], limit_s: float) -> ClearingCurve:
-        """The curve for `limit_s`, from `pools(costs)`: waiting records as the staging area would take them.
+    def of(cls, model: LatencyModel, pools: Sequence[Sequence[Sequence[int]]], limit_s: float) -> ClearingCurve:
+        """The curve for `limit_s`, from `pools_of(costs)`: waiting records as the staging area would take them.
 
         Raises:
-            ValueError: `pools` is not one pool per `GRID` size.
+            ValueError: `pools` is not one list of pools per `GRID` size.
         """
         if len(pools) != len(GRID):
-            raise ValueError(f"a clearing curve needs {len(GRID)} pools, got {len(pools)}")
+            raise ValueError(f"a clearing curve needs pools for {len(GRID)} sizes, got {len(pools)}")
         times = []
-        batches = 1
-        for pool in pools:
-            seconds, batches = _cut(model, pool, limit_s)
-            times.append(seconds)
-        largest = pools[-1]
+        batches = 1.0
+        for alike in pools:  # pools of one size: their mean clearing time
+            cuts = [_cut(model, pool, limit_s) for pool in alike]
+            times.append(sum(seconds for seconds, _ in cuts) / len(cuts))
+            batches = sum(count for _, count in cuts) / len(cuts)
+        largest = pools[-1][0]
         return cls(limit_s, tuple(times), len(largest) / batches, sum(largest) / batches)
 
     @property
@@ -243,15 +247,27 @@ class ClearingCurve:
         return math.inf  # the records come faster than any number of full batches clears them
 
 
-def pools_of(costs: Sequence[int]) -> list[list[int]]:
-    """For each `GRID` size, that many costs picked evenly from `costs`, keeping their order and their mix.
+def pools_of(costs: Sequence[int], *, windows: int = 1) -> list[list[list[int]]]:
+    """For each `GRID` size, pools of that many waiting records' costs, from a sample of recent ones.
+
+    With `windows` 1 (costs sorted, for `grouping="by_cost"`), one pool picked evenly from the
+    sample: the mix of costs that the staging area sorts. With more (costs in the order they came,
+    for `"fifo"`), up to that many runs of consecutive records: which records happen to wait
+    together decides how much a batch in order pads, so one pool would say too little.
 
     Raises:
         ValueError: `costs` is empty.
     """
     if not costs:
         raise ValueError("a clearing curve needs at least one record cost")
-    return [[costs[int((index + 0.5) * len(costs) / size)] for index in range(size)] for size in GRID]
+    pools = []
+    for size in GRID:
+        runs = min(windows, len(costs) // size)
+        if runs > 1:
+            pools.append([list(costs[start * size : (start + 1) * size]) for start in range(runs)])
+        else:
+            pools.append([[costs[int((index + 0.5) * len(costs) / size)] for index in range(size)]])
+    return pools
 
 
 def _cut(model: LatencyModel, costs: Sequence[int], limit_s: float) -> tuple[float, int]:
