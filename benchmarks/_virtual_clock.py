@@ -11,8 +11,9 @@ What the clock cannot show is that code's cost: CPU time does not move it (`benc
 measures the batchers' per-record overhead in real time). Batchers must be `async`: a worker thread
 would sleep in real time.
 
-`install()` replaces `time.monotonic` for the whole process, so it must run before the batchers are
-imported (they keep a reference to it), and nothing else in that process may need real time.
+`install()` replaces `time.monotonic` and `time.perf_counter` for the whole process, so it must run
+before the batchers are imported (they keep a reference to it), and nothing else in that process
+may need real time.
 
 Example:
     ```python
@@ -71,7 +72,12 @@ class _JumpingSelector(selectors.DefaultSelector):
 
 
 def install() -> VirtualClock:
-    """Make `time.monotonic` (and so asyncio's clock) virtual for this process; returns the clock."""
+    """Make `time.monotonic` (and so asyncio's clock) and `time.perf_counter` virtual for this process.
+
+    `perf_counter` too, so that code timing its own work (the SLO controller spaces its decisions by
+    their cost) behaves the same on every run and every machine. Returns the clock.
+    """
     clock = VirtualClock()
     time.monotonic = clock.monotonic
+    time.perf_counter = clock.monotonic
     return clock

@@ -57,6 +57,8 @@ LEARNING_BATCHES = 3
 """Batches timed before the first choice; until then batches hold 1, 2, 4 records."""
 JUDGING_BATCHES = 16
 """Batches timed before the model's predictions may flag an overload: a model of three batches is a guess."""
+PERSIST = 4
+"""Targets' times for which a priority's target must keep being missed before it is flagged overloaded."""
 LADDER = 2 ** (1 / 3)
 """Ratio between neighbouring batch time limits the controller weighs: a ladder down from half the tightest target."""
 SMOOTHING = 0.3
@@ -117,7 +119,7 @@ class SloController:
         self._rates: dict[int, float] = {}  # records per second per priority, smoothed
         self._calibration: dict[int, float] = {}  # observed / predicted latency, per priority
         self._predicted: dict[int, float] = {}  # the model's latest prediction per priority, before calibration
-        self._missing: dict[int, bool] = {}  # whether the latest prediction missed the priority's target
+        self._missing_since: dict[int, float] = {}  # since when each priority's target has been missed, if it is
         self._overloaded_at = -math.inf  # when some priority was last overloaded
         self._decided_at = -math.inf
         self._chosen_at = -math.inf  # when the batch time limit last changed
@@ -348,7 +350,7 @@ class SloController:
             predicted = self._predicted[priority] = self._predict(curve, slo_s, rate)
             verdict.predicted_s = self._calibration.get(priority, 1.0) * predicted
             verdict.arrivals_per_s = rate
-            self._flag(priority, verdict, slo_s, self._tally.recent_quantile(priority, now - 4 * slo_s, 32))
+            self._flag(priority, verdict, slo_s, self._tally.recent_quantile(priority, now - 16 * slo_s, 32), now)
         if not self._tally.overloaded:
             return
         if now - self._overloaded_at > max(WARN_AGAIN_S, 100 * self.tightest_s):
@@ -363,23 +365,26 @@ class SloController:
             )
         self._overloaded_at = now
 
-    def _flag(self, priority: int, verdict: SloVerdict, slo_s: float, observed: float | None) -> None:
+    def _flag(self, priority: int, verdict: SloVerdict, slo_s: float, observed: float | None, now: float) -> None:
         """Whether the priority is overloaded: its prediction misses the target, and the records see it.
 
-        It takes two decisions in a row that find the load more than any limit clears, or a
-        prediction over the target while the latest records miss it too: near the edge, one noisy
-        estimate of the load does not raise it. It ends once the prediction is back under
-        `LEAVE_OVERLOAD` of the target, or the latest records are well within it.
+        It takes `PERSIST` targets' times in which every decision found the load more than any
+        limit clears, or the prediction over the target while the latest records missed it too:
+        near the edge, a noisy estimate of the load, or a few seconds of bad luck, do not raise it.
+        It ends once the prediction is back under `LEAVE_OVERLOAD` of the target, or the latest
+        records are well within it.
         """
         predicted = verdict.predicted_s
         seen = observed is not None and observed > slo_s
         missing = self.model.batches >= JUDGING_BATCHES and (math.isinf(predicted) or (predicted > slo_s and seen))
+        if not missing:
+            self._missing_since.pop(priority, None)
+        since = self._missing_since.setdefault(priority, now) if missing else now
         if verdict.overloaded:
             calm = observed is not None and observed <= (2 * LEAVE_OVERLOAD - 1) * slo_s
             verdict.overloaded = predicted > LEAVE_OVERLOAD * slo_s and not (calm and math.isfinite(predicted))
         else:
-            verdict.overloaded = missing and self._missing.get(priority, False)
-        self._missing[priority] = missing
+            verdict.overloaded = missing and now - since >= PERSIST * slo_s
 
     def _sustainable(self, curves: list[ClearingCurve], classes: list[tuple[int, float, float]]) -> float:
         """The highest total load, with today's mix, at which some limit is predicted to meet every target."""

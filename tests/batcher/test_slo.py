@@ -269,7 +269,7 @@ def test_a_load_beyond_the_device_raises_the_signal_once_and_never_hangs(
     )
     flagged = [batches for batches, _, overloaded in traffic.choices if overloaded]
     assert flagged, "a load three times what the device clears was not flagged"
-    assert min(flagged) - traffic.phase_starts[1] <= 20  # within 20 batches of the step
+    assert min(flagged) - traffic.phase_starts[1] <= 50  # within 50 batches of the step: a second of evidence
     assert max(flagged) < traffic.phase_starts[2] + 400  # and it ends once the backlog is served
     warnings = [record for record in caplog.records if "more than the batcher can serve" in record.getMessage()]
     assert len(warnings) == 1
