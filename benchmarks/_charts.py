@@ -127,12 +127,7 @@ def render_svg(chart: ChartData) -> str:
         '<rect width="100%" height="100%" fill="#ffffff"/>',
         f'<g font-family="{FONT}" fill="{TEXT_COLOR}">',
     ]
-    y = PADDING
-    for text, size, color in heading:
-        y += size
-        weight = ' font-weight="bold"' if size == TITLE_SIZE else ""
-        parts.append(f'<text x="{PADDING}" y="{y:.1f}" font-size="{size}" fill="{color}"{weight}>{escape(text)}</text>')
-        y += 6
+    parts += heading_svg(heading)[0]
     parts += _bars(chart, labels, values, top, PADDING + label_width + GAP)
     parts.append("</g></svg>")
     return "\n".join(parts) + "\n"
@@ -152,6 +147,18 @@ def heading_lines(chart: Headed, width: float) -> list[tuple[str, int, str]]:
     for text in (chart.unit, chart.note):
         lines += [(line, NOTE_SIZE, MUTED_COLOR) for line in textwrap.wrap(text, _fitting(width, NOTE_SIZE))]
     return lines
+
+
+def heading_svg(heading: list[tuple[str, int, str]]) -> tuple[list[str], float]:
+    """The heading's lines (`heading_lines`) as SVG text from the top; returns them and where they end."""
+    parts = []
+    y = float(PADDING)
+    for text, size, color in heading:
+        y += size
+        weight = ' font-weight="bold"' if size == TITLE_SIZE else ""
+        parts.append(f'<text x="{PADDING}" y="{y:.1f}" font-size="{size}" fill="{color}"{weight}>{escape(text)}</text>')
+        y += 6
+    return parts, y
 
 
 def _fitting(width: float, size: float) -> int:

@@ -20,7 +20,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from xml.sax.saxutils import escape, quoteattr
 
-from benchmarks._charts import AXIS_COLOR, FONT, LABEL_SIZE, MUTED_COLOR, PADDING, TEXT_COLOR, heading_lines, text_width
+from benchmarks._charts import (
+    AXIS_COLOR,
+    FONT,
+    LABEL_SIZE,
+    MUTED_COLOR,
+    PADDING,
+    TEXT_COLOR,
+    heading_lines,
+    heading_svg,
+    text_width,
+)
 
 WIDTH = 760
 PLOT_HEIGHT = 210
@@ -114,14 +124,8 @@ def write_line_chart_data(path: Path | None, chart: LineChartData) -> None:
 
 def render_line_svg(chart: LineChartData) -> str:
     """The chart as a standalone SVG: the heading, the legend, then each panel over the shared x axis."""
-    heading = heading_lines(chart, WIDTH - 2 * PADDING)
-    parts = [f'<g font-family="{FONT}" fill="{TEXT_COLOR}">']
-    y = PADDING
-    for text, size, color in heading:
-        y += size
-        weight = ' font-weight="bold"' if color == TEXT_COLOR else ""
-        parts.append(f'<text x="{PADDING}" y="{y:.1f}" font-size="{size}" fill="{color}"{weight}>{escape(text)}</text>')
-        y += 6
+    heading, y = heading_svg(heading_lines(chart, WIDTH - 2 * PADDING))
+    parts = [f'<g font-family="{FONT}" fill="{TEXT_COLOR}">', *heading]
     names = [name for name, _ in chart.panels[0].series]
     legend, y = _legend(names, y + 10)
     parts += legend

@@ -30,6 +30,12 @@ class SloChoice:
         batch_cost: Summed cost of such a batch: waiting records of that cost count as a full batch.
         wait_s: The longest a record waits for its batch to fill (`batch_timeout_s` at most).
         in_flight_cost: The bound on the summed cost of the batches in flight.
+
+    Example:
+        ```python
+        choice = batcher.stats.slo.choice
+        print(f"batches of up to {choice.batch_time_s * 1000:.0f} ms, about {choice.batch_size:.0f} records")
+        ```
     """
 
     batch_time_s: float
@@ -51,6 +57,13 @@ class SloClassStats:
         predicted_s: The model's prediction of that quantile for the current choice and load.
         arrivals_per_s: Records submitted per second at this priority or above (they go before it).
         overloaded: No choice can meet the target at the load the priority sees.
+
+    Example:
+        ```python
+        online = batcher.stats.slo.by_priority[10]
+        if online.overloaded:  # a server answers new online requests 429
+            print(f"{online.met_fraction:.1%} within {online.latency_slo_s}s, p99 lately {online.recent_s:.3f}s")
+        ```
     """
 
     latency_slo_s: float

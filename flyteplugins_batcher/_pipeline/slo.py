@@ -34,6 +34,7 @@ import math
 import statistics
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from flyteplugins_batcher._measure.slo import SloChoice, SloTally, SloVerdict, describe
@@ -80,6 +81,61 @@ WARN_AGAIN_S = 60.0
 """Seconds without overload (at least a hundred targets' times) after which a new overload is warned of again."""
 
 
+class OverloadWatch:
+    """Whether each priority's target can be met at the load offered, and one warning when it cannot.
+
+    Args:
+        settings: The batcher's settings (for the warning).
+        batcher_name: For the warning.
+        tightest_s: The tightest target (a new overload is warned of again after a hundred of them,
+            or a minute, without any).
+    """
+
+    def __init__(self, settings: BatcherSettings, batcher_name: str, tightest_s: float) -> None:
+        self._settings = settings
+        self._name = batcher_name
+        self._quiet_s = max(WARN_AGAIN_S, 100 * tightest_s)
+        self._missing_since: dict[int, float] = {}  # since when each priority's target has been missed, if it is
+        self._overloaded_at = -math.inf  # when some priority was last overloaded
+
+    def judge(
+        self, priority: int, verdict: SloVerdict, slo_s: float, observed: float | None, now: float, *, timed: int
+    ) -> None:
+        """Set `verdict.overloaded`: whether the priority's prediction misses its target, and its records see it.
+
+        It takes `PERSIST` targets' times in which every decision found the load more than any
+        limit clears, or the prediction over the target while the latest records missed it too:
+        near the edge, a noisy estimate of the load, or a few seconds of bad luck, do not raise it.
+        It ends once the prediction is back under `LEAVE_OVERLOAD` of the target, or the latest
+        records are well within it.
+        """
+        predicted = verdict.predicted_s
+        seen = observed is not None and observed > slo_s
+        missing = timed >= JUDGING_BATCHES and (math.isinf(predicted) or (predicted > slo_s and seen))
+        if not missing:
+            self._missing_since.pop(priority, None)
+        since = self._missing_since.setdefault(priority, now) if missing else now
+        if verdict.overloaded:
+            calm = observed is not None and observed <= (2 * LEAVE_OVERLOAD - 1) * slo_s
+            verdict.overloaded = predicted > LEAVE_OVERLOAD * slo_s and not (calm and math.isfinite(predicted))
+        else:
+            verdict.overloaded = missing and now - since >= PERSIST * slo_s
+
+    def warn(self, now: float, arrivals_per_s: float, sustainable_per_s: Callable[[], float]) -> None:
+        """Some priority is overloaded now: warn, unless it was already within the last quiet spell."""
+        if now - self._overloaded_at > self._quiet_s:
+            logger.warning(
+                "%s: %.0f records/s is more than the batcher can serve within latency_slo_s=%s at p%g: "
+                "about %.0f records/s would fit; records will miss the target until the load falls",
+                self._name,
+                arrivals_per_s,
+                describe(self._settings.latency_slo_s),
+                100 * self._settings.slo_quantile,
+                sustainable_per_s(),
+            )
+        self._overloaded_at = now
+
+
 class SloStagingArea(StagingArea):
     """The staging area of a batcher with a latency target: it also counts the records that arrive, by priority."""
 
@@ -110,7 +166,6 @@ class SloController:
     def __init__(self, settings: BatcherSettings, tally: SloTally, batcher_name: str) -> None:
         self._settings = settings
         self._tally = self.tally = tally
-        self._name = batcher_name
         self._by_cost = settings.grouping == "by_cost"
         self._burst_z = statistics.NormalDist().inv_cdf(settings.slo_quantile)
         self.model = LatencyModel()
@@ -119,8 +174,7 @@ class SloController:
         self._rates: dict[int, float] = {}  # records per second per priority, smoothed
         self._calibration: dict[int, float] = {}  # observed / predicted latency, per priority
         self._predicted: dict[int, float] = {}  # the model's latest prediction per priority, before calibration
-        self._missing_since: dict[int, float] = {}  # since when each priority's target has been missed, if it is
-        self._overloaded_at = -math.inf  # when some priority was last overloaded
+        self._overload = OverloadWatch(settings, batcher_name, self.tightest_s)
         self._decided_at = -math.inf
         self._chosen_at = -math.inf  # when the batch time limit last changed
         self._counted_since = time.monotonic()
@@ -350,41 +404,10 @@ class SloController:
             predicted = self._predicted[priority] = self._predict(curve, slo_s, rate)
             verdict.predicted_s = self._calibration.get(priority, 1.0) * predicted
             verdict.arrivals_per_s = rate
-            self._flag(priority, verdict, slo_s, self._tally.recent_quantile(priority, now - 16 * slo_s, 32), now)
-        if not self._tally.overloaded:
-            return
-        if now - self._overloaded_at > max(WARN_AGAIN_S, 100 * self.tightest_s):
-            logger.warning(
-                "%s: %.0f records/s is more than the batcher can serve within latency_slo_s=%s at p%g: "
-                "about %.0f records/s would fit; records will miss the target until the load falls",
-                self._name,
-                sum(self._rates.values()),
-                describe(self._settings.latency_slo_s),
-                100 * self._settings.slo_quantile,
-                self._sustainable([curve], classes),
-            )
-        self._overloaded_at = now
-
-    def _flag(self, priority: int, verdict: SloVerdict, slo_s: float, observed: float | None, now: float) -> None:
-        """Whether the priority is overloaded: its prediction misses the target, and the records see it.
-
-        It takes `PERSIST` targets' times in which every decision found the load more than any
-        limit clears, or the prediction over the target while the latest records missed it too:
-        near the edge, a noisy estimate of the load, or a few seconds of bad luck, do not raise it.
-        It ends once the prediction is back under `LEAVE_OVERLOAD` of the target, or the latest
-        records are well within it.
-        """
-        predicted = verdict.predicted_s
-        seen = observed is not None and observed > slo_s
-        missing = self.model.batches >= JUDGING_BATCHES and (math.isinf(predicted) or (predicted > slo_s and seen))
-        if not missing:
-            self._missing_since.pop(priority, None)
-        since = self._missing_since.setdefault(priority, now) if missing else now
-        if verdict.overloaded:
-            calm = observed is not None and observed <= (2 * LEAVE_OVERLOAD - 1) * slo_s
-            verdict.overloaded = predicted > LEAVE_OVERLOAD * slo_s and not (calm and math.isfinite(predicted))
-        else:
-            verdict.overloaded = missing and now - since >= PERSIST * slo_s
+            latest = self._tally.recent_quantile(priority, now - 16 * slo_s, 32)
+            self._overload.judge(priority, verdict, slo_s, latest, now, timed=self.model.batches)
+        if self._tally.overloaded:
+            self._overload.warn(now, sum(self._rates.values()), lambda: self._sustainable([curve], classes))
 
     def _sustainable(self, curves: list[ClearingCurve], classes: list[tuple[int, float, float]]) -> float:
         """The highest total load, with today's mix, at which some limit is predicted to meet every target."""
