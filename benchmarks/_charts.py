@@ -5,6 +5,8 @@ drawn from `docs/benchmarks/data/<bench>.json`:
 
     {"title": "...", "unit": "...", "note": "...", "digits": 2, "rows": [["label", 1.0], ...]}
 
+(or, for a sweep, `panels` of lines instead of `rows`: `_line_charts.py`).
+
 A benchmark run with `--chart-data PATH` writes that JSON from its own results
 (`add_chart_flag`, `write_chart_data`); `benchmarks/render_charts.py` draws every SVG from the
 JSON files (`render_svg`). The SVG is deterministic: the same data gives the same bytes.
@@ -18,6 +20,7 @@ import textwrap
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 from xml.sax.saxutils import escape, quoteattr
 
 FONT = "ui-monospace, SFMono-Regular, Menlo, Consolas, 'DejaVu Sans Mono', monospace"
@@ -114,7 +117,7 @@ def render_svg(chart: ChartData) -> str:
     label_width = max(text_width(label, LABEL_SIZE) for label in labels)
     value_width = max(text_width(value, LABEL_SIZE) for value in values)
     width = max(MIN_WIDTH, PADDING * 2 + label_width + GAP * 2 + BAR_AREA + value_width)
-    heading = _text_lines(chart, width - 2 * PADDING)
+    heading = heading_lines(chart, width - 2 * PADDING)
     top = PADDING + sum(size + 6 for _, size, _ in heading) + 8
     height = top + ROW_HEIGHT * len(labels) + PADDING
     parts = [
@@ -124,23 +127,38 @@ def render_svg(chart: ChartData) -> str:
         '<rect width="100%" height="100%" fill="#ffffff"/>',
         f'<g font-family="{FONT}" fill="{TEXT_COLOR}">',
     ]
-    y = PADDING
-    for text, size, color in heading:
-        y += size
-        weight = ' font-weight="bold"' if size == TITLE_SIZE else ""
-        parts.append(f'<text x="{PADDING}" y="{y:.1f}" font-size="{size}" fill="{color}"{weight}>{escape(text)}</text>')
-        y += 6
+    parts += heading_svg(heading)[0]
     parts += _bars(chart, labels, values, top, PADDING + label_width + GAP)
     parts.append("</g></svg>")
     return "\n".join(parts) + "\n"
 
 
-def _text_lines(chart: ChartData, width: float) -> list[tuple[str, int, str]]:
+class Headed(Protocol):
+    """What a chart's heading is drawn from."""
+
+    title: str
+    unit: str
+    note: str
+
+
+def heading_lines(chart: Headed, width: float) -> list[tuple[str, int, str]]:
     """The heading's lines: the title (bold), then the unit and the note (muted), each wrapped to fit `width`."""
     lines = [(line, TITLE_SIZE, TEXT_COLOR) for line in textwrap.wrap(chart.title, _fitting(width, TITLE_SIZE))]
     for text in (chart.unit, chart.note):
         lines += [(line, NOTE_SIZE, MUTED_COLOR) for line in textwrap.wrap(text, _fitting(width, NOTE_SIZE))]
     return lines
+
+
+def heading_svg(heading: list[tuple[str, int, str]]) -> tuple[list[str], float]:
+    """The heading's lines (`heading_lines`) as SVG text from the top; returns them and where they end."""
+    parts = []
+    y = float(PADDING)
+    for text, size, color in heading:
+        y += size
+        weight = ' font-weight="bold"' if size == TITLE_SIZE else ""
+        parts.append(f'<text x="{PADDING}" y="{y:.1f}" font-size="{size}" fill="{color}"{weight}>{escape(text)}</text>')
+        y += 6
+    return parts, y
 
 
 def _fitting(width: float, size: float) -> int:
@@ -171,6 +189,11 @@ def _bars(chart: ChartData, labels: list[str], values: list[str], top: float, ax
 
 
 def render_file(data_path: Path, svg_path: Path) -> None:
-    """Draw the chart in `data_path` (JSON) into `svg_path`."""
-    chart = ChartData.from_json(data_path.read_text(encoding="utf-8"))
-    svg_path.write_text(render_svg(chart), encoding="utf-8")
+    """Draw the chart in `data_path` (JSON: bars, or a sweep's panels of lines) into `svg_path`."""
+    text = data_path.read_text(encoding="utf-8")
+    if "panels" in json.loads(text):
+        from benchmarks._line_charts import LineChartData, render_line_svg  # it draws with this module's parts
+
+        svg_path.write_text(render_line_svg(LineChartData.from_json(text)), encoding="utf-8")
+        return
+    svg_path.write_text(render_svg(ChartData.from_json(text)), encoding="utf-8")

@@ -40,6 +40,7 @@ from flyteplugins_batcher._pipeline.envelope import Envelope
 from flyteplugins_batcher._pipeline.invoke import is_async_callable
 from flyteplugins_batcher._pipeline.lifecycle import ACTIVE, BatcherState, Lifecycle
 from flyteplugins_batcher._pipeline.settle import Settler
+from flyteplugins_batcher._pipeline.slo import SloController
 from flyteplugins_batcher._pipeline.streams import RecordStreams
 from flyteplugins_batcher._settings import BatcherSettings
 from flyteplugins_batcher._types import CostEstimatorFn, ProcessFn, RecordT, ResultT
@@ -75,7 +76,7 @@ class DynamicBatcher(RecordStreams[RecordT, ResultT]):
             flyte.extras' `target_batch_cost`, `max_batch_size`, `min_batch_size`,
             `batch_timeout_s`, `max_queue_size`, `prefetch_batches`, `default_cost`, and ours:
             `max_concurrent_batches`, `max_in_flight_cost`, `on_error`, `oversized`, `grouping`,
-            `priority_aging_s`.
+            `priority_aging_s`, and a latency target instead of knobs: `latency_slo_s`, `slo_quantile`.
 
     Raises:
         TypeError: A keyword is not a setting (the message names the closest one).
@@ -140,7 +141,8 @@ class DynamicBatcher(RecordStreams[RecordT, ResultT]):
         self._is_async = is_async_callable(process_fn)
         self._costs = CostResolver(self.name, cost_estimator, settings.default_cost, self._cost_protocols)
         self._reject_above = settings.batch_budget if settings.oversized == "reject" else math.inf
-        self._stats = StatsRecorder()  # the batcher's whole life, across restarts
+        slo = SloController.of(settings, self.name)  # learns, as the statistics count, across restarts
+        self._stats = StatsRecorder(slo.tally if slo is not None else None)  # the batcher's whole life
         self._settler = Settler(self.name, self._stats, split_hint=settings.on_error == "raise")
         new_run = functools.partial(
             Dispatcher,
@@ -149,6 +151,7 @@ class DynamicBatcher(RecordStreams[RecordT, ResultT]):
             batcher_name=self.name,
             stats=self._stats,
             settler=self._settler,
+            slo=slo,
         )
         self._lifecycle = Lifecycle(self.name, new_run)
 
@@ -252,8 +255,7 @@ class DynamicBatcher(RecordStreams[RecordT, ResultT]):
         if exc_type is None:
             await self.stop()
         else:
-            # The block failed or was cancelled (a `wait_for` around `run()` timed out, say): nobody
-            # will await what is left, and a stuck device must not keep the caller from leaving.
+            # The block failed or was cancelled: nobody awaits what is left, nor waits for a stuck device.
             await self.stop(timeout=0, cancel_pending=True)
 
     # -- submitting --------------------------------------------------------------------------------

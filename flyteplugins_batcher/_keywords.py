@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Literal, TypedDict, TypeVar
 
 from flyteplugins_batcher._settings import TOKEN_KEYWORDS, BatcherSettings, Grouping, OnError, Oversized
@@ -35,6 +35,8 @@ class SettingsKeywords(TypedDict, total=False):
     oversized: Oversized
     grouping: Grouping
     priority_aging_s: float | None
+    latency_slo_s: float | Mapping[int, float] | None
+    slo_quantile: float
     max_inflight_cost: int | None  # deprecated spelling of max_in_flight_cost
 
 

@@ -100,6 +100,15 @@ class BatcherSettings:
             waste little.
         priority_aging_s: A waiting record gains one priority level per this many seconds, so low
             priorities cannot starve; `None` means strict priorities.
+        latency_slo_s: The latency target: seconds from `submit` to the result that `slo_quantile` of
+            the records must meet; a mapping `{priority: seconds}` gives the records of each listed
+            priority their own (records of unlisted priorities have none, and fill the device
+            around the others). With it, the batcher learns how long its batches take as it runs and
+            chooses their size, its wait and its work in flight to meet the target at the load it
+            sees; `max_batch_size`, `target_batch_cost`, `batch_timeout_s` and `max_in_flight_cost`
+            become bounds. `BatchStats.slo` shows the target, the share met and the choice, and
+            `overloaded` when no choice can meet it. `None`: no target, the knobs alone decide.
+        slo_quantile: The share of records that must meet `latency_slo_s` (0.99: the p99).
 
     Example:
         ```python
@@ -123,6 +132,8 @@ class BatcherSettings:
     oversized: Oversized = "run_alone"
     grouping: Grouping = "fifo"
     priority_aging_s: float | None = 10.0
+    latency_slo_s: float | Mapping[int, float] | None = None
+    slo_quantile: float = 0.99
 
     def __post_init__(self) -> None:
         _require(
@@ -160,11 +171,21 @@ class BatcherSettings:
             self.priority_aging_s is None or self.priority_aging_s > 0,
             f"priority_aging_s must be > 0 or None, got {self.priority_aging_s}",
         )
+        if isinstance(self.latency_slo_s, Mapping):
+            # A copy of its own, so that a caller changing their dict later cannot change frozen settings.
+            object.__setattr__(self, "latency_slo_s", dict(self.latency_slo_s))
+        _require(_valid_slo(self.latency_slo_s), _slo_message(self.latency_slo_s))
+        _require(0 < self.slo_quantile < 1, f"slo_quantile must be between 0 and 1, got {self.slo_quantile}")
 
     @property
     def batch_budget(self) -> int:
         """The bound on a batch's summed cost: `target_batch_cost`, or `NO_BUDGET` when it is `None`."""
         return NO_BUDGET if self.target_batch_cost is None else self.target_batch_cost
+
+    def slo_of(self, priority: int) -> float | None:
+        """The latency target of a record of `priority`, in seconds (`None`: it has none)."""
+        slo = self.latency_slo_s
+        return slo.get(priority) if isinstance(slo, Mapping) else slo
 
     @property
     def in_flight_cost_limit(self) -> int:
@@ -327,6 +348,22 @@ def _suggestion(name: str) -> str:
     candidates = sorted((SETTING_NAMES | set(TOKEN_KEYWORDS) | {"cost_estimator", "token_estimator", "name"}) - {name})
     close = difflib.get_close_matches(name, candidates, n=1)
     return f"; did you mean {close[0]!r}?" if close else f"; valid settings: {', '.join(candidates)}"
+
+
+def _is_seconds(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf
+
+
+def _valid_slo(slo: Any) -> bool:
+    if slo is None or _is_seconds(slo):
+        return True
+    if not isinstance(slo, Mapping) or not slo:
+        return False
+    return all(isinstance(key, int) and not isinstance(key, bool) and _is_seconds(value) for key, value in slo.items())
+
+
+def _slo_message(slo: Any) -> str:
+    return f"latency_slo_s must be seconds > 0, a non-empty {{priority: seconds > 0}} mapping, or None; got {slo!r}"
 
 
 def _require(condition: bool, message: str) -> None:

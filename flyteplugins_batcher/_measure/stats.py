@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from flyteplugins_batcher._deprecation import warn_deprecated
 from flyteplugins_batcher._measure.histogram import Distribution, LogHistogram
 from flyteplugins_batcher._measure.observers import Observers
+from flyteplugins_batcher._measure.slo import SloStats, SloTally
 from flyteplugins_batcher._measure.timeline import Timeline, TimelineRecorder, completion_tokens
 from flyteplugins_batcher._types import DispatchReason, RecordState, SettledOutcome
 
@@ -59,6 +60,8 @@ class BatchStats:
         in_flight_batches: Batches inside the process function right now.
         timeline: When each batch was inside the process function, its size, cost and output tokens
             (bounded: neighbouring batches merge once there are many; see `Timeline`).
+        slo: With `latency_slo_s`: the target, the share of records that met it, the controller's
+            choice, and whether the load is more than any choice can serve (`SloStats`); else `None`.
 
     Example:
         ```python
@@ -92,6 +95,7 @@ class BatchStats:
     queue_depth: int = 0
     in_flight_batches: int = 0
     timeline: Timeline = field(default_factory=Timeline)
+    slo: SloStats | None = None
 
     @property
     def utilization(self) -> float:
@@ -112,6 +116,7 @@ class BatchStats:
             value = getattr(self, name)
             plain[name] = value.as_dict() if isinstance(value, Distribution) else value
         plain["timeline"] = asdict(self.timeline)
+        plain["slo"] = None if self.slo is None else asdict(self.slo) | {"met_fraction": self.slo.met_fraction}
         plain["batches_by_reason"] = dict(self.batches_by_reason)
         plain["utilization"] = self.utilization
         return plain
@@ -129,7 +134,7 @@ class BatchStats:
             f"{self.records_per_s:.1f} rec/s | utilization {self.utilization:.1%} | "
             f"wait p50 {_ms(self.queue_wait_s.p50)} p99 {_ms(self.queue_wait_s.p99)} | "
             f"latency p50 {_ms(self.latency_s.p50)} p99 {_ms(self.latency_s.p99)} | "
-            f"batches: {reasons or 'none'}"
+            f"batches: {reasons or 'none'}" + ("" if self.slo is None else f" | {self.slo.summary()}")
         )
 
 
@@ -207,14 +212,21 @@ class BatchClock(BusyClock):
         `results` is what the call returned (`None` when it raised).
         """
         ended = self.exit()
+        batch.device_s += ended - started  # what a latency target's controller learns from
+        batch.calls += 1
         cost = batch.cost if part is batch.envelopes else sum(envelope.cost for envelope in part)
         self.timeline.add(started, ended, len(part), cost, completion_tokens(results))
 
 
 class StatsRecorder:
-    """The batcher's live counters. The batcher changes them only through these methods, on its event loop."""
+    """The batcher's live counters. The batcher changes them only through these methods, on its event loop.
 
-    def __init__(self) -> None:
+    Args:
+        slo: With a latency target, where records are counted against it.
+    """
+
+    def __init__(self, slo: SloTally | None = None) -> None:
+        self.slo = slo
         self.busy = BatchClock()
         self._submitted = 0
         self._completed = 0
@@ -324,4 +336,5 @@ class StatsRecorder:
             queue_depth=queue_depth,
             in_flight_batches=in_flight_batches,
             timeline=self.busy.timeline.snapshot(),
+            slo=None if self.slo is None else self.slo.snapshot(),
         )

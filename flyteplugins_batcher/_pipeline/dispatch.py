@@ -23,6 +23,7 @@ from flyteplugins_batcher._pipeline.envelope import CANCELLED, COMPLETED, FAILED
 from flyteplugins_batcher._pipeline.invoke import is_async_callable
 from flyteplugins_batcher._pipeline.runners import RunnerHooks, RunnerPool
 from flyteplugins_batcher._pipeline.settle import Settler
+from flyteplugins_batcher._pipeline.slo import SloController, SloStagingArea
 from flyteplugins_batcher._pipeline.staging import Batch, Plan, StagingArea
 from flyteplugins_batcher._settings import BatcherSettings
 from flyteplugins_batcher._types import ProcessFn
@@ -42,6 +43,7 @@ class Dispatcher:
         settler: Ends the records.
         on_failure: Told when the process function raised something no batch survives; returns
             the batcher's failure (`_lifecycle.Lifecycle.fail`).
+        slo: With a latency target, its controller (it spans the batcher's runs, as the statistics do).
     """
 
     def __init__(
@@ -54,10 +56,15 @@ class Dispatcher:
         stats: StatsRecorder,
         settler: Settler,
         on_failure: Callable[[BaseException], BatcherFailedError],
+        slo: SloController | None = None,
     ) -> None:
         self.loop = loop
         self.active = True  # may start runners and arm timers: false once the run stopped or failed
-        self.staging = StagingArea(settings, threads=not is_async_callable(process_fn))
+        threads = not is_async_callable(process_fn)
+        self.staging = (
+            StagingArea(settings, threads=threads) if slo is None else SloStagingArea(settings, slo, threads=threads)
+        )
+        self._slo = slo
         self.pending = self.staging.pending
         self.backpressure = Backpressure(loop, self.pending, settings.queue_capacity)
         self.deadlines = DeadlineWatch(loop, self._expire)
@@ -146,6 +153,8 @@ class Dispatcher:
         self._settler.settle(records, COMPLETED, outcome)
 
     def _on_done(self, batch: Batch) -> None:
+        if self._slo is not None:
+            self._slo.batch_done(batch, self.loop)
         self.deadlines.trim(self._stats.in_system)
         if self.active:
             self.pump()

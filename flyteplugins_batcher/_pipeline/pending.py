@@ -24,10 +24,14 @@ import bisect
 import contextlib
 from collections import deque
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from flyteplugins_batcher._pipeline.envelope import QUEUED, STAGED, Envelope, move, take_live
 from flyteplugins_batcher._settings import Grouping
 from flyteplugins_batcher._types import RecordState
+
+if TYPE_CHECKING:
+    from flyteplugins_batcher._pipeline.slo_model import BatchLimit
 
 
 class PendingQueue:
@@ -40,6 +44,7 @@ class PendingQueue:
 
     def __init__(self, grouping: Grouping = "fifo", priority_aging_s: float | None = None) -> None:
         self.cost = 0  # summed cost of the records still queued (cancelled ones until they are dropped)
+        self.limit: BatchLimit | None = None  # with a latency target: the most a batch may take, as predicted
         self.size = 0  # records still queued (read on every submit, hence an attribute)
         self._by_cost = grouping == "by_cost"
         self._aging_s = priority_aging_s
@@ -90,7 +95,8 @@ class PendingQueue:
         """Remove and return the next batch, moved to `to`, and its cost: at most `max_size` records within `budget`.
 
         The first record always goes, so one costlier than the budget runs alone; otherwise a
-        record that would cross the budget stays for the next batch. Cancelled records, and
+        record that would cross the budget (or, with a latency target, make the batch's predicted
+        time cross `limit`) stays for the next batch. Cancelled records, and
         records whose deadline has passed, are dropped into `skipped` and never batched; a batch
         to stage is checked when a runner takes it instead (until then, its records may still be
         cancelled).
@@ -185,12 +191,15 @@ class PendingQueue:
         # written for speed. The head is live (`_next_level` dropped dead heads).
         count = 0
         cost = 0
-        for envelope in queue:
-            grown = cost + envelope.cost
-            if count == max_size or (count and grown > budget):
-                break
-            cost = grown
-            count += 1
+        if self.limit is not None:
+            count, cost = self.limit.count_in_order(queue, budget, max_size)
+        else:
+            for envelope in queue:
+                grown = cost + envelope.cost
+                if count == max_size or (count and grown > budget):
+                    break
+                cost = grown
+                count += 1
         popleft = queue.popleft
         taken = [popleft() for _ in range(count)]
         self.size -= count
@@ -211,6 +220,7 @@ class PendingQueue:
         block_high = block_low + max_size
         batch = [anchor]
         cost = anchor.cost
+        limit = self.limit
         can_grow_up = True
         while len(batch) < max_size:
             below = entries[low - 1][2] if low > block_low else None
@@ -221,7 +231,13 @@ class PendingQueue:
             candidate = above if take_above else below
             assert candidate is not None
             if candidate.is_live(now):
-                if cost + candidate.cost > budget:
+                if cost + candidate.cost > budget or (
+                    # the costliest record is the range's top, or the candidate when it is above the range
+                    limit is not None
+                    and not limit.fits(
+                        len(batch) + 1, cost + candidate.cost, candidate.cost if take_above else entries[high - 1][0]
+                    )
+                ):
                     if take_above:
                         can_grow_up = False  # a cheaper record below may still fit; costlier ones never will
                         continue

@@ -176,7 +176,11 @@ class Settler:
 
     def _count(self, now: float, envelopes: Sequence[Envelope], end: RecordState, *, failed: int = 0) -> None:
         if envelopes:
-            self._stats.record_settled(now, [now - envelope.submitted_at for envelope in envelopes], end, failed=failed)
+            latencies = [now - envelope.submitted_at for envelope in envelopes]
+            self._stats.record_settled(now, latencies, end, failed=failed)
+            slo = self._stats.slo
+            if slo is not None and end is COMPLETED:  # a latency target counts the records that got their answer
+                slo.settled(now, [envelope.priority for envelope in envelopes], latencies)
 
     def _note_batch_error(self, error: BaseException, envelopes: Sequence[Envelope]) -> None:
         if len(envelopes) == 1:

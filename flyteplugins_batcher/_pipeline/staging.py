@@ -21,11 +21,15 @@ from __future__ import annotations
 import threading
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from flyteplugins_batcher._pipeline.envelope import QUEUED, RUNNING, STAGED, Envelope, take_live
 from flyteplugins_batcher._pipeline.pending import PendingQueue
 from flyteplugins_batcher._settings import BatcherSettings
 from flyteplugins_batcher._types import DispatchReason
+
+if TYPE_CHECKING:
+    from flyteplugins_batcher._pipeline.slo_model import BatchLimit
 
 
 @dataclass(eq=False)
@@ -36,6 +40,9 @@ class Batch:
     cost: int
     reason: DispatchReason
     staged: bool = False  # assembled ahead: its records may have been cancelled or expired since
+    in_flight_before: int = 0  # cost already in flight when a runner took it
+    device_s: float = 0.0  # seconds inside the process function, measured by its runner
+    calls: int = 0  # calls of the process function it took (more than one when split to isolate a failure)
 
 
 @dataclass
@@ -67,10 +74,14 @@ class StagingArea:
         self.in_flight_cost = 0
         self.draining = False
         self.flush_upto = -1  # records up to this submission number go without waiting for the timeout
+        # The limits batches are formed within: the settings', or what a latency target's controller
+        # chose within them (`apply_limits`).
         self._in_flight_limit = settings.in_flight_cost_limit
         self._prefetch = settings.prefetch_batches
         self._max_size = settings.max_batch_size
         self._budget = settings.batch_budget
+        self._full_cost = self._budget  # waiting cost that makes a full batch
+        self._wait = settings.batch_timeout_s
         self._max_runners = settings.max_concurrent_batches
         # Grouping by cost chooses among everything waiting, so it stages batches when the device
         # takes one (from the largest pool) rather than as soon as a batch's worth has arrived.
@@ -95,7 +106,7 @@ class StagingArea:
             skipped: list[Envelope] | None = None
             if (
                 len(self.staged) < self._prefetch
-                and (pending.size >= self._max_size or pending.cost >= self._budget)
+                and (pending.size >= self._max_size or pending.cost >= self._full_cost)
                 and (envelope is None or not self._stage_late)
             ):
                 skipped = []
@@ -122,20 +133,37 @@ class StagingArea:
             # themselves when their batch returns.
             oldest = pending.oldest(now, skipped)
             if oldest is not None:
-                plan.wake_at = oldest.submitted_at + self.settings.batch_timeout_s
+                plan.wake_at = oldest.submitted_at + self._wait
         return plan
 
     def _stage_full_batches(self, now: float, skipped: list[Envelope]) -> None:
-        settings = self.settings
         pending = self.pending
-        while len(self.staged) < settings.prefetch_batches and (
-            pending.size >= settings.max_batch_size or pending.cost >= self._budget
-        ):
-            why: DispatchReason = "full" if pending.size >= settings.max_batch_size else "budget"
-            records, cost = pending.take_batch(self._budget, settings.max_batch_size, now, skipped, STAGED)
+        while len(self.staged) < self._prefetch and (pending.size >= self._max_size or pending.cost >= self._full_cost):
+            why: DispatchReason = "full" if pending.size >= self._max_size else "budget"
+            records, cost = pending.take_batch(self._budget, self._max_size, now, skipped, STAGED)
             if not records:
                 break
             self.staged.append(Batch(records, cost, why, staged=True))
+
+    def apply_limits(
+        self,
+        *,
+        max_size: int,
+        limit: BatchLimit | None = None,
+        full_cost: int | None = None,
+        wait_s: float | None = None,
+        in_flight_cost: int | None = None,
+        prefetch: int | None = None,
+    ) -> None:
+        """Form batches within these limits from now on, as a latency target chose them (`None`: the setting)."""
+        settings = self.settings
+        with self.lock:
+            self._max_size = max_size
+            self.pending.limit = limit
+            self._full_cost = settings.batch_budget if full_cost is None else full_cost
+            self._wait = settings.batch_timeout_s if wait_s is None else wait_s
+            self._in_flight_limit = settings.in_flight_cost_limit if in_flight_cost is None else in_flight_cost
+            self._prefetch = settings.prefetch_batches if prefetch is None else prefetch
 
     def flush(self, upto_seq: int) -> None:
         """Let every record up to `upto_seq` go without waiting for the timeout."""
@@ -236,6 +264,7 @@ class StagingArea:
                 if live:
                     break
             self.running.add(batch)
+            batch.in_flight_before = self.in_flight_cost
             self.in_flight_cost += batch.cost
             return batch, skipped
 
@@ -264,7 +293,6 @@ class StagingArea:
         return 1
 
     def _take(self, now: float, skipped: list[Envelope]) -> Batch | None:
-        settings = self.settings
         room = self._in_flight_limit - self.in_flight_cost
         if self.staged:
             head = self.staged[0]
@@ -280,27 +308,29 @@ class StagingArea:
             if head is None or head.cost > room:
                 return None  # it goes once a batch in flight returns (an oversized record: on an idle device)
             budget = min(budget, room)
-        records, cost = self.pending.take_batch(budget, settings.max_batch_size, now, skipped, RUNNING)
+        limit = self.pending.limit
+        if limit is not None:
+            limit.in_flight = self.in_flight_cost
+        records, cost = self.pending.take_batch(budget, self._max_size, now, skipped, RUNNING)
         if not records:
             return None
         return Batch(records, cost, reason)
 
     def _pending_reason(self, now: float, skipped: list[Envelope]) -> DispatchReason | None:
-        settings = self.settings
         pending = self.pending
         if not pending:
             return None
-        if pending.size >= settings.max_batch_size:
+        if pending.size >= self._max_size:
             return "full"
-        if pending.cost >= self._budget:
+        if pending.cost >= self._full_cost:
             return "budget"
         oldest = pending.oldest(now, skipped)
         if oldest is None:
             return None
         if self.draining or oldest.seq <= self.flush_upto:
             return "drain"
-        if now - oldest.submitted_at >= settings.batch_timeout_s:
+        if now - oldest.submitted_at >= self._wait:
             return "timeout"
-        if not self.in_flight_batches and pending.size >= settings.min_batch_size:
+        if not self.in_flight_batches and pending.size >= self.settings.min_batch_size:
             return "idle"
         return None

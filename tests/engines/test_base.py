@@ -6,6 +6,8 @@ loading anything; the real engines run through the same code in their own tests.
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from flyteplugins_batcher import Prompt
@@ -119,6 +121,18 @@ def test_batcher_settings_come_from_the_engine_and_a_misspelt_override_fails_at_
     assert batcher.settings.max_batch_size == 3 and batcher.name == "echoes"
     with pytest.raises(TypeError, match="did you mean 'max_batch_size'"):
         engine.batcher(max_batchsize=3)
+
+
+async def test_an_engines_batcher_takes_a_latency_target_per_priority():
+    engine = EchoEngine(generation=GenerationConfig(max_new_tokens=4))
+    engine.load()
+    async with engine.batcher(latency_slo_s={1: 5.0}) as batcher:
+        futures = [await batcher.submit(text, priority=1) for text in ("abc", "de", "f")]
+        futures.append(await batcher.submit("gh"))  # priority 0: no target
+        assert [completion.text for completion in await asyncio.gather(*futures)] == ["cba", "ed", "f", "hg"]
+    slo = batcher.stats.slo
+    assert batcher.settings.latency_slo_s == {1: 5.0} and slo is not None
+    assert list(slo.by_priority) == [1] and (slo.completed, slo.met) == (3, 3)
 
 
 @pytest.mark.parametrize(

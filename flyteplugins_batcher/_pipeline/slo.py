@@ -1,0 +1,425 @@
+"""The SLO controller: a latency target (`latency_slo_s`) instead of knobs.
+
+With a target, the batcher learns how long its batches take (`slo_model.LatencyModel`, from every
+batch the runners time), counts the records that arrive at each priority, and every few batches
+chooses a batch time limit for the load it sees (`SloController.decide`). The staging area then
+grows each batch while its predicted time stays within the limit (`slo_model.BatchLimit`): cheap
+records go many to a batch, costly ones few, so that a padding device wastes little, and no batch
+keeps a record waiting long. The settings' knobs stay bounds: no batch exceeds `max_batch_size`
+or `target_batch_cost`, no record waits past `batch_timeout_s`, no more than
+`max_in_flight_cost` is in flight.
+
+How it chooses: for twelve limits between the time of one typical record and half the tightest
+target, the model gives the latency quantile each priority would see (`slo_model.predicted_latency`:
+a priority's records wait behind those of its own and higher priorities, and behind a lower
+one's batch already running), corrected by how far its predictions were from what the records
+then saw. The limit whose worst priority takes the smallest share of its target wins (the current
+one stays while it is about as good, so that noise does not move it). With records of priorities
+without a target beside, the limit that clears the most records per second among those that keep
+every target with room wins instead: the others' work gets the device's best throughput.
+
+When even the best limit misses a target at the load offered, and the latest records miss it too
+(or no limit clears the load at all), that priority is overloaded: the batcher logs one warning,
+`BatchStats.slo.overloaded` says so until the load falls, and it keeps the batches that clear the
+most records.
+
+Until it has timed a few batches, batches start small (1, 2, 4 records), so that the first ones
+teach the model without keeping anybody waiting.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from flyteplugins_batcher._measure.slo import SloChoice, SloTally, SloVerdict, describe
+from flyteplugins_batcher._pipeline.envelope import Envelope
+from flyteplugins_batcher._pipeline.slo_model import (
+    BatchLimit,
+    ClearingCurve,
+    LatencyModel,
+    pools_of,
+    predicted_latency,
+)
+from flyteplugins_batcher._pipeline.staging import Batch, Plan, StagingArea
+from flyteplugins_batcher._settings import BatcherSettings
+
+if TYPE_CHECKING:
+    import asyncio
+
+logger = logging.getLogger("flyteplugins_batcher")
+
+LEARNING_BATCHES = 3
+"""Batches timed before the first choice; until then batches hold 1, 2, 4 records."""
+JUDGING_BATCHES = 16
+"""Batches timed before the model's predictions may flag an overload: a model of three batches is a guess."""
+PERSIST = 4
+"""Targets' times for which a priority's target must keep being missed before it is flagged overloaded."""
+LADDER = 2 ** (1 / 3)
+"""Ratio between neighbouring batch time limits the controller weighs: a ladder down from half the tightest target."""
+SMOOTHING = 0.3
+"""Weight of a decision's score of a limit against the scores it had before: choices follow the load, not its noise."""
+COST_SAMPLE = 256
+"""Latest record costs the clearing curves are computed from."""
+TIE = 1.03
+"""Limits whose score is within this factor of the best count as equally good; the shortest of them wins."""
+MARGIN = 0.8
+"""With records of priorities without a target beside, the limit that clears most among those predicted within this
+share of every target wins: the records with targets keep them, the others get the device's best throughput."""
+STAY = 1.05
+"""The current limit stays while its score is within this factor of the best: choices do not flicker with noise."""
+LEAVE_OVERLOAD = 0.9
+"""An overloaded priority is no longer so once its predicted latency is back under this share of its target."""
+RATE_MEMORY = 256
+"""Arrivals the arrival rates are smoothed over (at least one target's time, at most five)."""
+WARN_AGAIN_S = 60.0
+"""Seconds without overload (at least a hundred targets' times) after which a new overload is warned of again."""
+
+
+class OverloadWatch:
+    """Whether each priority's target can be met at the load offered, and one warning when it cannot.
+
+    Args:
+        settings: The batcher's settings (for the warning).
+        batcher_name: For the warning.
+        tightest_s: The tightest target (a new overload is warned of again after a hundred of them,
+            or a minute, without any).
+    """
+
+    def __init__(self, settings: BatcherSettings, batcher_name: str, tightest_s: float) -> None:
+        self._settings = settings
+        self._name = batcher_name
+        self._quiet_s = max(WARN_AGAIN_S, 100 * tightest_s)
+        self._missing_since: dict[int, float] = {}  # since when each priority's target has been missed, if it is
+        self._overloaded_at = -math.inf  # when some priority was last overloaded
+
+    def judge(
+        self, priority: int, verdict: SloVerdict, slo_s: float, observed: float | None, now: float, *, timed: int
+    ) -> None:
+        """Set `verdict.overloaded`: whether the priority's prediction misses its target, and its records see it.
+
+        It takes `PERSIST` targets' times in which every decision found the load more than any
+        limit clears, or the prediction over the target while the latest records missed it too:
+        near the edge, a noisy estimate of the load, or a few seconds of bad luck, do not raise it.
+        It ends once the prediction is back under `LEAVE_OVERLOAD` of the target, or the latest
+        records are well within it.
+        """
+        predicted = verdict.predicted_s
+        seen = observed is not None and observed > slo_s
+        missing = timed >= JUDGING_BATCHES and (math.isinf(predicted) or (predicted > slo_s and seen))
+        if not missing:
+            self._missing_since.pop(priority, None)
+        since = self._missing_since.setdefault(priority, now) if missing else now
+        if verdict.overloaded:
+            calm = observed is not None and observed <= (2 * LEAVE_OVERLOAD - 1) * slo_s
+            verdict.overloaded = predicted > LEAVE_OVERLOAD * slo_s and not (calm and math.isfinite(predicted))
+        else:
+            verdict.overloaded = missing and now - since >= PERSIST * slo_s
+
+    def warn(self, now: float, arrivals_per_s: float, sustainable_per_s: Callable[[], float]) -> None:
+        """Some priority is overloaded now: warn, unless it was already within the last quiet spell."""
+        if now - self._overloaded_at > self._quiet_s:
+            logger.warning(
+                "%s: %.0f records/s is more than the batcher can serve within latency_slo_s=%s at p%g: "
+                "about %.0f records/s would fit; records will miss the target until the load falls",
+                self._name,
+                arrivals_per_s,
+                describe(self._settings.latency_slo_s),
+                100 * self._settings.slo_quantile,
+                sustainable_per_s(),
+            )
+        self._overloaded_at = now
+
+
+class SloStagingArea(StagingArea):
+    """The staging area of a batcher with a latency target: it also counts the records that arrive, by priority."""
+
+    def __init__(self, settings: BatcherSettings, controller: SloController, *, threads: bool = True) -> None:
+        super().__init__(settings, threads=threads)
+        self.controller = controller
+        controller.start(self)
+
+    def plan(self, now: float, envelope: Envelope | None = None) -> Plan | None:
+        """Count `envelope` (if given), then plan as any staging area (`StagingArea.plan`)."""
+        if envelope is not None:
+            self.controller.arrived(envelope.priority)
+        return super().plan(now, envelope)
+
+
+class SloController:
+    """Learns the batches' time and chooses the batch time limit, the wait and the work in flight (module notes).
+
+    Lives as long as its batcher (what it learned survives a restart); everything but `arrived`
+    runs on the batcher's event loop, and `arrived` only counts.
+
+    Args:
+        settings: The batcher's settings (`latency_slo_s` is set).
+        tally: Where the records' latencies against their targets are counted, and the choice shown.
+        batcher_name: For the overload warning.
+    """
+
+    def __init__(self, settings: BatcherSettings, tally: SloTally, batcher_name: str) -> None:
+        self._settings = settings
+        self._tally = self.tally = tally
+        self._by_cost = settings.grouping == "by_cost"
+        self._burst_z = statistics.NormalDist().inv_cdf(settings.slo_quantile)
+        self.model = LatencyModel()
+        self._costs: deque[int] = deque(maxlen=COST_SAMPLE)
+        self._arrived: dict[int, int] = {}  # records per priority since the last decision
+        self._rates: dict[int, float] = {}  # records per second per priority, smoothed
+        self._calibration: dict[int, float] = {}  # observed / predicted latency, per priority
+        self._predicted: dict[int, float] = {}  # the model's latest prediction per priority, before calibration
+        self._overload = OverloadWatch(settings, batcher_name, self.tightest_s)
+        self._decided_at = -math.inf
+        self._chosen_at = -math.inf  # when the batch time limit last changed
+        self._counted_since = time.monotonic()
+        self._decide_cost_s = 0.0
+        self._scores: dict[float, float] = {}  # each limit's smoothed score
+        self._staging: StagingArea | None = None
+
+    @classmethod
+    def of(cls, settings: BatcherSettings, batcher_name: str) -> SloController | None:
+        """The controller a batcher with these settings needs: `None` without a latency target."""
+        if settings.latency_slo_s is None:
+            return None
+        return cls(settings, SloTally(settings.latency_slo_s, settings.slo_quantile, settings.slo_of), batcher_name)
+
+    @property
+    def tightest_s(self) -> float:
+        """The tightest target of any priority."""
+        slo = self._settings.latency_slo_s
+        assert slo is not None
+        return min(slo.values()) if isinstance(slo, dict) else float(slo)
+
+    # -- what happens -----------------------------------------------------------------------------
+
+    def start(self, staging: StagingArea) -> None:
+        """A run of the batcher begins with `staging`: apply what was learned before, or start learning."""
+        self._staging = staging
+        if self.model.batches < LEARNING_BATCHES:
+            staging.apply_limits(max_size=min(staging.settings.max_batch_size, 1 << self.model.batches))
+        elif self._tally.choice is not None:
+            self._apply(self._tally.choice, staging)
+
+    def arrived(self, priority: int) -> None:
+        """A record of `priority` was submitted."""
+        arrived = self._arrived
+        arrived[priority] = arrived.get(priority, 0) + 1
+
+    def batch_done(self, batch: Batch, loop: asyncio.AbstractEventLoop) -> None:
+        """`batch` left the process function: learn its time, and decide again soon if it is time to."""
+        envelopes = batch.envelopes
+        if batch.calls == 1 and envelopes:  # a batch split to isolate a failure is not one device call
+            costs = [envelope.cost for envelope in envelopes]
+            self.model.observe(len(costs), sum(costs), max(costs), batch.in_flight_before, batch.device_s)
+            self._costs.extend(costs)
+        now = time.monotonic()
+        if self.model.batches < LEARNING_BATCHES:
+            if self._staging is not None:
+                limit = min(self._settings.max_batch_size, 1 << self.model.batches)
+                self._staging.apply_limits(max_size=limit)
+            return
+        interval = max(self.tightest_s / 10, 50 * self._decide_cost_s)  # deciding takes at most 2% of the loop
+        if now - self._decided_at >= interval:
+            self._decided_at = now  # one decision per interval, however many batches end before it runs
+            loop.call_soon(self.decide)
+
+    # -- deciding ---------------------------------------------------------------------------------
+
+    def decide(self) -> None:
+        """Refit the model and choose anew for the load seen since the last decision; tell the staging area."""
+        started = time.perf_counter()
+        now = time.monotonic()
+        self.model.fit()
+        self._update_rates(now)
+        classes = self._classes()
+        costs = sorted(self._costs) if self._by_cost else list(self._costs)
+        if not costs:
+            return
+        pools = pools_of(costs, windows=1 if self._by_cost else 8)
+        curves = [ClearingCurve.of(self.model, pools, limit) for limit in self._candidates(costs)]
+        curve = self._best(curves, classes)
+        choice = self._choice(curve)
+        if self._tally.choice is None or self._tally.choice.batch_time_s != choice.batch_time_s:
+            self._chosen_at = now
+        self._judge(curve, classes, now, steady=not self._backlogged(curve))
+        self._tally.choice = choice
+        self._tally.model = self.model.as_dict()
+        self._tally.arrivals_per_s = sum(self._rates.values())
+        self._tally.sustainable_per_s = self._sustainable(curves, classes)
+        if self._staging is not None:
+            self._apply(choice, self._staging)
+        self._decide_cost_s = time.perf_counter() - started
+
+    def _update_rates(self, now: float) -> None:
+        """Smooth each priority's arrival rate over about `RATE_MEMORY` records."""
+        elapsed = max(now - self._counted_since, 1e-9)
+        total = sum(self._rates.values())
+        memory_s = min(max(RATE_MEMORY / total if total > 0 else math.inf, self.tightest_s), 5 * self.tightest_s)
+        weight = 1.0 - math.exp(-elapsed / memory_s)
+        for priority in set(self._rates) | set(self._arrived):
+            measured = self._arrived.get(priority, 0) / elapsed
+            previous = self._rates.get(priority)
+            self._rates[priority] = measured if previous is None else previous + weight * (measured - previous)
+        self._arrived = {}
+        self._counted_since = now
+
+    def _classes(self) -> list[tuple[int, float, float]]:
+        """Each priority with a target that records came in at: (priority, target, records/s at or above it)."""
+        slo_of = self._settings.slo_of
+        classes = []
+        for priority in sorted(self._rates, reverse=True):
+            slo_s = slo_of(priority)
+            if slo_s is not None:
+                ahead = sum(rate for other, rate in self._rates.items() if other >= priority)
+                classes.append((priority, slo_s, ahead))
+        return classes
+
+    def _untargeted_rate(self) -> float:
+        """Records per second of priorities without a target (they fill the device around the others)."""
+        slo_of = self._settings.slo_of
+        return sum(rate for priority, rate in self._rates.items() if slo_of(priority) is None)
+
+    def _candidates(self, costs: list[int]) -> list[float]:
+        """Batch time limits down a fixed ladder from half the tightest target to one typical record's batch.
+
+        The ladder's steps do not move with the model, so each limit's score can be smoothed across
+        decisions (`_smoothed`).
+        """
+        typical = costs[len(costs) // 2] if self._by_cost else sorted(costs)[len(costs) // 2]
+        shortest = max(self.model.predict(1, typical, typical), 1e-6)  # a device too fast to time: 1 µs
+        limits = [self.tightest_s / 2]
+        while limits[-1] / LADDER > shortest and len(limits) < 24:
+            limits.append(limits[-1] / LADDER)
+        return limits[::-1]
+
+    def _smoothed(self, curves: list[ClearingCurve], scores: list[float]) -> list[float]:
+        """Each limit's score, smoothed with the scores it had at the decisions before."""
+        smoothed = []
+        for curve, score in zip(curves, scores, strict=True):
+            before = self._scores.get(curve.limit_s)
+            if before is not None and math.isfinite(before) and math.isfinite(score):
+                score = before + SMOOTHING * (score - before)
+            smoothed.append(score)
+        self._scores = dict(zip((curve.limit_s for curve in curves), smoothed, strict=True))
+        return smoothed
+
+    def _score(self, curve: ClearingCurve, classes: list[tuple[int, float, float]], load: float = 1.0) -> float:
+        """The worst share of its target that any priority's predicted latency takes at `load` times the rates."""
+        worst = 0.0
+        for priority, slo_s, rate in classes:
+            predicted = self._predict(curve, slo_s, rate, load)
+            worst = max(worst, self._calibration.get(priority, 1.0) * predicted / slo_s)
+        return worst
+
+    def _predict(self, curve: ClearingCurve, slo_s: float, rate: float, load: float = 1.0) -> float:
+        """The latency quantile of a priority that sees `rate` records/s at or above it, at `load` times that."""
+        behind_others = rate < sum(self._rates.values())  # lower priorities run too: their batch may be running
+        return predicted_latency(curve, rate * load, self._burst_z, 4 * slo_s, behind_others=behind_others)
+
+    def _best(self, curves: list[ClearingCurve], classes: list[tuple[int, float, float]]) -> ClearingCurve:
+        """The current limit if it scores about as well as the best, else the shortest of the best scored.
+
+        When no limit has a finite score (the load is more than any clears), the one that clears most.
+        """
+        scores = self._smoothed(curves, [self._score(curve, classes) for curve in curves])
+        best = min(scores)
+        if math.isinf(best):
+            return min(reversed(curves), key=lambda curve: curve.per_record_s)  # the longest of equals
+        if self._untargeted_rate() > 0 or not classes:
+            within = [curve for curve, score in zip(curves, scores, strict=True) if score <= MARGIN]
+            if within:
+                return min(reversed(within), key=lambda curve: curve.per_record_s)
+        current = self._tally.choice
+        for curve, score in zip(curves, scores, strict=True):
+            if current is not None and curve.limit_s == current.batch_time_s and score <= best * STAY:
+                return curve
+        return next(curve for curve, score in zip(curves, scores, strict=True) if score <= best * TIE)
+
+    def _choice(self, curve: ClearingCurve) -> SloChoice:
+        settings = self._settings
+        wait = min(settings.batch_timeout_s, max(self.tightest_s - 2 * curve.limit_s, 0.0))
+        in_flight = settings.in_flight_cost_limit
+        per_in_flight = self.model.coefficients[-1]
+        if per_in_flight > 0:
+            typical = max(curve.batch_cost / max(curve.batch_size, 1.0), 1.0)
+            alone = self.model.predict(round(curve.batch_size), round(curve.batch_cost), round(typical))
+            room = max(curve.limit_s - alone, 0.0) / per_in_flight
+            in_flight = min(in_flight, max(round(room + curve.batch_cost), 1))
+        return SloChoice(
+            batch_time_s=curve.limit_s,
+            batch_size=curve.batch_size,
+            batch_cost=min(curve.batch_cost, settings.batch_budget),
+            wait_s=wait,
+            in_flight_cost=in_flight,
+        )
+
+    def _apply(self, choice: SloChoice, staging: StagingArea) -> None:
+        staging.apply_limits(
+            max_size=self._settings.max_batch_size,
+            limit=BatchLimit(self.model, choice.batch_time_s),
+            full_cost=max(1, math.ceil(choice.batch_cost)),
+            wait_s=choice.wait_s,
+            in_flight_cost=choice.in_flight_cost,
+            # Grouping by cost chooses from what waits when a runner takes a batch: a batch staged
+            # ahead would be cut from fewer records, and pad more.
+            prefetch=0 if self._by_cost else None,
+        )
+
+    # -- judging ----------------------------------------------------------------------------------
+
+    def _backlogged(self, curve: ClearingCurve) -> bool:
+        """Whether more records wait than a steady cycle leaves (a load that rose, or a limit that was wrong)."""
+        if self._staging is None:
+            return False
+        rate = sum(self._rates.values())
+        cycle = curve.cycle_time(rate, 4 * self.tightest_s)
+        if math.isinf(cycle):
+            return True
+        steady = rate * cycle + self._burst_z * math.sqrt(max(rate * cycle, 1.0))
+        return self._staging.waiting > 2 * steady
+
+    def _judge(
+        self, curve: ClearingCurve, classes: list[tuple[int, float, float]], now: float, *, steady: bool
+    ) -> None:
+        """Calibrate against the latencies records saw, predict each priority's, and flag and warn of overload.
+
+        The model is calibrated on the records that arrived since the limit last changed, while the
+        batcher is `steady` (no backlog beyond what a cycle leaves): records that waited out a rise
+        of the load, or a choice made for another, say nothing of how well the model predicts.
+        """
+        for priority, slo_s, rate in classes:
+            verdict = self._tally.verdicts.setdefault(priority, SloVerdict())
+            observed = self._tally.recent_quantile(priority, max(now - 16 * slo_s, self._chosen_at), 32)
+            before = self._predicted.get(priority, 0.0)
+            if steady and observed is not None and 0 < before < math.inf:  # the model against what it predicted
+                ratio = min(max(observed / before, 0.5), 1.5)
+                previous = self._calibration.get(priority, 1.0)
+                self._calibration[priority] = previous + 0.1 * (ratio - previous)
+            predicted = self._predicted[priority] = self._predict(curve, slo_s, rate)
+            verdict.predicted_s = self._calibration.get(priority, 1.0) * predicted
+            verdict.arrivals_per_s = rate
+            latest = self._tally.recent_quantile(priority, now - 16 * slo_s, 32)
+            self._overload.judge(priority, verdict, slo_s, latest, now, timed=self.model.batches)
+        if self._tally.overloaded:
+            self._overload.warn(now, sum(self._rates.values()), lambda: self._sustainable([curve], classes))
+
+    def _sustainable(self, curves: list[ClearingCurve], classes: list[tuple[int, float, float]]) -> float:
+        """The highest total load, with today's mix, at which some limit is predicted to meet every target."""
+        total = sum(self._rates.values())
+        if not classes or total <= 0:
+            return 0.0
+        fastest = min(curve.per_record_s for curve in curves)
+        low, high = 0.0, 1.0 / (total * fastest) if fastest > 0 else 1e6
+        for _ in range(12):
+            middle = (low + high) / 2
+            if any(self._score(curve, classes, middle) <= 1.0 for curve in curves):
+                low = middle
+            else:
+                high = middle
+        return low * total
