@@ -16,7 +16,7 @@ from typing import Any
 import rich_click as click
 
 from flyteplugins_batcher.batch_api import EMBEDDINGS_ENDPOINT
-from flyteplugins_batcher.cli._options import given, input_options
+from flyteplugins_batcher.cli._options import VLLMStyleCommand, given, input_options, vllm_flags
 from flyteplugins_batcher.cli._run import local_file, run_locally
 from flyteplugins_batcher.jobs import run_batch_file
 from flyteplugins_batcher.replica import EngineSettings, LLMReplica
@@ -75,7 +75,9 @@ def _output_dir(value: Path) -> Path:
     return value
 
 
-@click.command("run-batch", context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+@click.command(
+    "run-batch", cls=VLLMStyleCommand, context_settings={"help_option_names": ["-h", "--help"], "show_default": True}
+)
 @click.option(
     "-i",
     "--input",
@@ -106,9 +108,15 @@ def _output_dir(value: Path) -> Path:
     show_default="vLLM's",
     help="vLLM's sequences per step (into --engine-args).",
 )
+@vllm_flags
 @input_options(_JOB, skip=("input", "output_dir", *_VLLM_FLAGS))
 def run_batch(
-    input_path: Path, output_folder: Path, enforce_eager: bool | None, max_num_seqs: int | None, **options: Any
+    input_path: Path,
+    output_folder: Path,
+    enforce_eager: bool | None,
+    max_num_seqs: int | None,
+    enable_auto_tool_choice: bool,
+    **options: Any,
 ) -> None:
     """Run every request of a JSONL file, as `vllm run-batch` does, through the batcher.
 
