@@ -107,9 +107,8 @@ class ToolUse:
         """
         found: list[tuple[str, Any]] | None = None
         content: str | None = text
-        if self.choice == "named":
-            arguments = _json(text)
-            found = [(str(self.function), arguments)] if isinstance(arguments, dict) else None
+        if self.choice == "named":  # the text is the arguments, passed on as the model wrote them (as vLLM does)
+            found = [(str(self.function), text.strip())] if isinstance(_json(text), dict) else None
             content = None if found else text
         elif self.choice == "required":
             found = _named_objects(_json(text), "parameters")

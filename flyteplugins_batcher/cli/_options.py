@@ -65,6 +65,7 @@ def vllm_flags(command: Callable[..., Any]) -> Callable[..., Any]:
         "enable_auto_tool_choice",
         is_flag=True,
         default=False,
+        show_default="off",
         help="Accepted as vLLM takes it; tool_choice 'auto' needs only --tool-call-parser here.",
     )(command)
 

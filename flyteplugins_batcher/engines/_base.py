@@ -240,21 +240,11 @@ class Engine(abc.ABC):
             messages = [{"role": "user", "content": content}] if isinstance(content, str) else list(content)
             if self.system_prompt and messages[0]["role"] != "system":
                 messages.insert(0, {"role": "system", "content": self.system_prompt})
-            return self._apply_template(messages, record if isinstance(record, Request) else None)
+            return apply_template(self._tokenizer, messages, record if isinstance(record, Request) else None)
         if not isinstance(content, str):
             raise InvalidPromptError("chat messages need a chat template, and this model has none")
         as_written = isinstance(record, Request) and record.chat_template is False
         return f"{self.system_prompt}\n\n{content}" if self.system_prompt and not as_written else content
-
-    def _apply_template(self, messages: list[Mapping[str, Any]], request: Request | None) -> str:
-        """The chat template over `messages`, with the request's tools and template keywords (vLLM's way)."""
-        options: dict[str, Any] = {"add_generation_prompt": True}
-        if request is not None:
-            if request.tools:
-                options["tools"] = [dict(tool) for tool in request.tools]
-            options.update(request.template_kwargs or {})
-        rendered = self._tokenizer.apply_chat_template(template_messages(messages), tokenize=False, **options)
-        return str(rendered)
 
     def uses_chat_template(self) -> bool:
         """Whether records are rendered through the chat template (`chat_template`, else "if it has one")."""
@@ -315,7 +305,7 @@ class Engine(abc.ABC):
                 generation = self.generation_for(record)
                 token_ids = self.prompt_ids(record)
                 self._check_generation(generation)
-                self._check_adapter(record)
+                check_adapter(record, self.lora_modules, self.name)
             except InvalidPromptError as error:
                 results[index] = self._invalid(index, record, str(error), type(error))
                 continue
@@ -333,13 +323,6 @@ class Engine(abc.ABC):
     def _check_generation(self, generation: GenerationConfig) -> None:
         """Raise `InvalidPromptError` for settings this engine cannot honour (a schema that does not compile)."""
         check_generation(generation)
-
-    def _check_adapter(self, record: PromptRecord) -> None:
-        """Raise `UnknownAdapterError` for a record naming an adapter this engine was not given."""
-        adapter = record.adapter if isinstance(record, Request) else None
-        if adapter is not None and adapter not in self.lora_modules:
-            known = ", ".join(map(repr, self.lora_modules)) or "none (start it with lora_modules)"
-            raise UnknownAdapterError(f"unknown LoRA adapter {adapter!r}; the {self.name} engine has {known}")
 
     def _invalid(self, index: int, record: object, reason: str, kind: type = InvalidPromptError) -> InvalidPromptError:
         return kind(f"{self.name}: {describe(index, record)}: {reason}")
@@ -406,6 +389,24 @@ def _prepared(index: int, record: PromptRecord, token_ids: list[int], generation
     ):
         return PreparedPrompt(index, token_ids, generation, record.cancellation, record.on_delta, record.adapter)
     return PreparedPrompt(index, token_ids, generation)
+
+
+def apply_template(tokenizer: Any, messages: list[Mapping[str, Any]], request: Request | None) -> str:
+    """The chat template over `messages`, with the request's tools and template keywords (as vLLM renders them)."""
+    options: dict[str, Any] = {"add_generation_prompt": True}
+    if request is not None:
+        if request.tools:
+            options["tools"] = [dict(tool) for tool in request.tools]
+        options.update(request.template_kwargs or {})
+    return str(tokenizer.apply_chat_template(template_messages(messages), tokenize=False, **options))
+
+
+def check_adapter(record: PromptRecord, lora_modules: Mapping[str, str], engine: str) -> None:
+    """Raise `UnknownAdapterError` for a record naming an adapter the engine was not given."""
+    adapter = record.adapter if isinstance(record, Request) else None
+    if adapter is not None and adapter not in lora_modules:
+        known = ", ".join(map(repr, lora_modules)) or "none (start it with lora_modules)"
+        raise UnknownAdapterError(f"unknown LoRA adapter {adapter!r}; the {engine} engine has {known}")
 
 
 def template_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -178,7 +178,7 @@ class TransformersEngine(BatchEngine):
             )
         except OSError as error:
             raise OSError(_load_failure_message(source, error)) from error
-        model = self._with_adapters(model)
+        model = with_adapters(model, self.lora_modules)
         model.to(device).eval()
         tokenizer.padding_side = "left"
         eos_ids = {tokenizer.eos_token_id, *_as_id_set(model.generation_config.eos_token_id)}
@@ -190,20 +190,6 @@ class TransformersEngine(BatchEngine):
         self._grammars = Grammars(tokenizer, _logits_width(model), stop_token_ids=sorted(eos_ids))
         self._model, self._torch_device = model, device
         return LoadedModel(tokenizer, _context_length(model, tokenizer))
-
-    def _with_adapters(self, model: Any) -> Any:
-        """The model with every LoRA adapter loaded beside it (peft), or the model itself when there are none."""
-        if not self.lora_modules:
-            return model
-        checked_adapters(self.lora_modules)
-        from peft import PeftModel
-
-        adapters = iter(self.lora_modules.items())
-        name, path = next(adapters)
-        model = PeftModel.from_pretrained(model, path, adapter_name=name)
-        for name, path in adapters:
-            model.load_adapter(path, adapter_name=name)
-        return model
 
     def _close(self) -> None:
         self._model_thread.run(self._release_on_model_thread)
@@ -264,12 +250,8 @@ class TransformersEngine(BatchEngine):
     def _check_generation(self, generation: GenerationConfig) -> None:
         """Also refuse a logit bias on a token the model does not have."""
         super()._check_generation(generation)
-        width = self._grammars.vocab_size if self._grammars is not None else None
-        outside = [token for token, _ in generation.logit_bias if width is not None and token >= width]
-        if outside:
-            raise UnsupportedSettingError(
-                f"logit_bias names token ids outside the model's vocabulary (0 to {width - 1}): {outside}"
-            )
+        if self._grammars is not None:
+            check_logit_bias(generation, self._grammars.vocab_size)
 
     def _compile_failure(self, prompt: PreparedPrompt) -> Exception | None:
         """The error for a prompt whose response format does not compile for this tokenizer, else None."""
@@ -288,7 +270,7 @@ class TransformersEngine(BatchEngine):
         settings, rows = planned.settings, planned.rows
         input_ids, attention_mask = self._left_padded(rows)
         prompt_width = input_ids.shape[1]
-        grammar = self._grammar_processor(rows, settings)
+        grammar = grammar_processor(rows, settings, self._grammars)
         recorder = _recorder(rows)
         with torch.inference_mode():
             if settings.seed is not None and not settings.greedy:
@@ -297,9 +279,11 @@ class TransformersEngine(BatchEngine):
                 input_ids=input_ids,
                 attention_mask=attention_mask,
                 generation_config=self._hf_generation_config(settings, top_p_in_processor=grammar is not None),
-                stopping_criteria=self._stopping_criteria(settings, prompt_width, rows),
-                logits_processor=self._processors(settings, prompt_width, recorder, grammar),
-                **self._adapter_names(rows),
+                stopping_criteria=stopping_criteria(self._tokenizer, settings, prompt_width, rows),
+                logits_processor=logits_processors(
+                    settings, prompt_width, self._grammars.vocab_size, recorder, grammar
+                ),
+                **adapter_names(rows, bool(self.lora_modules)),
             )
         generated = output[:, prompt_width:].tolist()
         recorded = recorder.steps(generated) if recorder is not None else {}
@@ -308,34 +292,6 @@ class TransformersEngine(BatchEngine):
         real = sum(completion.prompt_tokens + completion.completion_tokens for completion in completions)
         self._counters.count_pass(max(0, len(rows) * output.shape[1] - real))
         return completions
-
-    def _processors(self, settings: GenerationConfig, prompt_width: int, recorder: Any, grammar: Any) -> Any:
-        """The pass's own logits processors, in order: logprobs (raw logits), penalties and bias, grammar."""
-        processors = [recorder] if recorder is not None else []
-        if settings.shapes_logits:
-            from flyteplugins_batcher.engines.transformers._logits import LogitShaper
-
-            processors.append(LogitShaper(settings, prompt_width, self._grammars.vocab_size))
-        if grammar is not None:
-            processors.append(grammar)
-        return processors or None
-
-    def _adapter_names(self, rows: Sequence[PreparedPrompt]) -> dict[str, Any]:
-        """`generate`'s `adapter_names`: each row's adapter, or peft's base model (always named, else peft
-        would run its active adapter)."""
-        if not self.lora_modules:
-            return {}
-        return {"adapter_names": [prompt.adapter or "__base__" for prompt in rows]}
-
-    def _grammar_processor(self, rows: Sequence[PreparedPrompt], settings: GenerationConfig) -> Any:
-        """A logits processor holding each constrained row's matcher, or None when no row is constrained."""
-        formats = [prompt.generation.response_format for prompt in rows]
-        if all(response_format is None for response_format in formats):
-            return None
-        from flyteplugins_batcher.engines.transformers._grammar_processor import GrammarLogitsProcessor
-
-        matchers = [None if fmt is None else self._grammars.matcher(fmt) for fmt in formats]
-        return GrammarLogitsProcessor(matchers, self._grammars.vocab_size, top_p=settings.top_p)
 
     def _left_padded(self, group: Sequence[PreparedPrompt]) -> tuple[torch.Tensor, torch.Tensor]:
         import torch
@@ -352,7 +308,7 @@ class TransformersEngine(BatchEngine):
     def _hf_generation_config(self, config: GenerationConfig, *, top_p_in_processor: bool = False) -> Any:
         from transformers import GenerationConfig as HFGenerationConfig
 
-        # A grammar processor applies top-p itself, after its mask (see `_grammar_processor`).
+        # A grammar processor applies top-p itself, after its mask (see `grammar_processor`).
         top_p = 1.0 if top_p_in_processor else config.top_p
         sampling = {} if config.greedy else {"temperature": config.temperature, "top_p": top_p, "top_k": 0}
         # Built from scratch rather than from the model's defaults, so that the engine's settings
@@ -364,21 +320,6 @@ class TransformersEngine(BatchEngine):
             pad_token_id=self._pad_token_id,
             **sampling,
         )
-
-    def _stopping_criteria(
-        self, generation: GenerationConfig, prompt_width: int, rows: Sequence[PreparedPrompt]
-    ) -> Any:
-        """Stop strings, and a row whose caller cancelled its record (checked at every decoding step)."""
-        tokens = [prompt.cancellation for prompt in rows]
-        cancellable = any(token is not None for token in tokens)
-        if not generation.stop and not cancellable:
-            return None
-        from transformers import StoppingCriteriaList
-
-        from flyteplugins_batcher.engines.transformers._stopping import CancelledRowsCriteria, StopTextCriteria
-
-        criteria = [StopTextCriteria(self._tokenizer, generation.stop, prompt_width)] if generation.stop else []
-        return StoppingCriteriaList(criteria + ([CancelledRowsCriteria(tokens)] if cancellable else []))
 
     def _sample(self, generation: GenerationConfig, row: list[int], steps: list[Any] | None = None) -> Sample:
         # Rows that finished early are filled with the pad token, which is often the EOS token too.
@@ -398,16 +339,87 @@ class TransformersEngine(BatchEngine):
             reason = "stop"
         elif ended_by_eos:
             tokens, reason = content_length + 1, "stop"
-        logprobs = self._logprobs(steps[:tokens]) if steps is not None else None
+        logprobs = token_logprobs(self._tokenizer, steps[:tokens]) if steps is not None else None
         return Sample(text, tokens, reason, logprobs)  # type: ignore[arg-type]
 
-    def _logprobs(self, steps: list[Any]) -> tuple[TokenLogprob, ...]:
-        """Recorded steps as `TokenLogprob`s, each token decoded alone (as vLLM decodes a logprob's token)."""
-        decode = self._tokenizer.decode
-        return tuple(
-            TokenLogprob(decode([token]), logprob, tuple((decode([other]), value) for other, value in top))
-            for token, logprob, top in steps
-        )
+
+def with_adapters(model: Any, lora_modules: Mapping[str, str]) -> Any:
+    """The model with every LoRA adapter loaded beside it (peft), or the model itself when there are none."""
+    if not lora_modules:
+        return model
+    checked_adapters(lora_modules)
+    from peft import PeftModel
+
+    adapters = iter(lora_modules.items())
+    name, path = next(adapters)
+    model = PeftModel.from_pretrained(model, path, adapter_name=name)
+    for name, path in adapters:
+        model.load_adapter(path, adapter_name=name)
+    return model
+
+
+def adapter_names(rows: Sequence[PreparedPrompt], with_adapters: bool) -> dict[str, Any]:
+    """`generate`'s `adapter_names`: each row's adapter, or peft's base model (always named when adapters are
+    loaded, else peft would run its active adapter); nothing without adapters."""
+    return {"adapter_names": [prompt.adapter or "__base__" for prompt in rows]} if with_adapters else {}
+
+
+def check_logit_bias(generation: GenerationConfig, width: int) -> None:
+    """Refuse a logit bias on token ids outside the model's logits."""
+    outside = [token for token, _ in generation.logit_bias if token >= width]
+    if outside:
+        message = f"logit_bias names token ids outside the model's vocabulary (0 to {width - 1}): {outside}"
+        raise UnsupportedSettingError(message)
+
+
+def token_logprobs(tokenizer: Any, steps: list[Any]) -> tuple[TokenLogprob, ...]:
+    """Recorded steps as `TokenLogprob`s, each token decoded alone (as vLLM decodes a logprob's token)."""
+    decode = tokenizer.decode
+    return tuple(
+        TokenLogprob(decode([token]), logprob, tuple((decode([other]), value) for other, value in top))
+        for token, logprob, top in steps
+    )
+
+
+def logits_processors(
+    settings: GenerationConfig, prompt_width: int, vocab_size: int, recorder: Any, grammar: Any
+) -> list[Any] | None:
+    """A pass's own logits processors, in order: logprobs (of the raw logits), penalties and bias, grammar."""
+    processors = [recorder] if recorder is not None else []
+    if settings.shapes_logits:
+        from flyteplugins_batcher.engines.transformers._logits import LogitShaper
+
+        processors.append(LogitShaper(settings, prompt_width, vocab_size))
+    if grammar is not None:
+        processors.append(grammar)
+    return processors or None
+
+
+def grammar_processor(rows: Sequence[PreparedPrompt], settings: GenerationConfig, grammars: Grammars) -> Any:
+    """A logits processor holding each constrained row's matcher, or None when no row is constrained."""
+    formats = [prompt.generation.response_format for prompt in rows]
+    if all(response_format is None for response_format in formats):
+        return None
+    from flyteplugins_batcher.engines.transformers._grammar_processor import GrammarLogitsProcessor
+
+    matchers = [None if fmt is None else grammars.matcher(fmt) for fmt in formats]
+    return GrammarLogitsProcessor(matchers, grammars.vocab_size, top_p=settings.top_p)
+
+
+def stopping_criteria(
+    tokenizer: Any, generation: GenerationConfig, prompt_width: int, rows: Sequence[PreparedPrompt]
+) -> Any:
+    """Stop strings, and a row whose caller cancelled its record (checked at every decoding step)."""
+    tokens = [prompt.cancellation for prompt in rows]
+    cancellable = any(token is not None for token in tokens)
+    if not generation.stop and not cancellable:
+        return None
+    from transformers import StoppingCriteriaList
+
+    from flyteplugins_batcher.engines.transformers._stopping import CancelledRowsCriteria, StopTextCriteria
+
+    criteria = [StopTextCriteria(tokenizer, generation.stop, prompt_width)] if generation.stop else []
+    return StoppingCriteriaList(criteria + ([CancelledRowsCriteria(tokens)] if cancellable else []))
 
 
 def _recorder(rows: Sequence[PreparedPrompt]) -> Any:
