@@ -151,6 +151,11 @@ def tool_use(data: Mapping[str, Any], checks: FieldChecks, parser: str) -> ToolU
     names = [tool["function"]["name"] for tool in checked]
     parallel = data.get("parallel_tool_calls")
     use = _choice(choice if choice is not None else "auto", names, checks)
+    if use[0] == "auto" and parser and parser not in TOOL_PARSERS:
+        known = ", ".join(TOOL_PARSERS)
+        raise checks.invalid(
+            "tool_choice", f'is "auto", but the tool parser {parser!r} is not one this server has ({known})'
+        )
     if use[0] == "auto" and not parser:
         raise checks.invalid(
             "tool_choice",

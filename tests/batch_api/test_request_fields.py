@@ -159,6 +159,14 @@ def test_bad_tool_use_fails_its_line_saying_why(text: str, message: str) -> None
         assert "--tool-call-parser" in error.message and "hermes" in error.message
 
 
+def test_an_unknown_tool_parser_fails_the_lines_that_need_one_naming_those_there_are() -> None:
+    error = failure(chat(tools=TOOLS), tool_parser="mistral")
+    assert error.message == (
+        "body.tool_choice is \"auto\", but the tool parser 'mistral' is not one this server has (hermes, llama3_json)"
+    )
+    assert parsed(chat(tools=TOOLS, tool_choice="required"), tool_parser="mistral").tools is not None
+
+
 def test_a_conversation_may_hold_tool_calls_and_their_answers() -> None:
     call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
     messages = [
