@@ -212,10 +212,9 @@ class VLLMSupport(Engine):
             )
         problem = self._verified[generation]
         if problem is not None:
-            asked = [f"logit_bias {dict(generation.logit_bias)}"] if generation.logit_bias else []
-            if generation.response_format is not None:
-                asked.insert(0, generation.response_format.describe())
-            raise InvalidResponseFormatError(f"{' and '.join(asked)} refused by vLLM: {problem}")
+            fields = _verified_fields(generation)
+            verb = "is" if len(fields) == 1 else "are"
+            raise InvalidResponseFormatError(f"{' and '.join(fields)} {verb} refused by vLLM: {problem}")
 
     def _check_alive(self) -> None:
         if self._dead.is_set():
@@ -337,6 +336,22 @@ class VLLMEngine(VLLMSupport, BatchEngine):
 
 
 # -- shared helpers --------------------------------------------------------------------------------
+
+
+def _verified_fields(generation: GenerationConfig) -> list[str]:
+    """The fields vLLM was asked to verify, named as a request names them, each with `is` (for messages)."""
+    fields = []
+    response_format = generation.response_format
+    if response_format is not None:
+        kind = response_format.kind
+        fields.append(
+            f"response_format {response_format.describe()} is"
+            if response_format.is_json
+            else f"structured_outputs.{kind} is"
+        )
+    if generation.logit_bias:
+        fields.append(f"logit_bias {dict(generation.logit_bias)} is")
+    return fields
 
 
 def import_vllm() -> Any:
