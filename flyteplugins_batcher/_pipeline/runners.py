@@ -195,11 +195,9 @@ class RunnerPool:
     # -- calling the process function ----------------------------------------------------------
 
     def _drive_sync(self, batch: Batch, context: contextvars.Context, deliver: Deliver) -> None:
-        attempts = self._attempts(batch.envelopes, deliver)
-        part: list[Envelope] | None = next(attempts)
-        while part is not None:
-            started = self._busy.enter()
-            results: Any = None
+        calls = _Calls(self._attempts(batch.envelopes, deliver))
+        while (part := calls.part) is not None:
+            started, results = self._busy.enter(), None
             try:
                 results = context.run(self.fn, [envelope.record for envelope in part])
                 if inspect.isawaitable(results):  # a plain def that returns a coroutine (e.g. a lambda)
@@ -212,14 +210,12 @@ class RunnerPool:
                 raise _Fatal(error) from error
             finally:
                 self._busy.exit_batch(started, part, batch, results)
-            part = _next_part(attempts, reply)
+            calls.answer(reply)
 
     async def _drive_async(self, batch: Batch, deliver: Deliver) -> None:
-        attempts = self._attempts(batch.envelopes, deliver)
-        part: list[Envelope] | None = next(attempts)
-        while part is not None:
-            started = self._busy.enter()
-            results: Any = None
+        calls = _Calls(self._attempts(batch.envelopes, deliver))
+        while (part := calls.part) is not None:
+            started, results = self._busy.enter(), None
             try:
                 results = await self._blocking.watch(self.fn([envelope.record for envelope in part]))
                 reply: tuple[Any, BaseException | None] = (results, None)
@@ -236,7 +232,7 @@ class RunnerPool:
                 raise _Fatal(error) from error
             finally:
                 self._busy.exit_batch(started, part, batch, results)
-            part = _next_part(attempts, reply)
+            calls.answer(reply)
 
     def _attempts(
         self, envelopes: list[Envelope], deliver: Deliver
@@ -267,14 +263,23 @@ class RunnerPool:
             deliver(part, error)
 
 
-def _next_part(attempts: Generator[list[Envelope], tuple[Any, Any], None], reply: tuple[Any, Any]) -> Any:
-    """Hand a call's outcome to the plan; the next part to run, or `None` when the batch is done."""
-    try:
-        return attempts.send(reply)
-    except StopIteration:
-        return None
-    except UnrecoverableError as error:
-        raise _Fatal(error) from error
+class _Calls:
+    """A batch's calls in turn, shared by the sync and async drivers: `part` runs next (None once done)."""
+
+    __slots__ = ("_attempts", "part")
+
+    def __init__(self, attempts: Generator[list[Envelope], tuple[Any, Any], None]) -> None:
+        self._attempts = attempts
+        self.part: list[Envelope] | None = next(attempts)
+
+    def answer(self, reply: tuple[Any, Any]) -> None:
+        """Hand the call's outcome `(results, None)` or `(None, error)` to the plan, which picks the next part."""
+        try:
+            self.part = self._attempts.send(reply)
+        except StopIteration:
+            self.part = None
+        except UnrecoverableError as error:
+            raise _Fatal(error) from error
 
 
 def _check_result_count(results: Any, expected: int) -> None:
