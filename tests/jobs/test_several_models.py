@@ -19,7 +19,6 @@ import flyte.errors
 import pytest
 from flyte.io import File
 
-from flyteplugins_batcher import TokenBatcher
 from flyteplugins_batcher.batch_api import BatchRequest, RequestLineError
 from flyteplugins_batcher.engines import EngineConfigError, GenerationConfig
 from flyteplugins_batcher.jobs import RunSummary, fan_out, run_batch_file
@@ -36,7 +35,7 @@ from flyteplugins_batcher.replica import (
     RequestItem,
 )
 from flyteplugins_batcher.replica._llm import load_engine
-from tests.jobs.conftest import Replicas, prompt_text
+from tests.jobs.conftest import EngineLog, Replicas
 
 TWO = "sim-a\nsim-b"
 ADAPTERS = json.dumps(
@@ -191,26 +190,6 @@ def test_a_spool_gives_each_lane_back_in_the_order_it_came_and_leaves_nothing(tm
 
 
 # -- the replica ---------------------------------------------------------------------------------------------------
-
-
-class EngineLog:
-    """Builds a replica's batchers, recording which model answered each prompt and how many engines were loaded."""
-
-    def __init__(self) -> None:
-        self.engines: list[Any] = []
-        self.answered: list[tuple[str, str]] = []  # (model, prompt text), in the order the engines answered
-        self.most_loaded = 0
-
-    def make(self, engine: Any, settings: EngineSettings) -> TokenBatcher:
-        self.engines.append(engine)
-        real = engine.generate
-
-        async def generate(records: list[Any]) -> list[Any]:
-            self.most_loaded = max(self.most_loaded, sum(built.is_loaded for built in self.engines))
-            self.answered += [(engine.model_name, prompt_text(record)) for record in records]
-            return await real(records)
-
-        return TokenBatcher(inference_fn=generate, token_estimator=engine.estimate_tokens, max_batch_size=8)
 
 
 def chunk_of(index: int, *keys: str) -> RequestChunk:
