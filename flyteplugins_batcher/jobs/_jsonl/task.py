@@ -54,9 +54,9 @@ async def run_batch_file(
     Args:
         input: The requests, one JSON object per line (OpenAI batch lines, or plain
             `{"custom_id"?, "prompt" | "messages"}` lines).
-        model_mismatch: A request whose `body.model` is not the served model: "error" (its line
-            fails) or "ignore" (it runs on the served model). The served model answers to its name,
-            to the model reference as given, and to served_model_name.
+        model_mismatch: A request whose `body.model` names none of the served models or adapters: "error"
+            (its line fails, listing them) or "ignore" (it runs on the first model). A model answers to its
+            name, to its reference as given, and (the first) to served_model_name.
         served_model_name: The model's name in result lines, also accepted in requests (vLLM's
             --served-model-name); empty: the model's own name (a path's last part, or the hub id). With
             several models, the first one's.
