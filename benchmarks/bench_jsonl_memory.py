@@ -38,10 +38,9 @@ def write_requests(path: Path, count: int) -> None:
 
 
 async def run_driver(path: Path, chunk_size: int, max_in_flight: int) -> int:
-    from flyteplugins_batcher.engines import GenerationConfig
     from flyteplugins_batcher.jobs._driver import fan_out
     from flyteplugins_batcher.jobs._jsonl.job import Job
-    from flyteplugins_batcher.replica import ChunkOutcome, ItemResult, ReplicaSnapshot, RequestChunk
+    from flyteplugins_batcher.replica import ChunkOutcome, EngineSettings, ItemResult, ReplicaSnapshot, RequestChunk
 
     async def answer(chunk: RequestChunk) -> ChunkOutcome:  # a trivial engine: echo, at once
         await asyncio.sleep(0)
@@ -51,10 +50,10 @@ async def run_driver(path: Path, chunk_size: int, max_in_flight: int) -> int:
     job = Job(
         path,
         Path(tempfile.mkdtemp(prefix="jsonl-memory-")),
-        served_model="trivial",
+        EngineSettings(),
+        served_model_name="trivial",
         served_embedding_model="trivial",
         model_mismatch="error",
-        defaults=GenerationConfig(),
     )
     try:
         await fan_out(job.chunks(chunk_size), answer, job.on_chunk, max_in_flight=max_in_flight)

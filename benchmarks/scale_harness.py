@@ -405,8 +405,8 @@ async def warm_up(replicas: Sequence[ReplicaProcess], settings: EngineSettings) 
 
 def simulated_job(requests_path: Path, folder: Path, settings: EngineSettings) -> Job:
     """The JSONL job's driver over the file, for the simulated model (a line naming another model runs on it)."""
-    served = {"served_model": "simulated", "served_embedding_model": "simulated"}
-    return Job(requests_path, folder, **served, model_mismatch="ignore", defaults=settings.generation())
+    served = {"served_model_name": "simulated", "served_embedding_model": "simulated"}
+    return Job(requests_path, folder, settings, **served, model_mismatch="ignore")
 
 
 async def run_job(

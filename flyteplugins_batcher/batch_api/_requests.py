@@ -48,6 +48,8 @@ class LineChecks(TypedDict, total=False):
             completion line whose `model` names one runs with it (`BatchRequest.adapter`).
         tool_parser: How `tool_choice: "auto"` finds tool calls in the text (one of `TOOL_PARSERS`,
             vLLM's `--tool-call-parser`); empty: a line asking for "auto" fails, saying so.
+        other_models: The names of other base models served beside `served_model` (a run that names
+            several): a chat or completion line naming one passes, and its caller routes it by `model`.
     """
 
     served_model: str | None
@@ -58,6 +60,7 @@ class LineChecks(TypedDict, total=False):
     context_length: int
     adapters: Collection[str]
     tool_parser: str
+    other_models: Collection[str]
 
 
 @dataclass(frozen=True)
@@ -212,8 +215,9 @@ def _parse_openai(
         inputs, encoding_format = parse_embedding_body(body, checks)
         return EmbeddingRequest(line, custom_id, inputs, encoding_format, model)
     adapters = rules.get("adapters", ())
+    aliases = (*rules.get("model_aliases", ()), *rules.get("other_models", ()))
     _check_model(
-        model, served_model, rules.get("model_aliases", ()), adapters, rules.get("model_mismatch", "error"), checks
+        model, served_model, aliases, adapters, rules.get("model_mismatch", "error"), checks, rules.get("other_models")
     )
     request = _generation_request(body, checks, url, rules.get("tool_parser", ""))
     return replace(request, model=model, adapter=model if model in adapters else None)
@@ -226,15 +230,20 @@ def _check_model(
     adapters: Collection[str],
     mismatch: ModelMismatch,
     checks: FieldChecks,
+    others: Collection[str] | None = None,
 ) -> None:
-    """Fail a line naming a model that is neither the served one (or an alias) nor a served adapter."""
+    """Fail a line naming a model that is neither a served one (or an alias) nor a served adapter."""
     if model is None or served_model is None or mismatch != "error" or model in {served_model, *aliases, *adapters}:
         return
-    adapters_text = f" or one of its LoRA adapters ({', '.join(map(repr, adapters))})" if adapters else ""
+    listed = ", ".join(map(repr, adapters))
+    served = f"the served model {served_model!r}{f' or one of its LoRA adapters ({listed})' if adapters else ''}"
+    if others:
+        models = ", ".join(map(repr, [served_model, *others]))
+        served = f"a served model ({models}){f' or LoRA adapter ({listed})' if adapters else ''}"
     raise checks.fail(
         "model_mismatch",
-        f"body.model {model!r} is not the served model {served_model!r}{adapters_text} (set model_mismatch='ignore' "
-        "to run it on the served model anyway)",
+        f"body.model {model!r} is not {served} (set model_mismatch='ignore' to run it on the "
+        f"{'first ' if others else ''}served model anyway)",
     )
 
 

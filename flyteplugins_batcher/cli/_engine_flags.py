@@ -16,6 +16,7 @@ from typing import Any
 import rich_click as click
 
 from flyteplugins_batcher.cli._options import accepted_vllm_flags
+from flyteplugins_batcher.engines import EngineConfigError
 from flyteplugins_batcher.replica import EngineSettings, LLMReplica
 
 VLLM_FLAGS = ("enforce_eager",)
@@ -55,10 +56,21 @@ def apply_vllm_flags(inputs: dict[str, Any], enforce_eager: bool | None, max_num
     return inputs
 
 
-def preload(inputs: dict[str, Any]) -> None:
-    """Start loading the LLM the job's inputs ask for, in this process's replica, now."""
+def preload(inputs: dict[str, Any], named: str | None = None) -> None:
+    """Start loading the LLM the job's inputs ask for, in this process's replica, now.
+
+    Args:
+        inputs: The job's inputs.
+        named: The model (or adapter) the input's first line names: of several base models, the job runs
+            that one's lines first (the first declared, when it names none of them).
+    """
     settings = EngineSettings(**{name: inputs[name] for name in _ENGINE_FIELDS if name in inputs})
-    LLMReplica.of_process().shared.preload(settings)
+    try:
+        models = settings.served_models(inputs.get("served_model_name", ""))
+    except EngineConfigError:
+        return  # the job fails with this error, where it is reported
+    first = next((model for model in models if named in (*model.names, *model.adapter_names)), models[0])
+    LLMReplica.of_process().preload(settings.for_model(first))
 
 
 def _engine_args(engine_args: str, max_num_seqs: int | None) -> str:

@@ -20,8 +20,9 @@ import rich_click as click
 
 OptionDecorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
-VARIADIC_FLAGS = ("--lora-modules",)
-"""vLLM's options that take several values (`--lora-modules a=/x b=/y`): their values are joined by new lines."""
+VARIADIC_FLAGS = ("--lora-modules", "--model")
+"""Options that take several values (vLLM's `--lora-modules a=/x b=/y`; `--model` given more than once, for a file
+that names several base models): their values are joined by new lines."""
 
 
 class VLLMStyleCommand(click.RichCommand):

@@ -25,7 +25,18 @@ _JOB = run_batch_file.func
 
 def line_kinds(path: Path, sample: int = 64) -> set[str]:
     """What the file's first lines ask for: "generation", "embedding" (unreadable lines say nothing)."""
-    kinds: set[str] = set()
+    return {kind for kind, _ in _first_requests(path, sample)}
+
+
+def first_model(path: Path, sample: int = 64) -> str | None:
+    """The model the file's first chat or completion line names (`None`: it names none, or none of the first lines
+    is one): of several base models, the job runs that one's lines first."""
+    return next((model for kind, model in _first_requests(path, sample) if kind == "generation"), None)
+
+
+def _first_requests(path: Path, sample: int) -> list[tuple[str, str | None]]:
+    """Each of the file's first lines that reads as a request: its kind and the model its body names."""
+    found: list[tuple[str, str | None]] = []
     with path.open("rb") as lines:
         for _, line in zip(range(sample), lines, strict=False):
             try:
@@ -33,8 +44,11 @@ def line_kinds(path: Path, sample: int = 64) -> set[str]:
             except ValueError:
                 continue
             if isinstance(request, dict):
-                kinds.add("embedding" if request.get("url") == EMBEDDINGS_ENDPOINT else "generation")
-    return kinds
+                body = request.get("body")
+                model = body.get("model") if isinstance(body, dict) else None
+                kind = "embedding" if request.get("url") == EMBEDDINGS_ENDPOINT else "generation"
+                found.append((kind, model if isinstance(model, str) else None))
+    return found
 
 
 def _output_dir(value: Path) -> Path:
@@ -81,7 +95,7 @@ def run_batch(
     inputs = apply_vllm_flags(given(options, _JOB), enforce_eager, max_num_seqs)
     folder = _output_dir(output_folder).resolve()
     if "generation" in line_kinds(input_path):  # the model loads while flyte starts and the file is read
-        preload(inputs)
+        preload(inputs, first_model(input_path))
     summary = run_locally(run_batch_file, input=local_file(input_path), output_dir=str(folder), **inputs)
     click.echo(f"results: {folder / 'results.jsonl'} ({summary.answered} lines)")
     click.echo(f"errors: {folder / 'errors.jsonl'} ({summary.failed} lines)")

@@ -21,8 +21,8 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterable, Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterable, Awaitable, Callable, Hashable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any, Generic, Protocol, TypeVar
 
@@ -33,7 +33,7 @@ from flyteplugins_batcher import size_in_flight
 from flyteplugins_batcher.jobs._environments import ReplicaPool
 from flyteplugins_batcher.jobs._outputs import PublishError, WorkFolder
 from flyteplugins_batcher.jobs._report import Progress, final_html, print_report_location
-from flyteplugins_batcher.jobs._summary import RunSummary
+from flyteplugins_batcher.jobs._summary import ModelRun, RunSummary
 from flyteplugins_batcher.replica import ReplicaSnapshot
 
 logger = logging.getLogger("flyteplugins_batcher.jobs._driver")
@@ -111,20 +111,50 @@ class UnrecoverableRunError(RuntimeError):
     """A chunk failed in a way no retry can fix; the run stops with its message."""
 
 
+Lane = tuple[str, str]
+"""A replica's work on one base model: (replica, model). A replica that swaps models has a lane per model."""
+
+
 @dataclass
 class FanOutStats:
     """What the fan-out saw."""
 
     chunks: int = 0
     failed_chunks: int = 0
-    load_time_s: float = 0.0  # the slowest replica's model load (a fresh one's; reused chunks load nothing)
     wall_s: float = 0.0
-    replicas: list[ReplicaSnapshot] = field(default_factory=list)  # each replica's latest state, by name
-    first: dict[str, ReplicaSnapshot] = field(default_factory=dict)  # each replica's first state in this run
-    while_waiting: dict[str, ReplicaSnapshot] = field(default_factory=dict)  # latest while chunks were still to send
+    latest: dict[Lane, ReplicaSnapshot] = field(default_factory=dict)  # each lane's latest state
+    first: dict[Lane, ReplicaSnapshot] = field(default_factory=dict)  # each lane's first state in this run
+    while_waiting: dict[Lane, ReplicaSnapshot] = field(default_factory=dict)  # latest while chunks were still to send
+    loads: dict[Hashable, dict[str, float]] = field(default_factory=dict)  # by phase: each model's slowest load
     started_at: float = 0.0  # when the fan-out started (epoch seconds): where the report's charts begin
     reading: bool = True  # the driver still had chunks to send
     held_back: bool = False  # the driver held chunks back at its cap at least once
+
+    @property
+    def load_time_s(self) -> float:
+        """Model loading in the run's wall time: the slowest load (a fresh one's: reused chunks load nothing) of each
+        phase, whose models load one phase after the other."""
+        return sum(max(models.values()) for models in self.loads.values())
+
+    @property
+    def model_loads(self) -> dict[str, float]:
+        """Each model's slowest load in this run, by the name its replicas report."""
+        loads: dict[str, float] = {}
+        for models in self.loads.values():
+            for model, seconds in models.items():
+                loads[model] = max(loads.get(model, 0.0), seconds)
+        return loads
+
+    @property
+    def replicas(self) -> list[ReplicaSnapshot]:
+        """Each lane's latest state, by replica; a replica that ran several models has a lane per model, each
+        labelled with its model."""
+        names = [name for name, _ in self.latest]
+        lanes = sorted(self.latest.items())
+        return [
+            replace(state, replica=f"{name} {model}") if names.count(name) > 1 else state
+            for (name, model), state in lanes
+        ]
 
     @property
     def inference_s(self) -> float:
@@ -135,8 +165,11 @@ class FanOutStats:
         """`amount` per second of inference."""
         return amount / self.inference_s if self.inference_s > 0 else 0.0
 
-    def record(self, outcome: Outcome | None, started: float) -> None:
-        """Count a finished chunk (`None`: it failed) and keep its replica's latest state, if this run computed it."""
+    def record(self, outcome: Outcome | None, started: float, phase: Hashable = None) -> None:
+        """Count a finished chunk (`None`: it failed) and keep its lane's latest state, if this run computed it.
+
+        `phase`: the fan-out's phase when it was sent (`fan_out`'s `phase`).
+        """
         self.chunks += 1
         if outcome is None:
             self.failed_chunks += 1
@@ -144,24 +177,24 @@ class FanOutStats:
         if outcome.finished_at < started:  # reused from an earlier run: no replica worked on it
             return
         snapshot = outcome.replica
-        latest = {replica.replica: replica for replica in self.replicas}
-        latest[snapshot.replica] = _newer(latest.get(snapshot.replica), snapshot)
-        self.replicas = sorted(latest.values(), key=lambda replica: replica.replica)
-        self.first[snapshot.replica] = _older(self.first.get(snapshot.replica), snapshot)
+        lane = (snapshot.replica, snapshot.model)
+        self.latest[lane] = _newer(self.latest.get(lane), snapshot)
+        self.first[lane] = _older(self.first.get(lane), snapshot)
         if self.reading:
-            self.while_waiting[snapshot.replica] = _newer(self.while_waiting.get(snapshot.replica), snapshot)
-        self.load_time_s = max(self.load_time_s, snapshot.load_time_s)
+            self.while_waiting[lane] = _newer(self.while_waiting.get(lane), snapshot)
+        models = self.loads.setdefault(phase, {})
+        models[snapshot.model] = max(models.get(snapshot.model, 0.0), snapshot.load_time_s)
 
     def occupancy(self, *, while_waiting: bool = False) -> float | None:
         """Running sequences per engine step over `max_num_seqs`, across the replicas, in this run.
 
-        Counted from each replica's first chunk of the run to its latest one (`while_waiting`: its
+        Counted from each lane's first chunk of the run to its latest one (`while_waiting`: its
         latest while the driver still had chunks to send); a run too short for that counts each
-        replica's engine since it started. `None` where the engines counted no steps: engines without
+        lane's engine since it started. `None` where the engines counted no steps: engines without
         continuous batching (Transformers) have no occupancy.
         """
-        latest = self.while_waiting if while_waiting else {replica.replica: replica for replica in self.replicas}
-        windows = [last.engine_counts().since(self.first[name].engine_counts()) for name, last in latest.items()]
+        latest = self.while_waiting if while_waiting else self.latest
+        windows = [last.engine_counts().since(self.first[lane].engine_counts()) for lane, last in latest.items()]
         if not any(window.steps for window in windows):
             windows = [last.engine_counts() for last in latest.values()]
         capacity = sum(window.steps * window.max_num_seqs for window in windows)
@@ -207,8 +240,18 @@ async def fan_out(
     on_chunk: ChunkHandler[ChunkT, OutcomeT],
     *,
     max_in_flight: int,
+    phase: Callable[[ChunkT], Hashable] | None = None,
 ) -> FanOutStats:
     """Send every chunk to `infer`, at most `max_in_flight` at once, and hand each result to `on_chunk`.
+
+    Args:
+        chunks: The chunks, produced as they are needed.
+        infer: Runs one chunk (a Flyte task, or any async function).
+        on_chunk: Called with each finished chunk's outcome (`None` and why, when it failed).
+        max_in_flight: Chunks outstanding at once.
+        phase: Each chunk's phase (`None`: any): a chunk of another phase than the last one's is sent only
+            once every chunk in flight has finished (a run's base models, each replica closing one model
+            before it loads the next).
 
     Raises:
         UnrecoverableRunError: A chunk failed with an error that retrying cannot fix.
@@ -218,7 +261,7 @@ async def fan_out(
     if max_in_flight < 1:
         raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
     fanning = _FanOut(infer, on_chunk, max_in_flight)
-    await fanning.feed(chunks)
+    await fanning.feed(chunks, phase or (lambda _chunk: None))
     return fanning.result()
 
 
@@ -236,26 +279,36 @@ class _FanOut(Generic[ChunkT, OutcomeT]):
         self.running: set[asyncio.Task[None]] = set()
         self.fatal: list[BaseException] = []
 
-    async def feed(self, chunks: AsyncIterable[ChunkT]) -> None:
-        """Start a chunk whenever a slot is free, until the chunks run out or an error stops the run."""
+    async def feed(self, chunks: AsyncIterable[ChunkT], phase: Callable[[ChunkT], Hashable]) -> None:
+        """Start a chunk whenever a slot is free (and its phase has come), until the chunks run out or an error
+        stops the run."""
+        current: Hashable = None
         try:
             async for chunk in chunks:
+                this = phase(chunk)
+                if this is not None and this != current:
+                    await self._drain()  # the last phase's chunks finish before this one's start
+                    current = this
                 self.stats.held_back |= self.slots.locked()
                 await self.slots.acquire()
                 if self.fatal:
                     self.slots.release()
                     break
-                task = asyncio.create_task(self._run(chunk))
+                task = asyncio.create_task(self._run(chunk, current))
                 self.running.add(task)
                 task.add_done_callback(self.running.discard)
             self.stats.reading = False
-            while self.running and not self.fatal:
-                await asyncio.wait(set(self.running), return_when=asyncio.FIRST_COMPLETED)
+            await self._drain()
         finally:
             for task in self.running:
                 task.cancel()
 
-    async def _run(self, chunk: ChunkT) -> None:
+    async def _drain(self) -> None:
+        """Wait until no chunk is in flight, or an error stops the run."""
+        while self.running and not self.fatal:
+            await asyncio.wait(set(self.running), return_when=asyncio.FIRST_COMPLETED)
+
+    async def _run(self, chunk: ChunkT, phase: Hashable) -> None:
         try:
             outcome: OutcomeT | None = await self.infer(chunk)
             reason = ""
@@ -267,7 +320,7 @@ class _FanOut(Generic[ChunkT, OutcomeT]):
             outcome, reason = None, f"chunk failed: {error}"
         finally:
             self.slots.release()
-        self.stats.record(outcome, self.started)
+        self.stats.record(outcome, self.started, phase)
         try:
             await self.on_chunk(chunk, outcome, reason)
         except Exception as error:  # its answers could not be kept: going on would lose them, so the run stops
@@ -339,10 +392,12 @@ async def finish_run(
     noun: str = "requests",
     accuracy: float = 0.0,
     scored: int = 0,
+    models: list[ModelRun] | None = None,
 ) -> RunSummary:
     """Publish the results and errors files, show the final report, print the summary and report lines.
 
-    With the replicas' `pool`, also print one warning when their engines were starved (`occupancy_warning`).
+    With the replicas' `pool`, also print one warning when their engines were starved (`occupancy_warning`);
+    with `models` (a run that named several base models), a line per model.
 
     Raises:
         RuntimeError: Publishing failed (the message names the folder that holds the files), or more
@@ -364,6 +419,7 @@ async def finish_run(
         results=File(path=str(results)),
         errors=File(path=str(errors)),
         occupancy=fanned.occupancy(),
+        models=list(models or []),
     )
     unpublished: PublishError | None = None
     try:
@@ -372,15 +428,22 @@ async def finish_run(
         unpublished = error
     warning = occupancy_warning(fanned, run, pool) if pool is not None else ""
     await progress.finish(final_html(summary, fanned.replicas, warning, started_at=fanned.started_at or None))
-    print(summary_line(summary, noun), flush=True)
-    if warning:
-        logger.warning(warning)
-        print(f"WARNING: {warning}", flush=True)
-    print_report_location()
+    _print_summary(summary, noun, warning)
     if unpublished is not None:
         raise unpublished
     check_failures(summary.failed, summary.requests, run.max_failed_fraction, f"see {summary.errors.path}", noun)
     return summary
+
+
+def _print_summary(summary: RunSummary, noun: str, warning: str) -> None:
+    """The summary line, a line per model (a run of several), the warning if any, and where the report is."""
+    print(summary_line(summary, noun), flush=True)
+    for part in summary.models:
+        print(model_line(part), flush=True)
+    if warning:
+        logger.warning(warning)
+        print(f"WARNING: {warning}", flush=True)
+    print_report_location()
 
 
 def summary_line(summary: RunSummary, noun: str) -> str:
@@ -394,6 +457,15 @@ def summary_line(summary: RunSummary, noun: str) -> str:
         f"{summary.requests_per_s:.2f} {noun}/s, {summary.output_tokens_per_s:.0f} output tokens/s{occupancy} "
         f"(inference {summary.inference_s:.1f} s, model load {summary.load_time_s:.1f} s) | "
         f"results: {summary.results.path} | errors: {summary.errors.path}"
+    )
+
+
+def model_line(part: ModelRun) -> str:
+    """The line a run that named several base models prints for each: its lines, its load and its share of the run."""
+    failed = f", {part.failed} failed" if part.failed else ""
+    return (
+        f"model {part.model}: {part.requests} requests{failed} | model load {part.load_time_s:.1f} s | "
+        f"{part.wall_s:.1f} s, {part.share:.0%} of the run"
     )
 
 

@@ -13,7 +13,7 @@ import flyte.report
 from flyteplugins_batcher.jobs._progress import ProgressLine, format_duration
 from flyteplugins_batcher.jobs._report_charts import timeline_section
 from flyteplugins_batcher.jobs._report_svg import CHART_WIDTH, PLOT_LEFT, svg, text
-from flyteplugins_batcher.jobs._summary import RunSummary
+from flyteplugins_batcher.jobs._summary import ModelRun, RunSummary
 from flyteplugins_batcher.replica import ReplicaSnapshot
 
 logger = logging.getLogger("flyteplugins_batcher.jobs._report")
@@ -28,6 +28,7 @@ STYLE = """
   .bl .card .k { color: #627d98; font-size: 0.85em; }
   .bl .bar { background: #e4e7eb; border-radius: 6px; height: 18px; overflow: hidden; }
   .bl .bar > div { background: #2f80ed; height: 100%; }
+  .bl .bar.share { display: inline-block; width: 160px; height: 12px; margin-right: 6px; vertical-align: middle; }
   .bl table { border-collapse: collapse; margin: 8px 0 16px; font-size: 0.85em; display: block; overflow-x: auto; }
   .bl td, .bl th { border-bottom: 1px solid #e4e7eb; padding: 4px 6px; text-align: left; vertical-align: top; }
   .bl .ok { color: #1e7b34; } .bl .bad { color: #b42318; }
@@ -155,6 +156,7 @@ def final_html(
             reused,
             f"<p>Results: <code>{html.escape(str(result.results.path))}</code><br>"
             f"Errors: <code>{html.escape(str(result.errors.path))}</code></p>",
+            models_html(result.models),
             replicas_html(replicas),
             timeline_section(replicas, result.load_time_s + result.inference_s, started_at) if replicas else "",
             "</div>",
@@ -169,6 +171,28 @@ def headline_cards(answered: int, total: int, failed: int, per_second: float) ->
         ("failed", str(failed)),
         ("per second (inference)", f"{per_second:.2f}"),
     ]
+
+
+def models_html(models: Sequence[ModelRun]) -> str:
+    """A run that named several base models: each one's lines, load and time, its share of the run as a bar."""
+    if not models:
+        return ""
+    header = (
+        "<tr><th>model</th><th>requests</th><th>failed</th><th>load</th><th>time</th><th>share of the run</th></tr>"
+    )
+    rows = "".join(
+        f"<tr><td>{html.escape(part.model)}</td><td>{part.requests}</td><td>{part.failed}</td>"
+        f"<td>{part.load_time_s:.1f}s</td><td>{part.wall_s:.1f}s</td>"
+        f'<td><div class="bar share"><div style="width:{min(max(part.share, 0.0), 1.0):.1%}"></div></div>'
+        f"{part.share:.0%}</td></tr>"
+        for part in models
+    )
+    note = (
+        '<p class="note">The models took turns on the replicas (models_per_replica at a time), each loaded once '
+        "per replica and closed before the next loaded; a model's time counts from its first chunk sent to its "
+        "last one back, its load included.</p>"
+    )
+    return f"<h3>Models</h3><table>{header}{rows}</table>{note}"
 
 
 def replicas_html(replicas: Sequence[ReplicaSnapshot]) -> str:

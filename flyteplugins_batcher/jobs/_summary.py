@@ -1,22 +1,51 @@
-"""`RunSummary`: what a batch LLM run prints and returns."""
+"""`RunSummary`: what a batch LLM run prints and returns; `ModelRun`: one base model's part of it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from flyte.io import File
+
+
+@dataclass
+class ModelRun:
+    """One base model's part of a run whose lines named several (`RunSummary.models`).
+
+    Attributes:
+        model: Its name, as its result lines carry it.
+        requests: Its lines that reached a replica (answered or failed there).
+        failed: Those of them that failed.
+        load_time_s: Its slowest replica's load in this run (0 when every chunk was reused).
+        wall_s: From its first chunk sent to its last one back, its load included.
+        share: `wall_s` over the run's wall time.
+
+    Example:
+        ```python
+        for part in summary.models:
+            print(f"{part.model}: {part.requests} lines, load {part.load_time_s:.1f} s, {part.share:.0%} of the run")
+        ```
+    """
+
+    model: str
+    requests: int
+    failed: int
+    load_time_s: float
+    wall_s: float
+    share: float
 
 
 @dataclass
 class RunSummary:
     """What a batch LLM run prints: counts, accuracy where there is gold, throughput, and where the rest is.
 
-    Throughput counts inference only: `load_time_s` (the slowest replica's model load) is excluded.
+    Throughput counts inference only: `load_time_s` (the slowest replica's model load; the sum of each
+    model's, for a run whose models load one after the other) is excluded.
     `reused`: requests answered by an earlier run of the same job (Flyte's cache); `retried`: requests
     an earlier run failed, which this run sent to the engine again.
     `occupancy` says how full the engines were: running sequences per engine step over
     `max_num_seqs`, across the replicas; `None` for engines without continuous batching (Transformers),
-    which have no occupancy.
+    which have no occupancy. `models`: each base model's part (its lines, load and share of the run)
+    when the run named several; empty otherwise.
     """
 
     source: str
@@ -34,3 +63,4 @@ class RunSummary:
     errors: File
     occupancy: float | None = None
     retried: int = 0
+    models: list[ModelRun] = field(default_factory=list)

@@ -47,6 +47,7 @@ from flyteplugins_batcher.replica._chunks import (
     RequestChunk,
     RequestItem,
 )
+from flyteplugins_batcher.replica._models import ServedModel
 
 LineOutcome = tuple[int, "ParsedRequest | RequestLineError"]
 """A line's number, and its request or the error that fails it."""
@@ -112,6 +113,9 @@ class LineRules:
         adapters: The LoRA adapters served beside the LLM: a line whose `model` names one runs with it,
             and its result line names it as the model.
         tool_parser: How `tool_choice: "auto"` finds tool calls (`EngineSettings.tool_call_parser`).
+        models: Every base model of a run that names several (`EngineSettings.served_models`; the first is
+            `served_model`, and `adapters` lists all of theirs): a line naming one of them, or one of its
+            adapters, runs on it (`model_of`) and its result line names it. Empty: `served_model` alone.
 
     Example:
         ```python
@@ -130,6 +134,7 @@ class LineRules:
     context_length: int = 0
     adapters: tuple[str, ...] = ()
     tool_parser: str = ""
+    models: tuple[ServedModel, ...] = ()
 
     def parse(self, text: str, line_number: int) -> ParsedRequest:
         """The request on a line, its settings checked (out of range: the line fails here, not its chunk).
@@ -148,10 +153,23 @@ class LineRules:
             context_length=self.context_length,
             adapters=self.adapters,
             tool_parser=self.tool_parser,
+            other_models=[name for model in self.models[1:] for name in model.names],
         )
         if isinstance(request, BatchRequest):
             request.generation(self.defaults)
         return request
+
+    def model_of(self, request: BatchRequest) -> ServedModel | None:
+        """The base model a line runs on: the one its `model` names, or whose adapter it names; else the first.
+
+        `None` when the run serves one model (`models` is empty).
+        """
+        if not self.models:
+            return None
+        for model in self.models:
+            if request.adapter in model.adapter_names or request.model in model.names:
+                return model
+        return self.models[0]  # no model named (or model_mismatch="ignore"): the first runs it
 
     def read(self, lines: Iterable[bytes], seen: SeenIds) -> Iterator[LineOutcome]:
         """Each non-blank line of a file opened in binary mode, parsed; a `custom_id` seen before fails its line.
@@ -228,11 +246,15 @@ class LineRules:
                 request_number=request.line,
             )
         assert isinstance(request, BatchRequest) and isinstance(result, ItemResult)
-        return response_line(request, result.completion(), model=self.served_model, request_number=request.line)
+        model = self.model_of(request)
+        name = model.name if model is not None else self.served_model
+        return response_line(request, result.completion(), model=name, request_number=request.line)
 
 
 class ChunkCutter:
     """Cuts a stream of parsed requests into chunks of one kind each, numbered in the order they fill up.
+
+    Chat and completion requests may come in lanes (a run's base models): a chunk holds one lane's.
 
     Args:
         chunk_size: Chat and completion requests per `RequestChunk`.
@@ -246,32 +268,30 @@ class ChunkCutter:
         self.chunk_size = chunk_size
         self.embedding_chunk_texts = embedding_chunk_texts
         self._number = 0
-        self._generation: list[RequestItem] = []
+        self._generation: dict[str, list[RequestItem]] = {}
         self._embedding: list[EmbeddingItem] = []
         self._texts = 0
 
-    def add(self, request: ParsedRequest) -> JobChunk | None:
-        """Take a request; returns the chunk it completed, if it did."""
+    def add(self, request: ParsedRequest, lane: str = "") -> JobChunk | None:
+        """Take a request (a chat or completion request into `lane`); returns the chunk it completed, if it did."""
         if isinstance(request, EmbeddingRequest):
             self._embedding.append(EmbeddingItem(request.custom_id, list(request.inputs)))
             self._texts += len(request.inputs)
             return self._embedding_chunk() if self._texts >= self.embedding_chunk_texts else None
-        self._generation.append(RequestItem.of(request))
-        return self._generation_chunk() if len(self._generation) == self.chunk_size else None
+        items = self._generation.setdefault(lane, [])
+        items.append(RequestItem.of(request))
+        return self._generation_chunk(lane) if len(items) == self.chunk_size else None
 
-    def rest(self) -> list[JobChunk]:
-        """The unfinished chunks, once the input is read."""
-        chunks: list[JobChunk] = []
-        if self._generation:
-            chunks.append(self._generation_chunk())
-        if self._embedding:
+    def rest(self, lane: str | None = None) -> list[JobChunk]:
+        """The unfinished chunks, once the input is read (of one lane only, when given: no embedding chunk)."""
+        lanes = list(self._generation) if lane is None else [lane]
+        chunks: list[JobChunk] = [self._generation_chunk(name) for name in lanes if self._generation.get(name)]
+        if self._embedding and lane is None:
             chunks.append(self._embedding_chunk())
         return chunks
 
-    def _generation_chunk(self) -> RequestChunk:
-        chunk = RequestChunk(self._next_number(), self._generation)
-        self._generation = []
-        return chunk
+    def _generation_chunk(self, lane: str) -> RequestChunk:
+        return RequestChunk(self._next_number(), self._generation.pop(lane))
 
     def _embedding_chunk(self) -> EmbeddingChunk:
         chunk = EmbeddingChunk(self._next_number(), self._embedding)

@@ -10,12 +10,13 @@ post-process. `infer_chunk` (`flyteplugins_batcher.jobs`) is a thin Flyte task a
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import os
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from flyteplugins_batcher import DeviceMonitor, SharedBatcher, TokenBatcher
@@ -48,7 +49,18 @@ def make_batcher(engine: Engine, settings: EngineSettings) -> TokenBatcher:
 
 
 def load_engine(settings: EngineSettings) -> Engine:
-    """Build and load an engine for the settings (blocking: a replica calls it in a worker thread)."""
+    """Build and load an engine for the settings (blocking: a replica calls it in a worker thread).
+
+    Raises:
+        EngineConfigError: The settings cannot work, or name several base models (an engine runs one:
+            `settings.for_model` picks it).
+    """
+    declared = settings.base_models()
+    if len(declared) > 1:
+        raise EngineConfigError(
+            f"model names {len(declared)} base models ({', '.join(declared)}) and an engine runs one: run-batch "
+            "(the JSONL job) runs a file's lines model by model; run-table and the server take one model"
+        )
     engine_name = settings.engine
     kwargs = engine_kwargs(settings)
     if engine_name == "auto" and any(name not in ("dtype", "lora_modules") for name in kwargs):
@@ -72,10 +84,15 @@ def load_engine(settings: EngineSettings) -> Engine:
 
 
 class LLMReplica:
-    """One process's engine, shared batcher and GPU monitor, and the code that runs a chunk through them.
+    """One process's engine (or engines) and shared batcher, its GPU monitor, and the code that runs a chunk.
+
+    A replica holds one base model at a time: a chunk for another model (its settings' `model`) closes
+    the engine it holds, then loads that model's, so a run that names several models time-shares its
+    replicas. `EngineSettings.models_per_replica` lets it hold that many at once (the least recently
+    used one closes to make room).
 
     Args:
-        make_batcher: Builds the batcher around the loaded engine (wrap the engine here to observe
+        make_batcher: Builds the batcher around a loaded engine (wrap the engine here to observe
             or instrument what reaches it).
 
     Example:
@@ -97,13 +114,43 @@ class LLMReplica:
 
     def __init__(self, make_batcher: BatcherFactory = make_batcher) -> None:
         self.device = DeviceMonitor()
-        self.shared: SharedBatcher[Engine, TokenBatcher] = SharedBatcher(self._load, make_batcher, name="llm")
+        self._make_batcher = make_batcher
+        self._slots: list[_Slot] = [self._new_slot()]  # the engines it holds, least recently used first
         self.settings: EngineSettings | None = None
-        """The settings the loaded engine was built with."""
+        """The settings the engine loaded last was built with."""
+        self.loads: dict[str, int] = {}
+        """Engines loaded in this process, by base model (its reference as the settings give it)."""
+
+    @property
+    def shared(self) -> SharedBatcher[Engine, TokenBatcher]:
+        """The shared batcher of the model used last (a server's, a command line's preload)."""
+        return self._slots[-1].shared
+
+    def preload(self, settings: EngineSettings) -> concurrent.futures.Future[Engine]:
+        """Start loading the settings' engine in a background thread (`SharedBatcher.preload`)."""
+        return self._slot_for(settings).shared.preload(settings)
+
+    def _new_slot(self) -> _Slot:
+        return _Slot(SharedBatcher(self._load, self._make_batcher, name="llm"))
+
+    def _slot_for(self, settings: EngineSettings) -> _Slot:
+        """The slot of the settings' model: the one that holds it, an unused one, a new one while the replica may
+        hold more, else the least recently used one (its engine closes before this model's loads)."""
+        slot = next((slot for slot in self._slots if slot.model == settings.model), None)
+        slot = slot or next((slot for slot in self._slots if slot.model is None), None)
+        if slot is None and len(self._slots) < settings.models_per_replica:
+            slot = self._new_slot()
+        slot = slot or self._slots[0]
+        if slot in self._slots:
+            self._slots.remove(slot)
+        self._slots.append(slot)
+        slot.model = settings.model
+        return slot
 
     def _load(self, settings: EngineSettings) -> Engine:
         engine = load_engine(settings)
         self.settings = settings
+        self.loads[settings.model] = self.loads.get(settings.model, 0) + 1
         self.device.start()
         return engine
 
@@ -124,8 +171,9 @@ class LLMReplica:
             EngineConfigError: The settings cannot work (retrying cannot help).
             RuntimeError: Inference failed for the chunk (another attempt may succeed).
         """
-        batcher = await self.shared.get(settings)
-        engine = self.shared.loaded_model
+        shared = self._slot_for(settings).shared
+        batcher = await shared.get(settings)
+        engine = shared.loaded_model
         assert engine is not None
         defaults = settings.generation()
         requests = [item.engine_request(defaults) for item in chunk.items]
@@ -153,8 +201,17 @@ class LLMReplica:
     async def aclose(self) -> None:
         """Stop the batcher, close the engine and stop the GPU monitor; the process's next replica is a fresh one."""
         _PROCESS.release(self)
-        await self.shared.aclose()
+        for slot in self._slots:
+            await slot.shared.aclose()
         self.device.stop()
+
+
+@dataclass
+class _Slot:
+    """One engine a replica holds (or loads): its shared batcher, and the base model it is for."""
+
+    shared: SharedBatcher[Engine, TokenBatcher]
+    model: str | None = None  # None: not used yet
 
 
 def _item_result(chunk: RequestChunk, item: RequestItem, outcome: object, *, stopped: bool) -> ItemResult:

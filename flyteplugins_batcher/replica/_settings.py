@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from flyteplugins_batcher.engines import EngineConfigError, GenerationConfig
 from flyteplugins_batcher.engines.vllm import parse_engine_args
+from flyteplugins_batcher.replica._models import ServedModel, model_references, served_models
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,10 @@ class EngineSettings:
             (no model: vLLM's scheduling with an H100's step times, to dry-run capacity planning;
             its options as engine_args, e.g. {"time_scale": 4, "gpu": {"max_num_seqs": 1024},
             "output_lengths": {"mean": 200, "long_fraction": 0.05}}).
-        model: Hub id or local path; empty for the bundled SmolLM2-135M-Instruct.
+        model: Hub id or local path; empty for the bundled SmolLM2-135M-Instruct. Several (one a line, or
+            separated by commas; --model given more than once) for a batch file whose lines name different
+            base models: each model's lines run on the replicas in turn, each replica loading a model once
+            and closing it before the next (run-batch; a replica, run-table and the server take one).
         vllm_mode: "stream" (the default: each prompt is its own request to vLLM's continuous
             batching) or "batch" (whole batches through `LLM.generate`).
         max_model_len: vLLM's context length (0: the model's).
@@ -42,6 +46,11 @@ class EngineSettings:
         lora_modules: LoRA adapters served beside the model, as vLLM's --lora-modules takes them:
             name=path pairs (separated by spaces or new lines), or JSON objects {"name": ..., "path": ...};
             a request whose model names one runs with it (vLLM and Transformers; LoRA is enabled for it).
+            With several models, an adapter runs on the one its "base_model_name" names, else the one its
+            adapter_config.json was trained on, else the first.
+        models_per_replica: Base models a replica may hold loaded at once, when the run names several: 1 (one
+            at a time, each closed before the next loads); more when that many fit in a replica's memory, and
+            that many models' lines run side by side.
         tool_call_parser: How tool_choice "auto" finds tool calls in the text, as vLLM's --tool-call-parser:
             "hermes" or "llama3_json"; empty: a request asking for "auto" fails, saying so.
         system_prompt: Added to prompts that do not bring their own system message.
@@ -67,6 +76,7 @@ class EngineSettings:
     enforce_eager: str = ""
     engine_args: str = ""
     lora_modules: str = ""
+    models_per_replica: int = 1
     tool_call_parser: str = ""
     system_prompt: str = ""
     max_new_tokens: int = 256
@@ -77,6 +87,10 @@ class EngineSettings:
     max_batch_size: int = 0
     batch_timeout_s: float = 0.05
     max_queue_size: int = 0
+
+    def __post_init__(self) -> None:
+        if self.models_per_replica < 1:
+            raise ValueError(f"models_per_replica must be >= 1, got {self.models_per_replica}")
 
     def batcher_keywords(self) -> dict[str, Any]:
         """The replica batcher's keywords these settings give, over the engine's defaults (`engine.batcher(**...)`)."""
@@ -97,6 +111,31 @@ class EngineSettings:
             EngineConfigError: An entry that is neither `name=path` nor a JSON object with a name and a path.
         """
         return parse_lora_modules(self.lora_modules)
+
+    def base_models(self) -> list[str]:
+        """The base models `model` declares, in order (`[""]`: the bundled model)."""
+        return model_references(self.model)
+
+    def served_models(self, served_model_name: str = "") -> tuple[ServedModel, ...]:
+        """The base models `model` declares, in order, each with the names a line may give it and its adapters.
+
+        Args:
+            served_model_name: The first model's name in result lines (empty: its short name).
+
+        Raises:
+            EngineConfigError: A model declared twice, a name two of them share, an adapter's unknown base.
+        """
+        entries = _lora_entries(self.lora_modules)
+        adapters = {name: path for name, path, _ in entries}
+        bases = {name: base for name, _, base in entries if base}
+        return served_models(self.base_models(), adapters, bases, served_model_name)
+
+    def for_model(self, model: ServedModel) -> EngineSettings:
+        """The settings `model`'s engine is built with: these when they declare one model, else with `model` and
+        only its own adapters (a chunk's settings: the replica's engine, and Flyte's cache, are keyed on them)."""
+        if len(self.base_models()) == 1:
+            return self
+        return replace(self, model=model.reference, lora_modules=model.lora_modules())
 
     def generation(self) -> GenerationConfig:
         """The run's default generation settings (requests may set their own).
@@ -130,6 +169,11 @@ def parse_lora_modules(text: str) -> dict[str, str]:
         assert parse_lora_modules("sql=/lora/sql chat=/lora/chat") == {"sql": "/lora/sql", "chat": "/lora/chat"}
         ```
     """
+    return {name: path for name, path, _ in _lora_entries(text)}
+
+
+def _lora_entries(text: str) -> list[tuple[str, str, str]]:
+    """Each adapter's name, path and base model (vLLM's `base_model_name`; empty when not given), in order."""
     text = text.strip()
     if text.startswith("["):
         entries: list[Any] = _json_entry(text)
@@ -137,13 +181,13 @@ def parse_lora_modules(text: str) -> dict[str, str]:
         entries = []
         for line in filter(None, (line.strip() for line in text.splitlines())):
             entries += [_json_entry(line)] if line.startswith("{") else line.split()
-    adapters: dict[str, str] = {}
+    adapters: dict[str, tuple[str, str, str]] = {}
     for entry in entries:
-        name, path = _lora_entry(entry)
+        name, path, base = _lora_entry(entry)
         if name in adapters:
             raise EngineConfigError(f"lora_modules names the adapter {name!r} twice")
-        adapters[name] = path
-    return adapters
+        adapters[name] = (name, path, base)
+    return list(adapters.values())
 
 
 def _json_entry(text: str) -> Any:
@@ -153,15 +197,16 @@ def _json_entry(text: str) -> Any:
         raise EngineConfigError(f"lora_modules: {text!r} is not JSON: {error}") from None
 
 
-def _lora_entry(entry: Any) -> tuple[str, str]:
+def _lora_entry(entry: Any) -> tuple[str, str, str]:
     if isinstance(entry, dict) and isinstance(entry.get("name"), str) and isinstance(entry.get("path"), str):
-        return entry["name"], entry["path"]
+        base = entry.get("base_model_name")
+        return entry["name"], entry["path"], base if isinstance(base, str) else ""
     match = _LORA_PAIR.match(entry) if isinstance(entry, str) else None
     if match is None:
         raise EngineConfigError(
             f'lora_modules: {entry!r} is neither name=path nor {{"name": ..., "path": ...}} (as vLLM takes them)'
         )
-    return match.group(1), match.group(2)
+    return match.group(1), match.group(2), ""
 
 
 def engine_kwargs(settings: EngineSettings) -> dict[str, Any]:

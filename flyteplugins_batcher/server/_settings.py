@@ -112,6 +112,15 @@ class ServerSettings:
     local_runs: str = "server"
     files_uri: str = ""
 
+    def __post_init__(self) -> None:
+        declared = self.engine.base_models()
+        if len(declared) > 1:
+            raise ValueError(
+                f"the server serves one base model, and model names {len(declared)} ({', '.join(declared)}): "
+                "swapping models would stall every online request for a load. Run a file that mixes base "
+                "models with `flyteplugins-batcher run-batch --model A --model B`, which time-shares its replicas"
+            )
+
     @property
     def max_upload_bytes(self) -> int:
         return self.max_upload_mb * 2**20

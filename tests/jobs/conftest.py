@@ -14,6 +14,7 @@ import pytest
 from flyteplugins_batcher import TokenBatcher
 from flyteplugins_batcher.engines import InvalidResponseFormatError
 from flyteplugins_batcher.replica import LLMReplica
+from flyteplugins_batcher.replica._llm import make_batcher
 
 
 @pytest.fixture(scope="session")
@@ -146,3 +147,34 @@ class CountingBatcher:
 def prompt_text(record: Any) -> str:
     prompt = getattr(record, "prompt", record)
     return prompt if isinstance(prompt, str) else " ".join(message["content"] for message in prompt)
+
+
+class EngineLog:
+    """A replica's batcher factory that records which model answered each prompt and how many engines were loaded.
+
+    The engines keep their own batcher defaults (`make_batcher`); only their `generate` is watched.
+    """
+
+    def __init__(self) -> None:
+        self.engines: list[Any] = []
+        self.answered: list[tuple[str, str]] = []  # (model, prompt text), in the order the engines were given them
+        self.most_loaded = 0
+
+    def make(self, engine: Any, settings: Any) -> Any:
+        self.engines.append(engine)
+        real = engine.generate
+
+        def saw(records: list[Any]) -> None:
+            self.most_loaded = max(self.most_loaded, sum(built.is_loaded for built in self.engines))
+            self.answered += [(engine.model_name, prompt_text(record)) for record in records]
+
+        async def generate_async(records: list[Any]) -> list[Any]:
+            saw(records)
+            return await real(records)
+
+        def generate(records: list[Any]) -> list[Any]:
+            saw(records)
+            return real(records)
+
+        engine.generate = generate_async if inspect.iscoroutinefunction(real) else generate
+        return make_batcher(engine, settings)

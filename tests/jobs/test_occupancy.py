@@ -106,7 +106,7 @@ def test_an_engine_kept_full_gets_no_warning_and_one_that_never_waited_neither()
     full = FanOutStats(held_back=True)
     full.record(ChunkOutcome(0, [], state("a", 8, 10, 2_000), finished_at=2e9), started=1e9)
     full.record(ChunkOutcome(1, [], state("a", 16, 110, 2_000 + 100 * 250), finished_at=2e9), started=1e9)
-    never_waited = FanOutStats(held_back=False, replicas=[], first={}, while_waiting={})
+    never_waited = FanOutStats(held_back=False, latest={}, first={}, while_waiting={})
     never_waited.record(ChunkOutcome(0, [], state("a", 8, 100, 100), finished_at=2e9), started=1e9)
 
     assert occupancy_warning(full, RunOptions(), POOL) == ""

@@ -21,11 +21,12 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 from flyteplugins_batcher.batch_api import ModelMismatch, ParsedRequest, RequestLineError, SeenIds
-from flyteplugins_batcher.engines import GenerationConfig
 from flyteplugins_batcher.jobs._driver import Counts, JsonLines
 from flyteplugins_batcher.jobs._journal import JournalWriter
+from flyteplugins_batcher.jobs._jsonl.models import ModelLanes
+from flyteplugins_batcher.jobs._jsonl.spool import Spool
 from flyteplugins_batcher.jobs._report import Progress
-from flyteplugins_batcher.replica import ChunkCutter, FinishedLine, JobChunk, JobOutcome, LineRules
+from flyteplugins_batcher.replica import ChunkCutter, EngineSettings, FinishedLine, JobChunk, JobOutcome, LineRules
 
 
 class Job:
@@ -33,21 +34,19 @@ class Job:
 
     Args:
         input_path: The request file.
-        folder: Where the results, errors and the table of seen ids are written.
-        served_model: The LLM's name (chat and completion lines are answered by it).
+        folder: Where the results, errors, the table of seen ids and the spool are written.
+        settings: The run's engine settings: its base models (a line naming one of them, or one of their
+            adapters, runs on it), its generation defaults (a request's own win), its tool parser.
+        served_model_name: The first model's name in result lines (empty: its short name).
         served_embedding_model: The embedding model's name.
         model_mismatch: What to do with a line naming another model ("error" or "ignore").
-        defaults: The run's generation settings (a request's own win).
-        model_aliases: Other names a line may give the LLM (the model reference as the user gave it).
-        adapters: The LoRA adapters served beside the LLM (a line naming one runs with it).
-        tool_parser: How `tool_choice: "auto"` finds tool calls (empty: such a line fails, saying so).
         journal: Also write every finished line, with its line number, to this run journal (for a follower
             such as the Batch API server; `flyteplugins_batcher/jobs/_journal.py`).
 
     Example:
         ```python
-        job = Job(path, folder, served_model="m", served_embedding_model="e", model_mismatch="error", defaults=config)
-        await fan_out(job.chunks(8), infer, job.on_chunk, max_in_flight=16)
+        job = Job(path, folder, settings, served_embedding_model="e", model_mismatch="error")
+        await fan_out(job.chunks(8), infer, job.on_chunk, max_in_flight=16, phase=job.lanes.phase)
         job.close()
         ```
     """
@@ -56,26 +55,26 @@ class Job:
         self,
         input_path: Path,
         folder: Path,
+        settings: EngineSettings,
         *,
-        served_model: str,
         served_embedding_model: str,
         model_mismatch: ModelMismatch,
-        defaults: GenerationConfig,
-        model_aliases: tuple[str, ...] = (),
-        adapters: tuple[str, ...] = (),
-        tool_parser: str = "",
+        served_model_name: str = "",
         journal: JournalWriter | None = None,
     ) -> None:
         self.input_path = input_path
+        models = settings.served_models(served_model_name)
         self.rules = LineRules(
-            served_model,
+            models[0].name,
             served_embedding_model,
             model_mismatch,
-            defaults,
-            model_aliases=model_aliases,
-            adapters=adapters,
-            tool_parser=tool_parser,
+            settings.generation(),
+            model_aliases=models[0].aliases,
+            adapters=tuple(name for model in models for name in model.adapter_names),
+            tool_parser=settings.tool_call_parser,
+            models=models,
         )
+        self.lanes = ModelLanes(self.rules, settings.models_per_replica)
         self.results = JsonLines(folder / "results.jsonl")
         self.errors = JsonLines(folder / "errors.jsonl")
         self.counts = Counts()
@@ -84,6 +83,7 @@ class Job:
         """When the job started (epoch seconds): a chunk that finished before was reused from an earlier run."""
         self.journal = journal
         self._seen = SeenIds(folder)
+        self._spool = Spool(folder)
         self._in_flight: dict[str, ParsedRequest] = {}  # requests of the chunks outstanding, by custom_id
 
     @property
@@ -93,20 +93,44 @@ class Job:
     async def chunks(self, chunk_size: int, embedding_chunk_texts: int = 128) -> AsyncIterator[JobChunk]:
         """Chunks of valid requests, read from the file as they are needed; bad lines go to the errors file.
 
+        A model of a later wave (`ModelLanes`) has its requests spooled while the file is read, and its
+        chunks come once the file is read through, wave after wave.
+
         Args:
             chunk_size: Chat and completion requests per LLM chunk.
             embedding_chunk_texts: Texts per embedding chunk (a request is never split, so a chunk may hold more).
         """
         cutter = ChunkCutter(chunk_size, embedding_chunk_texts)
         for request in self._requests():
-            self._in_flight[request.custom_id] = request
-            chunk = cutter.add(request)
+            lane = self.lanes.lane(request)
+            if self.lanes.waits(lane):
+                self._spool.add(lane or "", request)
+                continue
+            chunk = self._add(cutter, request, lane)
             if chunk is not None:
                 yield chunk
                 await asyncio.sleep(0)  # let finished chunks write out between reads
         self.progress.total_known = True
         for chunk in cutter.rest():
-            yield chunk
+            yield self._made(chunk)
+        for lane in self._spool.lanes:
+            for request in self._spool.take(lane):
+                chunk = self._add(cutter, request, lane)
+                if chunk is not None:
+                    yield chunk
+            for chunk in cutter.rest(lane):
+                yield self._made(chunk)
+
+    def _add(self, cutter: ChunkCutter, request: ParsedRequest, lane: str | None) -> JobChunk | None:
+        """Take a request into the cutter; the chunk it completed, if it did."""
+        self._in_flight[request.custom_id] = request
+        chunk = cutter.add(request, lane or "")
+        return self._made(chunk) if chunk is not None else None
+
+    def _made(self, chunk: JobChunk) -> JobChunk:
+        """A chunk about to be sent, its model noted (from its first request's)."""
+        self.lanes.made(chunk, self.lanes.lane(self._in_flight[chunk.items[0].key]))
+        return chunk
 
     def _requests(self) -> Iterator[ParsedRequest]:
         with self.input_path.open("rb") as lines:
@@ -120,10 +144,13 @@ class Job:
     async def on_chunk(self, chunk: JobChunk, outcome: JobOutcome | None, reason: str) -> None:
         """Write a finished chunk's result lines and error lines (`None`: the chunk failed, for `reason`)."""
         requests = {item.key: self._in_flight.pop(item.key) for item in chunk.items}
+        failed = 0
         for position, finished in enumerate(self.rules.answers(chunk, outcome, reason, requests)):
             assert finished is not None  # only a chunk told to stop leaves a line unanswered, and none is here
             fresh = outcome is None or not finished.ok or outcome.computed_since(position, self.started)
             self._write(finished, fresh=fresh, retried=outcome is not None and outcome.was_retried(position))
+            failed += not finished.ok
+        self.lanes.finished(chunk, failed)
         await self.progress.update(self.counts.done, self.counts.failed)
         if self.journal is not None:
             await self.journal.flush()
@@ -145,3 +172,4 @@ class Job:
         self.results.close()
         self.errors.close()
         self._seen.close()
+        self._spool.close()

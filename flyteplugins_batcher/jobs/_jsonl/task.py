@@ -17,12 +17,12 @@ more requests failed than `max_failed_fraction` allows, after writing everything
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from flyte.io import File
 
-from flyteplugins_batcher.engines import EmbeddingModel, model_display_name
+from flyteplugins_batcher.engines import EmbeddingModel
 from flyteplugins_batcher.jobs._driver import RunOptions, fan_out, finish_run
 from flyteplugins_batcher.jobs._environments import LLM_POOL, LLM_SIZING, driver_environment, embed_env, gpu_env
 from flyteplugins_batcher.jobs._journal import JournalWriter
@@ -54,11 +54,12 @@ async def run_batch_file(
     Args:
         input: The requests, one JSON object per line (OpenAI batch lines, or plain
             `{"custom_id"?, "prompt" | "messages"}` lines).
-        model_mismatch: A request whose `body.model` is not the served model: "error" (its line
-            fails) or "ignore" (it runs on the served model). The served model answers to its name,
-            to the model reference as given, and to served_model_name.
+        model_mismatch: A request whose `body.model` names none of the served models or adapters: "error"
+            (its line fails, listing them) or "ignore" (it runs on the first model). A model answers to its
+            name, to its reference as given, and (the first) to served_model_name.
         served_model_name: The model's name in result lines, also accepted in requests (vLLM's
-            --served-model-name); empty: the model's own name (a path's last part, or the hub id).
+            --served-model-name); empty: the model's own name (a path's last part, or the hub id). With
+            several models, the first one's.
         embedding_chunk_size: Texts per chunk of embedding requests (a request's texts stay together).
         journal: Also write every finished line, as the run goes, to this folder or object-store prefix
             (numbered segments, for a follower such as the Batch API server); empty: no journal.
@@ -67,23 +68,19 @@ async def run_batch_file(
     """
     if model_mismatch not in ("error", "ignore"):
         raise ValueError(f"model_mismatch must be 'error' or 'ignore', got {model_mismatch!r}")
+    settings.served_models(served_model_name)  # models and adapters that cannot be told apart fail here, at once
     destination = Destination.check(run.output_dir, BATCH_OUTPUT_FILES)  # before any inference
     local_input = Path(await input.download())
     work = WorkFolder("batch-jsonl-", destination)
     job = _job(local_input, work.path, settings, served_model_name, model_mismatch, journal)
-
-    def infer(chunk: JobChunk, cache_salt: str) -> Awaitable[JobOutcome]:
-        if isinstance(chunk, EmbeddingChunk):
-            return embed_requests(chunk, job.served_embedding_model, cache_salt)
-        return infer_chunk(chunk, settings, cache_salt)
-
     fanned = None
     try:
         fanned = await fan_out(
             job.chunks(run.chunk_size, embedding_chunk_size),
-            retrying_reused_failures(infer, salt=run.cache_salt(), started=job.started),
+            retrying_reused_failures(_replicas(job, settings), salt=run.cache_salt(), started=job.started),
             job.on_chunk,
             max_in_flight=run.chunks_in_flight(LLM_POOL),
+            phase=job.lanes.phase if job.lanes.several else None,
         )
     finally:
         job.close()
@@ -102,22 +99,32 @@ async def run_batch_file(
         run=run,
         pool=LLM_POOL,
         progress=job.progress,
+        models=job.lanes.runs(fanned.model_loads, fanned.wall_s),
     )
 
 
 def _job(
     local_input: Path, folder: Path, settings: EngineSettings, served_model_name: str, model_mismatch: str, journal: str
 ) -> Job:
-    """The job over a local copy of the file; the model answers to its name, its reference and `served_model_name`."""
+    """The job over a local copy of the file, its first model answering to `served_model_name` too."""
     return Job(
         local_input,
         folder,
-        served_model=served_model_name or model_display_name(settings.model or None),
-        model_aliases=tuple(name for name in (settings.model, model_display_name(settings.model or None)) if name),
+        settings,
+        served_model_name=served_model_name,
         served_embedding_model=EmbeddingModel().name,
         model_mismatch=model_mismatch,  # type: ignore[arg-type]
-        defaults=settings.generation(),
-        adapters=tuple(settings.adapters()),
-        tool_parser=settings.tool_call_parser,
         journal=JournalWriter(journal) if journal else None,
     )
+
+
+def _replicas(job: Job, settings: EngineSettings) -> Callable[[JobChunk, str], Awaitable[JobOutcome]]:
+    """Where the job's chunks run: embeddings on the embedding replicas, the rest on the LLM replicas, with their
+    model's settings."""
+
+    def infer(chunk: JobChunk, cache_salt: str) -> Awaitable[JobOutcome]:
+        if isinstance(chunk, EmbeddingChunk):
+            return embed_requests(chunk, job.served_embedding_model, cache_salt)
+        return infer_chunk(chunk, job.lanes.settings(chunk, settings), cache_salt)
+
+    return infer
