@@ -27,7 +27,9 @@ Nothing here runs without a target: online requests and batch lines then share t
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
+import itertools
 import math
 import time
 from collections import deque
@@ -40,8 +42,11 @@ if TYPE_CHECKING:
 
 TICK_S = 0.1
 """Seconds between judgments of the target (each is a few comparisons)."""
-LEAST = 8
-"""Online requests a judgment needs, unless two already wait past the time to first token."""
+LEAST = 4
+"""Figures a judgment needs (times to first token, and times per output token of requests with `LEAST_PIECES`
+pieces under the current room), unless two requests already wait past the time to first token."""
+LEAST_PIECES = 8
+"""Pieces of text (engine steps) after the current room came that make a request's time per output token."""
 GROW = 0.8
 """Below this share of the target, a room that lines wait for grows (by the share left, at most twofold)."""
 SHRINK = 0.85
@@ -54,6 +59,8 @@ MIN_ROOM = 1
 """Batch lines that may always run: a batch is slowed by online traffic, never stopped."""
 RECENT = 512
 """Latest online requests whose times are kept."""
+JUDGED = 64
+"""Latest finished online requests a judgment weighs (with those in flight)."""
 RATE_WINDOW_S = 10.0
 """How far back arrival and completion rates look."""
 MAX_RETRY_AFTER_S = 60
@@ -106,7 +113,7 @@ class OnlineOverloadedError(Exception):
 
 
 class OnlineTimer:
-    """One online request's times, and the listener its record carries: it notes when the first text came.
+    """One online request's times, and the listener its record carries: it notes when each piece of text came.
 
     Args:
         submitted: When the request arrived (the clock's seconds).
@@ -114,19 +121,39 @@ class OnlineTimer:
         clock: Seconds, monotonic; read on the engine's thread.
     """
 
-    __slots__ = ("_clock", "first", "listener", "submitted")
+    __slots__ = ("_clock", "ended", "listener", "pieces", "submitted")
 
     def __init__(self, submitted: float, listener: DeltaListener | None, clock: Callable[[], float]) -> None:
         self.submitted = submitted
         self.listener = listener
-        self.first: float | None = None
+        self.pieces: list[float] = []  # when each piece of the first choice came: a step of the engine each
+        self.ended: float | None = None
         self._clock = clock
 
+    @property
+    def first(self) -> float | None:
+        """When its first text came (`None`: not yet, or it came whole with the answer)."""
+        return self.pieces[0] if self.pieces else None
+
     def __call__(self, index: int, text: str, logprobs: tuple[TokenLogprob, ...] = ()) -> None:
-        if self.first is None:
-            self.first = self._clock()
+        if index == 0:
+            self.pieces.append(self._clock())
         if self.listener is not None:
             self.listener(index, text, logprobs)
+
+    @property
+    def ttft_s(self) -> float | None:
+        """Its time to first token (`None`: none yet); with no text before its answer, its first came with it."""
+        first = self.first if self.pieces else self.ended
+        return None if first is None else first - self.submitted
+
+    def tpot_since(self, since: float) -> float | None:
+        """Its time per output token over the pieces since `since` (`None`: fewer than `LEAST_PIECES` of them)."""
+        pieces = self.pieces[:]  # a copy: the engine's thread may add more
+        start = bisect.bisect_left(pieces, since, 1)
+        if len(pieces) - start < LEAST_PIECES:
+            return None
+        return (pieces[-1] - pieces[start]) / (len(pieces) - start - 1)
 
 
 @dataclass(frozen=True)
@@ -263,6 +290,7 @@ class OnlineSlo:
         self._clock = clock
         self._quiet_s = max(QUIET_S, 10 * target.ttft_s)
         self._times: deque[OnlineTimes] = deque(maxlen=RECENT)
+        self._finished: deque[OnlineTimer] = deque(maxlen=RECENT)
         self._pending: set[OnlineTimer] = set()
         self._arrivals: deque[float] = deque()
         self._met: deque[float] = deque()  # when each request that met the target ended
@@ -306,11 +334,12 @@ class OnlineSlo:
         self._pending.discard(timer)
         if tokens is None:
             return None
-        ended = self._clock()
-        times = times_of(timer, tokens, ended)
+        timer.ended = self._clock()
+        times = times_of(timer, tokens, timer.ended)
         self._times.append(times)
+        self._finished.append(timer)
         if self._meets(times):
-            self._met.append(ended)
+            self._met.append(timer.ended)
         return times
 
     # -- judging ----------------------------------------------------------------------------------
@@ -343,20 +372,24 @@ class OnlineSlo:
             self._misses = 0
 
     def _pressure(self, now: float) -> float | None:
-        """The worst share of its bound a quantile of the requests since `_judged_from` takes (`None`: too few).
+        """The worst share of its bound a quantile of the figures under the current room takes (`None`: too few).
 
-        Requests still waiting for their first token past the bound count with their wait so far.
+        Times to first token count for the requests that arrived since `_judged_from` (one still
+        waiting with its wait so far, once past the bound); times per output token for the requests
+        with `LEAST_PIECES` pieces since then, over those pieces.
         """
         since, target = self._judged_from, self.target
-        fresh = [times for times in self._times if times.submitted >= since]
-        waits = [now - timer.submitted for timer in self._pending if timer.first is None and timer.submitted >= since]
+        finished = itertools.islice(reversed(self._finished), JUDGED)
+        timers = [*(timer for timer in finished if timer.ended is not None and timer.ended >= since), *self._pending]
+        ttfts = [ttft for timer in timers if timer.submitted >= since and (ttft := timer.ttft_s) is not None]
+        waits = [now - timer.submitted for timer in self._pending if timer.submitted >= since and not timer.pieces]
         late = [wait for wait in waits if wait > target.ttft_s > 0]
-        if len(fresh) + len(late) < LEAST and len(late) < 2:
+        tpots = [tpot for timer in timers if (tpot := timer.tpot_since(since)) is not None]
+        if len(ttfts) + len(tpots) < LEAST and len(late) < 2:
             return None
         pressure = 0.0
-        if target.ttft_s > 0:
-            pressure = self._quantile([times.ttft_s for times in fresh] + late) / target.ttft_s
-        tpots = [times.tpot_s for times in fresh if times.tpot_s is not None]
+        if target.ttft_s > 0 and (ttfts or late):
+            pressure = self._quantile(ttfts + late) / target.ttft_s
         if target.tpot_s > 0 and tpots:
             pressure = max(pressure, self._quantile(tpots) / target.tpot_s)
         return pressure
