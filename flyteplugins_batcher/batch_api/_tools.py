@@ -143,7 +143,7 @@ def tool_use(data: Mapping[str, Any], checks: FieldChecks, parser: str) -> ToolU
             a tool not given, or `"auto"` with no tool parser.
     """
     tools, choice = data.get("tools"), data.get("tool_choice")
-    if tools is None:
+    if tools is None or tools == []:  # clients send an empty list for "no tools", as vLLM takes it
         if choice not in (None, "none"):
             raise checks.invalid("tool_choice", f"is {choice!r}, but the request gives no tools")
         return None
