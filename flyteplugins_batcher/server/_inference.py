@@ -329,7 +329,10 @@ class Inference:
         return self.embedding_replica
 
     def _observed_batcher(self, engine: Engine, settings: EngineSettings) -> TokenBatcher:
-        batcher = engine.batcher(**settings.batcher_keywords(), **server_admission(engine))
+        keywords = settings.batcher_keywords()
+        if "latency_slo_s" in keywords:  # the online requests' target: batch lines have none
+            keywords["latency_slo_s"] = {ONLINE_PRIORITY: keywords["latency_slo_s"]}
+        batcher = engine.batcher(**keywords, **server_admission(engine))
         for observer in self._llm_observers:
             batcher.add_observer(observer)
         return batcher

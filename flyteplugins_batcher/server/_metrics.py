@@ -185,13 +185,17 @@ class ServerMetrics:
             registry=self.registry,
             buckets=SECONDS_BUCKETS,
         )
-        self.online_ttft, self.online_tpot = _online_metrics(self.registry, online_slo)
+        self.online_ttfb, self.online_ttft, self.online_tpot = _online_metrics(self.registry, online_slo)
         self.registry.register(_StatsCollector(batchers, engine, batch_jobs))
         self.drain = {name: DrainRate() for name in batchers}  # fed by the observers: a 429's Retry-After
 
     def observer(self, batcher: str) -> BatcherHistograms:
         """The observer to add to the batcher labelled `batcher`."""
         return BatcherHistograms(self, batcher)
+
+    def online_first_byte(self, seconds: float) -> None:
+        """One streamed online request's time to first byte: from its arrival to its response's headers."""
+        self.online_ttfb.observe(seconds)
 
     def online_times(self, times: OnlineTimes) -> None:
         """One online request's time to first token and per output token."""
@@ -211,10 +215,16 @@ class ServerMetrics:
 
 def _online_metrics(
     registry: CollectorRegistry, online_slo: Callable[[], OnlineSloStats | None]
-) -> tuple[Histogram, Histogram]:
-    """Online requests' time to first token, and per output token after it (vLLM's two figures of a stream);
-    the online target's gauges, read at scrape time."""
+) -> tuple[Histogram, Histogram, Histogram]:
+    """Streamed online requests' time to first byte; online requests' time to first token, and per output token
+    after it (vLLM's two figures of a stream); the online target's gauges, read at scrape time."""
     registry.register(_OnlineSloCollector(online_slo))
+    first_byte = Histogram(
+        "batcher_online_time_to_first_byte_seconds",
+        "Time from a streamed online request's arrival to its response's headers",
+        registry=registry,
+        buckets=SECONDS_BUCKETS,
+    )
     first = Histogram(
         "batcher_online_time_to_first_token_seconds",
         "Time from an online request's arrival to its first token",
@@ -227,7 +237,7 @@ def _online_metrics(
         registry=registry,
         buckets=SECONDS_BUCKETS,
     )
-    return first, per_token
+    return first_byte, first, per_token
 
 
 def _outcome(status: int) -> str:

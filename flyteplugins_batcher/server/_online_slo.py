@@ -18,8 +18,8 @@ target two ways, judged every `TICK_S` on the requests that ran wholly under the
   floor (a line), online requests alone are more than the engine can serve within it: new ones
   beyond a bound on those in flight (cut to a share of the requests then running, and grown back
   while the target holds) are answered 429, with a `Retry-After` of the time the requests ahead
-  take to leave at the rate they met the target (`OnlineSloStats.sustainable_per_s`), instead of
-  every request missing it. The bound goes once the target holds and nobody was refused.
+  of it take to leave at the rate online requests were answered lately, instead of every request
+  missing it. The bound goes once the target holds and nobody was refused.
 
 Nothing here runs without a target: online requests and batch lines then share the engine as before.
 """
@@ -294,6 +294,7 @@ class OnlineSlo:
         self._pending: set[OnlineTimer] = set()
         self._arrivals: deque[float] = deque()
         self._met: deque[float] = deque()  # when each request that met the target ended
+        self._ended: deque[float] = deque()  # when each answered request ended
         self._last_arrival = -math.inf
         self._judged_from = clock()  # the judgments weigh requests that arrived since (the room was as it is)
         self._settling = False  # a cut waits for the lines in flight to come down to the room
@@ -338,6 +339,7 @@ class OnlineSlo:
         times = times_of(timer, tokens, timer.ended)
         self._times.append(times)
         self._finished.append(timer)
+        self._ended.append(timer.ended)
         if self._meets(times):
             self._met.append(timer.ended)
         return times
@@ -466,7 +468,8 @@ class OnlineSlo:
     def _refusal(self, ahead: int) -> OnlineOverloadedError:
         now = self._clock()
         arrivals, sustainable = self._rate(self._arrivals, now), self._rate(self._met, now)
-        seconds = ahead / sustainable if sustainable > 0 else MAX_RETRY_AFTER_S
+        leaving = self._rate(self._ended, now)
+        seconds = ahead / leaving if leaving > 0 else MAX_RETRY_AFTER_S
         retry_after = min(MAX_RETRY_AFTER_S, max(1, math.ceil(seconds)))
         message = (
             f"The server is at capacity for its latency target ({self.target.describe()}): online requests "

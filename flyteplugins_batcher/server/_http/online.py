@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import secrets
+import time
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -107,6 +108,7 @@ async def embeddings(request: Request, service: ServiceDep) -> dict[str, Any]:
 
 async def _generate(request: Request, service: Service, url: str, id_prefix: str) -> Response:
     """The answer, or its events as they are made (`stream`); a client that leaves first cancels its record (499)."""
+    arrived = time.monotonic()
     body = await json_body(request)
     parsed = _parse(body, url, service)
     assert isinstance(parsed, BatchRequest)
@@ -122,7 +124,13 @@ async def _generate(request: Request, service: Service, url: str, id_prefix: str
             events = functools.partial(ChunkEvents, response_id, model, chat=url == "/v1/chat/completions")
             keepalive_s = service.settings.stream_keepalive_s
             return await streamed_answer(
-                service.inference, parsed, answer, events, include_usage=include_usage, keepalive_s=keepalive_s
+                service.inference,
+                parsed,
+                answer,
+                events,
+                include_usage=include_usage,
+                keepalive_s=keepalive_s,
+                on_headers=lambda: service.metrics.online_first_byte(time.monotonic() - arrived),
             )
         completion = await completion_unless_gone(request, service.inference, parsed)
     except QueueFullError as error:

@@ -173,6 +173,7 @@ async def streamed_answer(
     *,
     include_usage: bool,
     keepalive_s: float,
+    on_headers: Callable[[], None] | None = None,
 ) -> Response:
     """Check and start the record, and answer at once with its events as they come.
 
@@ -183,6 +184,7 @@ async def streamed_answer(
         events: The events' format, given `choices=`.
         include_usage: Send a usage event before `[DONE]`.
         keepalive_s: Seconds between keep-alive comments while no text comes (0: none).
+        on_headers: Called once the response's headers are sent (its time to first byte).
 
     Raises:
         InvalidPromptError: The prompt cannot run (too long, a template that rejects it, ...).
@@ -196,6 +198,8 @@ async def streamed_answer(
     deltas.watch(record.future)
     streamed = events(choices=record.choices, request=parsed)
     sent = _sent_events(record, deltas, streamed, answer, include_usage=include_usage, keepalive_s=keepalive_s)
+    if on_headers is not None:
+        sent = _after_headers(sent, on_headers)
     return StreamingResponse(
         sent, media_type="text/event-stream", headers=HEADERS, background=BackgroundTask(record.cancel)
     )
@@ -232,6 +236,16 @@ async def _sent_events(
         yield "".join([*opening, *_pieces(events, pieces), *closing])
     finally:
         record.cancel()  # nothing happens once it has its answer
+
+
+async def _after_headers(events: AsyncIterator[str], on_headers: Callable[[], None]) -> AsyncIterator[str]:
+    """`events`, after calling `on_headers`: a response reads its body only once it has sent its headers."""
+    on_headers()
+    try:
+        async for event in events:
+            yield event
+    finally:
+        await events.aclose()  # type: ignore[attr-defined]
 
 
 async def _ready_within(ready: asyncio.Future[None], seconds: float) -> bool:
