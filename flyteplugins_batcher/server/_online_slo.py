@@ -7,13 +7,15 @@ target two ways, judged every `TICK_S` on the requests that ran wholly under the
 
 - **The batch's room.** Batch lines have no target; each waits for room (`BatchRoom`) before its
   record goes to the batcher, and holds it until its answer. While the target holds with room to
-  spare and lines wait, the room grows (by the share of the target left); when the target is
+  spare and lines wait, the room grows (by the share of the target left, by `GROW_STEP` lines at
+  most: lines that go in together have their prompts read in the same steps); when the target is
   missed, it shrinks to a share of the lines running, and is judged again once they are down to
   it. On an engine that schedules sequences itself (vLLM stream mode, the simulated GPU) that is
   the batch's share of each step, whose time is every running sequence's time per token. When no
   online request has come for `QUIET_S` (or ten targets), the room is given back whole: the batch
   fills the engine again. A line that runs cannot be taken back, so the first online requests
-  after a quiet spell share the engine with as many lines as it holds.
+  after a quiet spell share the engine with as many lines as it holds (or, when fewer run, with
+  the room the target last held under).
 - **Honest refusals.** When the target is missed `PERSIST` judgments in a row with the batch at its
   floor (a line), online requests alone are more than the engine can serve within it: new ones
   beyond a bound on those in flight (cut to a share of the requests then running, and grown back
@@ -49,6 +51,9 @@ LEAST_PIECES = 8
 """Pieces of text (engine steps) after the current room came that make a request's time per output token."""
 GROW = 0.8
 """Below this share of the target, a room that lines wait for grows (by the share left, at most twofold)."""
+GROW_STEP = 32
+"""Most lines a room grows by at one judgment: the lines that go in at once have their prompts read in the same
+steps, and every running sequence (online ones too) waits for such a step."""
 SHRINK = 0.85
 """A missed target cuts the room to this over the share missed by (between a half and nine tenths of it)."""
 PERSIST = 3
@@ -298,6 +303,7 @@ class OnlineSlo:
         self._last_arrival = -math.inf
         self._judged_from = clock()  # the judgments weigh requests that arrived since (the room was as it is)
         self._settling = False  # a cut waits for the lines in flight to come down to the room
+        self._held_room: int | None = None  # the last room the target held under (where online requests resume)
         self._misses = 0
         self._online_limit: int | None = None
         self._refused_since_judged = False
@@ -366,6 +372,8 @@ class OnlineSlo:
         pressure = self._pressure(now)
         if pressure is None:
             return
+        if pressure <= 1 and self.room.limit is not None:
+            self._held_room = self.room.limit
         if pressure > 1:
             self._missed(pressure, now)
         elif pressure < GROW:
@@ -429,12 +437,13 @@ class OnlineSlo:
             return
         room = self.room
         if room.binding and room.limit is not None:
-            room.set_limit(max(room.limit + 1, math.floor(room.limit * grow)))
+            room.set_limit(min(max(room.limit + 1, math.floor(room.limit * grow)), room.limit + GROW_STEP))
             self._judged_from = now
 
     def _wake_up(self, now: float) -> None:
-        """Online requests come again after a quiet spell: no more lines go in until the target is judged."""
-        self.room.set_limit(max(MIN_ROOM, self.room.in_flight))
+        """Online requests come again after a quiet spell: no more lines go in until the target is judged (beyond
+        the room it last held under, when fewer run)."""
+        self.room.set_limit(max(MIN_ROOM, self.room.in_flight, self._held_room or 0))
         self._judged_from, self._settling, self._misses = now, False, 0
 
     def _give_back(self, now: float) -> None:
