@@ -10,8 +10,8 @@ every way alike:
 - **target T**: `serve --online-ttft-slo-s A --online-tpot-slo-s B`, for each pair of `--targets`.
 
 For each online load (Poisson arrivals of streamed chat requests, `--online-tokens` tokens each),
-one run per way: the online load alone for `--idle-s` seconds (the idle figures), then, with the
-online load still on, a batch of `--lines` chat lines through the Batch API (in-process executor);
+one run per way: the online load alone for `--idle-s` seconds (the idle figures: the requests that
+ended before the batch came), then, with the online load still on, a batch of `--lines` chat lines through the Batch API (in-process executor);
 the online requests sent between the batch's first answered line and its end are the loaded
 figures. Each way also answers the batch with no online load: its throughput alone. Reported:
 online p99 time to first byte (the response's headers), time to first token (the first content
@@ -61,7 +61,7 @@ BATCH_PRIORITY = 10
 
 @dataclass(frozen=True)
 class Seen:
-    """One online request as its client saw it: when it was sent, its status, and its times (seconds)."""
+    """One online request as its client saw it: when it was sent and ended, its status, and its times (seconds)."""
 
     sent: float
     status: int
@@ -69,6 +69,7 @@ class Seen:
     ttft: float = 0.0
     tpot: float | None = None
     retry_after: int = 0
+    ended: float = 0.0
 
 
 @dataclass
@@ -88,8 +89,8 @@ class Run:
         return self.lines / (self.batch_ended - self.batch_created) if self.batch_ended > self.batch_created else 0.0
 
     def idle(self) -> list[Seen]:
-        """The answered requests sent before the batch came."""
-        return [seen for seen in self.seen if seen.status == 200 and seen.sent < self.batch_created]
+        """The answered requests that ended before the batch came."""
+        return [seen for seen in self.seen if seen.status == 200 and seen.ended < self.batch_created]
 
     def loaded(self) -> list[Seen]:
         """The answered requests sent while the batch's lines were being answered."""
@@ -115,7 +116,8 @@ async def ask(http: httpx.AsyncClient, body: dict[str, Any], started: float) -> 
         if response.status_code != 200:
             await response.aread()
             retry = int(response.headers.get("Retry-After", "0") or 0)
-            return Seen(sent - started, response.status_code, headers, retry_after=retry)
+            ended = time.perf_counter() - started
+            return Seen(sent - started, response.status_code, headers, retry_after=retry, ended=ended)
         async for event in sse_data(response):
             if event == DONE:
                 break
@@ -124,7 +126,7 @@ async def ask(http: httpx.AsyncClient, body: dict[str, Any], started: float) -> 
             tokens = (event.get("usage") or {}).get("completion_tokens", tokens)
     total = time.perf_counter() - sent
     tpot = (total - first) / (tokens - 1) if tokens > 1 and first else None
-    return Seen(sent - started, 200, headers, first or total, tpot)
+    return Seen(sent - started, 200, headers, first or total, tpot, ended=sent - started + total)
 
 
 async def online_load(
