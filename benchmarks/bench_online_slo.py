@@ -11,12 +11,13 @@ every way alike:
 
 For each online load (Poisson arrivals of streamed chat requests, `--online-tokens` tokens each),
 one run per way: the online load alone for `--idle-s` seconds (the idle figures: the requests that
-ended before the batch came), then, with the online load still on, a batch of `--lines` chat lines through the Batch API (in-process executor);
-the online requests sent between the batch's first answered line and its end are the loaded
-figures. Each way also answers the batch with no online load: its throughput alone. Reported:
-online p99 time to first byte (the response's headers), time to first token (the first content
-event) and time per output token (the rest of the answer over its tokens after the first), idle
-and loaded and their ratio; 429s; the batch's lines/s and its ratio to alone.
+ended before the batch came), then, with the online load still on, a batch of `--lines` chat lines
+through the Batch API (in-process executor); the online requests sent between the batch's first
+answered line and its end are the loaded figures. Each way also answers the batch with no online
+load: its throughput alone. Reported: online p99 time to first byte (the response's headers), time
+to first token (the first content event) and time per output token (the rest of the answer over its
+tokens after the first), idle and loaded and their ratio; 429s; the batch's lines/s and its ratio
+to alone.
 
 **Real vLLM** (`--part vllm`, the CPU build): the same mix on vLLM's own OpenAI server started
 with `--scheduling-policy priority`, where online requests go at priority 0 and the batch's lines
