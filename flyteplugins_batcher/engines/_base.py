@@ -291,33 +291,36 @@ class Engine(abc.ABC):
     def generate(self, records: list[PromptRecord]) -> list[Outcome] | Awaitable[list[Outcome]]:
         """Generate completions for a batch; one entry per record, in input order."""
 
+    def check(self, record: PromptRecord) -> None:
+        """Raise the `InvalidPromptError` that `generate` would answer `record` with; nothing when it can run.
+
+        A server checks a streamed request so before it sends the response's headers, so that a
+        prompt that cannot run is an HTTP error there too.
+
+        Raises:
+            InvalidPromptError: The record cannot run (too long for the context, a template that
+                rejects it, settings this engine cannot honour, an unknown adapter).
+            EngineNotLoadedError: Before `load()`.
+        """
+        self._require_loaded()
+        checked = _checked(self, 0, record)
+        if isinstance(checked, InvalidPromptError):
+            raise checked
+
     def _prepare(self, records: Sequence[PromptRecord]) -> tuple[list[PreparedPrompt], list[Outcome | None]]:
         """Render, tokenize and check every record: the valid ones to run, and a slot per record."""
         self._require_loaded()
-        context = self.context_length
         prepared: list[PreparedPrompt] = []
         results: list[Outcome | None] = [None] * len(records)
         for index, record in enumerate(records):
             if isinstance(record, Request) and record.cancelled:  # its caller left before it ran
                 results[index] = RequestCancelledError(f"{self.name}: {describe(index, record)}: cancelled")
                 continue
-            try:
-                generation = self.generation_for(record)
-                token_ids = self.prompt_ids(record)
-                self._check_generation(generation)
-                check_adapter(record, self.lora_modules, self.name)
-            except InvalidPromptError as error:
-                results[index] = self._invalid(index, record, str(error), type(error))
+            checked = _checked(self, index, record)
+            if isinstance(checked, InvalidPromptError):
+                results[index] = checked
                 continue
-            except Exception as error:  # a chat template can reject a conversation (e.g. roles out of order)
-                results[index] = self._invalid(index, record, f"cannot render the prompt: {error}")
-                results[index].__cause__ = error  # type: ignore[union-attr]
-                continue
-            if len(token_ids) + generation.max_new_tokens > context:
-                reason = _too_long(len(token_ids), generation.max_new_tokens, context)
-                results[index] = self._invalid(index, record, reason, ContextLengthExceededError)
-                continue
-            prepared.append(_prepared(index, record, token_ids, generation))
+            prepared.append(_prepared(index, record, *checked))
         return prepared, results
 
     def _check_generation(self, generation: GenerationConfig) -> None:
@@ -369,6 +372,29 @@ class Engine(abc.ABC):
             cost_estimator=options.cost_estimator or self.estimate_tokens,
             name=options.name,
         )
+
+
+def _checked(
+    engine: Engine, index: int, record: PromptRecord
+) -> tuple[list[int], GenerationConfig] | InvalidPromptError:
+    """A record's token ids and settings, or the error it cannot run for (naming it as record `index`)."""
+    try:
+        generation = engine.generation_for(record)
+        token_ids = engine.prompt_ids(record)
+        engine._check_generation(generation)
+        check_adapter(record, engine.lora_modules, engine.name)
+    except InvalidPromptError as error:
+        return engine._invalid(index, record, str(error), type(error))
+    except Exception as error:  # a chat template can reject a conversation (e.g. roles out of order)
+        invalid = engine._invalid(index, record, f"cannot render the prompt: {error}")
+        invalid.__cause__ = error
+        return invalid
+    context = engine.context_length
+    if len(token_ids) + generation.max_new_tokens > context:
+        return engine._invalid(
+            index, record, _too_long(len(token_ids), generation.max_new_tokens, context), ContextLengthExceededError
+        )
+    return token_ids, generation
 
 
 def _cached_encoder(tokenizer: Any, *, add_special_tokens: bool) -> Callable[[str], tuple[int, ...]]:

@@ -16,6 +16,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -41,6 +42,11 @@ logger = logging.getLogger("flyteplugins_batcher.replica")
 
 BatcherFactory = Callable[[Engine, EngineSettings], TokenBatcher]
 """Builds a replica's batcher around its loaded engine: `make_batcher(engine, settings)`."""
+
+
+AdmitLine = Callable[[], AbstractAsyncContextManager[object]]
+"""Room for one batch line, held while its record is in the batcher (`async with admit(): ...`): a server's
+online latency target leaves the lines only the room it can spare."""
 
 
 def make_batcher(engine: Engine, settings: EngineSettings) -> TokenBatcher:
@@ -94,6 +100,8 @@ class LLMReplica:
     Args:
         make_batcher: Builds the batcher around a loaded engine (wrap the engine here to observe
             or instrument what reaches it).
+        admit: When given, each line of a chunk waits for room (`AdmitLine`) before its record goes to
+            the batcher, and holds it until its answer; without it a chunk's records go in at once.
 
     Example:
         ```python
@@ -112,7 +120,8 @@ class LLMReplica:
         """Make this the process's replica until it closes: a local Flyte run in this process (a server's) uses it."""
         _PROCESS.install(self)
 
-    def __init__(self, make_batcher: BatcherFactory = make_batcher) -> None:
+    def __init__(self, make_batcher: BatcherFactory = make_batcher, *, admit: AdmitLine | None = None) -> None:
+        self.admit = admit
         self.device = DeviceMonitor()
         self._make_batcher = make_batcher
         self._slots: list[_Slot] = [self._new_slot()]  # the engines it holds, least recently used first
@@ -177,7 +186,9 @@ class LLMReplica:
         assert engine is not None
         defaults = settings.generation()
         requests = [item.engine_request(defaults) for item in chunk.items]
-        if stop is None:
+        if self.admit is not None:
+            outcomes = await run_admitted(batcher, requests, self.admit, stop)
+        elif stop is None:
             outcomes = await batcher.run(requests, return_exceptions=True)
         else:
             outcomes = await run_until(batcher, [replace(r, cancellation=CancellationToken()) for r in requests], stop)
@@ -254,6 +265,38 @@ async def run_until(batcher: TokenBatcher, records: list[Request], stop: asyncio
             future.cancel()  # nothing happens to those that have their outcome
     outcomes: list[object] = [_outcome(future) for future in futures]
     return outcomes + [asyncio.CancelledError() for _ in records[len(futures) :]]
+
+
+async def run_admitted(
+    batcher: TokenBatcher, records: list[Request], admit: AdmitLine, stop: asyncio.Event | None
+) -> list[object]:
+    """Each record's outcome, its error in its place, each submitted once it has room (`admit`) and in order.
+
+    Once `stop` is set, those not finished are cancelled: a record waiting for room never goes in,
+    a queued one is dropped, a running one is told to stop.
+    """
+
+    async def admitted(record: Request) -> object:
+        async with admit():
+            future = await batcher.submit(record)
+            try:
+                await asyncio.wait({future})
+            except asyncio.CancelledError:
+                future.cancel()  # stopped: a queued record is dropped, a running one told to stop
+                raise
+            return _outcome(future)
+
+    tasks = [asyncio.ensure_future(admitted(record)) for record in records]
+    answered = asyncio.gather(*tasks, return_exceptions=True)
+    if stop is not None:
+        stopped = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait({answered, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+            for task in tasks:
+                task.cancel()  # nothing happens to those that have their outcome
+    return list(await answered)
 
 
 def _outcome(future: asyncio.Future[Any]) -> object:

@@ -63,6 +63,12 @@ class EngineSettings:
         batch_timeout_s: Longest a prompt waits for its batch to fill.
         max_queue_size: Prompts that may wait in the replica's queue (0: the batcher's default, 5000); a
             server answers 429 past it.
+        latency_slo_s: The batcher's latency target instead of its knobs (0: none): seconds from a
+            prompt's submit to its answer that the p99 of prompts must meet; the batcher then chooses
+            its batch size, wait and work in flight from a model of batch time it learns as it runs,
+            with `target_batch_tokens` and `max_batch_size` as bounds (`BatcherSettings.latency_slo_s`).
+            For records that arrive over time; a job that submits a whole file at once gains nothing
+            from it. In a server it is the online requests' target only (batch lines have none).
     """
 
     engine: str = "auto"
@@ -87,6 +93,7 @@ class EngineSettings:
     max_batch_size: int = 0
     batch_timeout_s: float = 0.05
     max_queue_size: int = 0
+    latency_slo_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.models_per_replica < 1:
@@ -102,6 +109,8 @@ class EngineSettings:
             keywords["max_batch_size"] = self.max_batch_size
         if self.max_queue_size:
             keywords["max_queue_size"] = self.max_queue_size
+        if self.latency_slo_s:
+            keywords["latency_slo_s"] = self.latency_slo_s
         return keywords
 
     def adapters(self) -> dict[str, str]:

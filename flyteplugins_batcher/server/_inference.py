@@ -10,6 +10,11 @@ a user waiting on an answer goes first, and a waiting batch line gains a priorit
 new online requests). An online request never waits for room
 in the queue: a full queue is a `QueueFullError`, which the server answers with 429.
 
+With an online target (`online_ttft_slo_s`, `online_tpot_slo_s`), an online request's record carries an
+`OnlineTimer`, which notes its first token, and batch lines wait for the room the target leaves them
+(`_online_slo.OnlineSlo`); online requests beyond what the engine serves within it are refused
+(`OnlineOverloadedError`, answered 429).
+
 An online request is an `OnlineRecord`: its future, and the cancellation token its `Request`
 carries. When its client leaves, `OnlineRecord.cancel` cancels both: a queued record never reaches
 the engine, and a running one stops at the engine's next step where the engine can stop it (vLLM
@@ -19,9 +24,12 @@ stream mode, the simulated engine, Transformers); it then counts as `cancelled` 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import functools
 import math
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from flyteplugins_batcher import BatchObserver, BatchStats, TokenBatcher
@@ -42,6 +50,14 @@ from flyteplugins_batcher.replica import (
     JobOutcome,
     LLMReplica,
     RequestItem,
+)
+from flyteplugins_batcher.server._online_slo import (
+    OnlineSlo,
+    OnlineTarget,
+    OnlineTimer,
+    OnlineTimes,
+    times_of,
+    tokens_per_choice,
 )
 
 ONLINE_PRIORITY = 30
@@ -115,6 +131,10 @@ class Inference:
         embeddings: Whether to serve embeddings (the embedding model loads with `load`).
         llm_observers: Told of every batch of the LLM's batcher (the metrics).
         embedding_observers: Told of every batch of the embedding batcher.
+        online_target: The online requests' latency target (none set: online requests and batch
+            lines share the engine with no room kept).
+        on_online_times: Told each timed online request's times (a streamed one's, and with a
+            target every one's): the metrics.
 
     Example:
         ```python
@@ -131,12 +151,18 @@ class Inference:
         embeddings: bool,
         llm_observers: Sequence[BatchObserver] = (),
         embedding_observers: Sequence[BatchObserver] = (),
+        online_target: OnlineTarget | None = None,
+        on_online_times: Callable[[OnlineTimes], None] | None = None,
     ) -> None:
         self.engine_settings = engine
         self.embeddings = embeddings
         self._llm_observers = list(llm_observers)
         self._embedding_observers = list(embedding_observers)
-        self.replica = LLMReplica(make_batcher=self._observed_batcher)
+        self.slo = OnlineSlo(online_target) if online_target is not None and online_target.is_set else None
+        self._on_online_times = on_online_times
+        self._judging: asyncio.Task[None] | None = None
+        admit = self.slo.room.admitted if self.slo is not None else None
+        self.replica = LLMReplica(make_batcher=self._observed_batcher, admit=admit)
         self.embedding_replica = EmbeddingReplica() if embeddings else None
 
     @property
@@ -188,6 +214,8 @@ class Inference:
         """
         self.replica.install()
         await self.replica.shared.get(self.engine_settings)
+        if self.slo is not None and self._judging is None:
+            self._judging = asyncio.create_task(self.slo.run(), name="online-slo")
         if self.embedding_replica is not None:
             self.embedding_replica.install()
             await self.embedding_replica.load()
@@ -208,21 +236,56 @@ class Inference:
         finally:
             record.cancel()
 
+    def check(self, request: BatchRequest) -> None:
+        """Raise the `InvalidPromptError` the engine would answer `request` with (`Engine.check`).
+
+        Nothing is checked before the engine loads.
+        """
+        engine = self.engine
+        if engine is not None:
+            engine.check(RequestItem.of(request).engine_request(self.engine_settings.generation()))
+
     async def start(self, request: BatchRequest, *, on_delta: DeltaListener | None = None) -> OnlineRecord:
         """Submit one online request, ahead of batch lines; `on_delta` hears its text as a streaming engine makes it.
 
         Raises:
             QueueFullError: The batcher's queue is full (answer 429).
+            OnlineOverloadedError: Online requests alone are more than the online target allows (answer 429).
         """
         batcher = await self.replica.shared.get(self.engine_settings)
+        timer = self._timer(on_delta)
         token = CancellationToken()
         record = dataclasses.replace(
             RequestItem.of(request).engine_request(self.engine_settings.generation()),
             cancellation=token,
-            on_delta=on_delta,
+            on_delta=timer or on_delta,
         )
-        future = await batcher.submit(record, priority=ONLINE_PRIORITY, wait_for_room=False)
+        try:
+            future = await batcher.submit(record, priority=ONLINE_PRIORITY, wait_for_room=False)
+        except BaseException:
+            if timer is not None and self.slo is not None:
+                self.slo.finished(timer, None)
+            raise
+        if timer is not None:
+            future.add_done_callback(functools.partial(self._timed, timer))
         return OnlineRecord(future, token, record.generation.n if record.generation is not None else 1)
+
+    def _timer(self, on_delta: DeltaListener | None) -> OnlineTimer | None:
+        """The timer an online record carries: every one's with a target (which may refuse it), a stream's without."""
+        if self.slo is not None:
+            return self.slo.admit(on_delta)
+        return OnlineTimer(time.monotonic(), on_delta, time.monotonic) if on_delta is not None else None
+
+    def _timed(self, timer: OnlineTimer, future: asyncio.Future[Completion]) -> None:
+        """An online record ended: its times to the target's judge and the metrics (none when it failed or left)."""
+        answered = not future.cancelled() and future.exception() is None
+        tokens = tokens_per_choice(future.result()) if answered else None
+        if self.slo is not None:
+            times = self.slo.finished(timer, tokens)
+        else:
+            times = times_of(timer, tokens, time.monotonic()) if tokens is not None else None
+        if times is not None and self._on_online_times is not None:
+            self._on_online_times(times)
 
     async def embed(self, request: EmbeddingRequest) -> list[Embedding]:
         """One online request's vectors, each text batched with everything else in flight.
@@ -251,6 +314,11 @@ class Inference:
 
     async def aclose(self) -> None:
         """Stop the batchers and close the models."""
+        if self._judging is not None:
+            self._judging.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._judging
+            self._judging = None
         await self.replica.aclose()
         if self.embedding_replica is not None:
             await self.embedding_replica.aclose()
@@ -261,7 +329,10 @@ class Inference:
         return self.embedding_replica
 
     def _observed_batcher(self, engine: Engine, settings: EngineSettings) -> TokenBatcher:
-        batcher = engine.batcher(**settings.batcher_keywords(), **server_admission(engine))
+        keywords = settings.batcher_keywords()
+        if "latency_slo_s" in keywords:  # the online requests' target: batch lines have none
+            keywords["latency_slo_s"] = {ONLINE_PRIORITY: keywords["latency_slo_s"]}
+        batcher = engine.batcher(**keywords, **server_admission(engine))
         for observer in self._llm_observers:
             batcher.add_observer(observer)
         return batcher

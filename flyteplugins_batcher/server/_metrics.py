@@ -21,6 +21,15 @@ the engine. Every batcher metric carries a `batcher` label (`llm`, `embeddings`)
 | `batcher_http_requests_total{endpoint,outcome}` | counter | |
 | `batcher_http_request_duration_seconds{endpoint}` | histogram | |
 | `batcher_batch_jobs{status}` | gauge | Batch API jobs by status |
+| `batcher_online_time_to_first_token_seconds` | histogram | vLLM `time_to_first_token_seconds` |
+| `batcher_online_time_per_output_token_seconds` | histogram | vLLM `time_per_output_token_seconds` |
+| `batcher_online_slo_batch_room` (absent: any) | gauge | with an online target: the lines it lets run |
+| `batcher_online_slo_batch_lines_in_flight`, `_waiting` | gauges | lines running, and waiting for room |
+| `batcher_online_slo_overloaded` | gauge | online requests alone miss the target |
+| `batcher_online_slo_arrivals_per_second`, `_sustainable_per_second` | gauges | online load, and what meets it |
+| `batcher_online_slo_refused_total` | counter | online requests answered 429 for the target |
+
+The online histograms time streamed requests, and with an online target every one.
 
 Occupancy over a window is `rate(batcher_engine_running_sequences_total[1m]) /
 rate(batcher_engine_steps_total[1m]) / batcher_engine_max_num_seqs`; the gauge is since the engine
@@ -42,6 +51,7 @@ from prometheus_client.registry import Collector
 
 from flyteplugins_batcher import BatchStats, DispatchReason, SettledOutcome
 from flyteplugins_batcher.engines import EngineStats
+from flyteplugins_batcher.server._online_slo import OnlineSloStats, OnlineTimes
 
 SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
@@ -118,6 +128,7 @@ class ServerMetrics:
         batchers: `{label: stats}` of the batchers to read at scrape time (each returns `None` before it starts).
         engine: The LLM engine's stats, or `None` before it loads.
         batch_jobs: The Batch API jobs' statuses.
+        online_slo: The online target's figures, or `None` without a target.
 
     Example:
         ```python
@@ -133,6 +144,7 @@ class ServerMetrics:
         batchers: dict[str, Callable[[], BatchStats | None]],
         engine: Callable[[], EngineStats | None],
         batch_jobs: Callable[[], Sequence[str]] = tuple,
+        online_slo: Callable[[], OnlineSloStats | None] = lambda: None,
     ) -> None:
         self.registry = CollectorRegistry()
         labels = ["batcher"]
@@ -173,13 +185,23 @@ class ServerMetrics:
             registry=self.registry,
             buckets=SECONDS_BUCKETS,
         )
+        self.online_ttfb, self.online_ttft, self.online_tpot = _online_metrics(self.registry, online_slo)
         self.registry.register(_StatsCollector(batchers, engine, batch_jobs))
-        self.drain = {name: DrainRate() for name in batchers}
-        """Each batcher's recent drain rate (fed by its observer): what a 429's `Retry-After` is computed from."""
+        self.drain = {name: DrainRate() for name in batchers}  # fed by the observers: a 429's Retry-After
 
     def observer(self, batcher: str) -> BatcherHistograms:
         """The observer to add to the batcher labelled `batcher`."""
         return BatcherHistograms(self, batcher)
+
+    def online_first_byte(self, seconds: float) -> None:
+        """One streamed online request's time to first byte: from its arrival to its response's headers."""
+        self.online_ttfb.observe(seconds)
+
+    def online_times(self, times: OnlineTimes) -> None:
+        """One online request's time to first token and per output token."""
+        self.online_ttft.observe(times.ttft_s)
+        if times.tpot_s is not None:
+            self.online_tpot.observe(times.tpot_s)
 
     def request_done(self, endpoint: str, status: int, seconds: float) -> None:
         """Count one HTTP request by its outcome (`ok`, `client_error`, `rate_limited`, `server_error`)."""
@@ -189,6 +211,33 @@ class ServerMetrics:
     def render(self) -> bytes:
         """The exposition text."""
         return generate_latest(self.registry)
+
+
+def _online_metrics(
+    registry: CollectorRegistry, online_slo: Callable[[], OnlineSloStats | None]
+) -> tuple[Histogram, Histogram, Histogram]:
+    """Streamed online requests' time to first byte; online requests' time to first token, and per output token
+    after it (vLLM's two figures of a stream); the online target's gauges, read at scrape time."""
+    registry.register(_OnlineSloCollector(online_slo))
+    first_byte = Histogram(
+        "batcher_online_time_to_first_byte_seconds",
+        "Time from a streamed online request's arrival to its response's headers",
+        registry=registry,
+        buckets=SECONDS_BUCKETS,
+    )
+    first = Histogram(
+        "batcher_online_time_to_first_token_seconds",
+        "Time from an online request's arrival to its first token",
+        registry=registry,
+        buckets=SECONDS_BUCKETS,
+    )
+    per_token = Histogram(
+        "batcher_online_time_per_output_token_seconds",
+        "Time per output token of an online request, after its first",
+        registry=registry,
+        buckets=SECONDS_BUCKETS,
+    )
+    return first_byte, first, per_token
 
 
 def _outcome(status: int) -> str:
@@ -275,4 +324,33 @@ def _engine_metrics(stats: EngineStats) -> Iterator[Metric]:
             "batcher_engine_occupancy_ratio",
             "Running sequences per step over max_num_seqs, since load",
             value=occupancy,
+        )
+
+
+class _OnlineSloCollector(Collector):
+    """The online target's room for batch lines, and whether online requests alone are too many (read at scrape)."""
+
+    def __init__(self, read: Callable[[], OnlineSloStats | None]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._read()
+        if stats is None:
+            return
+        gauges: dict[str, tuple[str, float | None]] = {
+            "batcher_online_slo_batch_room": ("Batch lines the online target lets run (absent: any)", stats.room),
+            "batcher_online_slo_batch_lines_in_flight": ("Batch lines queued or running", stats.batch_in_flight),
+            "batcher_online_slo_batch_lines_waiting": ("Batch lines waiting for room", stats.batch_waiting),
+            "batcher_online_slo_overloaded": ("1 while online requests alone miss the target", float(stats.overloaded)),
+            "batcher_online_slo_arrivals_per_second": ("Online requests arriving lately", stats.arrivals_per_s),
+            "batcher_online_slo_sustainable_per_second": (
+                "Online requests per second that met the target lately",
+                stats.sustainable_per_s,
+            ),
+        }
+        for name, (documentation, value) in gauges.items():
+            if value is not None:
+                yield GaugeMetricFamily(name, documentation, value=value)
+        yield CounterMetricFamily(
+            "batcher_online_slo_refused", "Online requests answered 429 for the target", value=stats.refused
         )

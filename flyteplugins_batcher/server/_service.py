@@ -25,6 +25,7 @@ from flyteplugins_batcher.server._execution.leases import LeaseKeeper
 from flyteplugins_batcher.server._execution.runner import BatchRunner
 from flyteplugins_batcher.server._inference import Inference
 from flyteplugins_batcher.server._metrics import ServerMetrics
+from flyteplugins_batcher.server._online_slo import OnlineTarget
 from flyteplugins_batcher.server._settings import ServerSettings
 from flyteplugins_batcher.server._state.files import FileStore
 from flyteplugins_batcher.server._state.statuses import ACTIVE
@@ -65,12 +66,16 @@ class Service:
             batchers={"llm": lambda: self.inference.llm_stats, "embeddings": lambda: self.inference.embedding_stats},
             engine=self._engine_stats,
             batch_jobs=lambda: [batch["status"] for batch in self.store.batches_in(_ALL_STATUSES)],
+            online_slo=lambda: self.inference.slo.stats() if self.inference.slo is not None else None,
         )
+        target = OnlineTarget(settings.online_ttft_slo_s, settings.online_tpot_slo_s, settings.online_slo_quantile)
         self.inference = Inference(
             settings.engine,
             embeddings=settings.embeddings,
             llm_observers=[self.metrics.observer("llm")],
             embedding_observers=[self.metrics.observer("embeddings")],
+            online_target=target,
+            on_online_times=self.metrics.online_times,
         )
         self.runner = BatchRunner(self.store, self.files, self.inference, settings)
         self.leases = LeaseKeeper(self.store, self.runner, interval_s=settings.lease_s / 3)

@@ -85,6 +85,21 @@ class ServerSettings:
             shared mount): every file is also put there before its row is committed, and that copy is
             the one of record: a replica with a `data_dir` of its own fetches there the files another
             made. One prefix per jobs database.
+        online_ttft_slo_s: The time to first token that `online_slo_quantile` of online requests must
+            meet, in seconds, from their arrival to the first text the engine makes (0: none). Batch
+            lines have no target: with one, they get only the engine's room the online target leaves
+            (`server/_online_slo.py`), and it is given back as online traffic falls; when online
+            requests alone are more than it allows, new ones are answered 429 with a `Retry-After`.
+            An engine that answers whole records (Transformers, vLLM batch mode) makes its first text
+            with its answer.
+        online_tpot_slo_s: The time per output token (after the first) that `online_slo_quantile` of
+            online requests must meet, in seconds (0: none); on an engine that schedules sequences
+            itself it is the engine's step time, which grows with every sequence in the step.
+        online_slo_quantile: The share of online requests that must meet `online_ttft_slo_s` and
+            `online_tpot_slo_s` (0.99: the p99).
+        stream_keepalive_s: Seconds between the comments (`: keep-alive`) a streamed answer sends while
+            it waits for text, so that a client's or a proxy's read timeout does not end it (0: none).
+            A stream's headers go out as soon as its request is admitted, whatever the engine.
 
     Example:
         ```python
@@ -111,6 +126,10 @@ class ServerSettings:
     runs_uri: str = ""
     local_runs: str = "server"
     files_uri: str = ""
+    online_ttft_slo_s: float = 0.0
+    online_tpot_slo_s: float = 0.0
+    online_slo_quantile: float = 0.99
+    stream_keepalive_s: float = 15.0
 
     def __post_init__(self) -> None:
         declared = self.engine.base_models()

@@ -49,3 +49,21 @@ def test_an_online_request_waits_for_a_slot_not_for_the_batch() -> None:
 
     assert admission == {"max_concurrent_batches": 5}  # 4 running and 1 waiting in the engine
     assert busy / idle < 4  # about 2 generations (one to free a slot); behind the batch it is about 10
+
+
+async def batcher_slo(settings: EngineSettings) -> object:
+    inference = Inference(settings, embeddings=False)
+    await inference.load()
+    try:
+        batcher = await inference.replica.shared.get(inference.engine_settings)
+        return batcher.settings.latency_slo_s
+    finally:
+        await inference.aclose()
+
+
+def test_an_engines_latency_target_is_the_online_requests_own_in_a_server() -> None:
+    settings = EngineSettings(engine="simulated", engine_args=json.dumps(OPTIONS), latency_slo_s=0.5)
+
+    assert settings.batcher_keywords()["latency_slo_s"] == 0.5  # a job's batcher: every record
+    assert "latency_slo_s" not in EngineSettings(engine="simulated").batcher_keywords()
+    assert asyncio.run(batcher_slo(settings)) == {ONLINE_PRIORITY: 0.5}  # batch lines have none

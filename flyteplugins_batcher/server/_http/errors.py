@@ -21,6 +21,7 @@ from starlette.exceptions import HTTPException
 
 from flyteplugins_batcher import BatcherSettings, QueueFullError
 from flyteplugins_batcher.batch_api import RequestLineError
+from flyteplugins_batcher.server._online_slo import OnlineOverloadedError
 from flyteplugins_batcher.server._state.errors import NotFound, StateError, TooLarge
 
 if TYPE_CHECKING:
@@ -113,6 +114,15 @@ class APIError(Exception):
         message = f"The server is at capacity: {_waiting(error.queue_depth, limits)}; retry after {retry_after} s."
         headers = {"Retry-After": str(retry_after)}
         return cls(429, message, code="rate_limit_exceeded", headers=headers, queue_full=error)
+
+    @classmethod
+    def over_target(cls, error: OnlineOverloadedError) -> APIError:
+        """Online requests alone are more than the online latency target allows: 429 with its `Retry-After`.
+
+        The message gives the target, the online requests' arrival rate and the rate that meets the target.
+        """
+        headers = {"Retry-After": str(error.retry_after_s)}
+        return cls(429, str(error), code="rate_limit_exceeded", headers=headers)
 
     @classmethod
     def engine_unavailable(cls, error: BaseException, where: str) -> APIError:

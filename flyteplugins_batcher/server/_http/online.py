@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import secrets
+import time
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -34,6 +35,7 @@ from flyteplugins_batcher.engines import Completion, EmptyDocumentError, EngineD
 from flyteplugins_batcher.server._http.deltas import CLIENT_CLOSED_REQUEST, completion_unless_gone
 from flyteplugins_batcher.server._http.errors import APIError
 from flyteplugins_batcher.server._http.streaming import ChunkEvents, streamed_answer
+from flyteplugins_batcher.server._online_slo import OnlineOverloadedError
 from flyteplugins_batcher.server._service import Service, ServiceDep
 
 router = APIRouter(prefix="/v1")
@@ -106,6 +108,7 @@ async def embeddings(request: Request, service: ServiceDep) -> dict[str, Any]:
 
 async def _generate(request: Request, service: Service, url: str, id_prefix: str) -> Response:
     """The answer, or its events as they are made (`stream`); a client that leaves first cancels its record (499)."""
+    arrived = time.monotonic()
     body = await json_body(request)
     parsed = _parse(body, url, service)
     assert isinstance(parsed, BatchRequest)
@@ -119,12 +122,21 @@ async def _generate(request: Request, service: Service, url: str, id_prefix: str
             options = body.get("stream_options") or {}
             include_usage = bool(isinstance(options, dict) and options.get("include_usage"))
             events = functools.partial(ChunkEvents, response_id, model, chat=url == "/v1/chat/completions")
+            keepalive_s = service.settings.stream_keepalive_s
             return await streamed_answer(
-                request, service.inference, parsed, answer, events, include_usage=include_usage
+                service.inference,
+                parsed,
+                answer,
+                events,
+                include_usage=include_usage,
+                keepalive_s=keepalive_s,
+                on_headers=lambda: service.metrics.online_first_byte(time.monotonic() - arrived),
             )
         completion = await completion_unless_gone(request, service.inference, parsed)
     except QueueFullError as error:
         raise APIError.busy(error) from None
+    except OnlineOverloadedError as error:
+        raise APIError.over_target(error) from None
     except InvalidPromptError as error:
         raise APIError(400, str(error), code=error_code(error)) from None
     except EngineDeadError as error:

@@ -15,11 +15,17 @@ text, in its answer's shape (`BatchRequest.logprobs_object`). A chat request rea
 (`tools` with a choice other than "none") is answered whole: its calls, found in the finished
 text, go out as one `tool_calls` delta per choice before its finish event.
 
+The response starts as soon as the record is admitted, whatever the engine: its headers go out
+at once (as vLLM's server sends them), and while it waits for text a comment (`: keep-alive`) every
+`stream_keepalive_s`, so that a client's or a proxy's read timeout does not end a stream whose
+engine answers whole records (Transformers: its one event per choice comes with the answer). The
+request is checked as the engine will check it first (`Engine.check`), so that a prompt that cannot
+run is still an HTTP error (400), as for a request that is not streamed; a full queue or an online
+target past its load is a 429. What fails after the headers (the engine died) is an `error` event.
+
 A client that stops reading cancels the record: Starlette cancels the response when its client
 disconnects, and the events' `finally` (and the response's background task) cancels the record,
-which stops it in the engine where the engine can stop it. The response only starts once the
-record has its first text or its answer, so an error before then (a prompt that cannot run) is an
-HTTP error, as for a request that is not streamed; one after it is an `error` event.
+which stops it in the engine where the engine can stop it.
 """
 
 from __future__ import annotations
@@ -30,17 +36,20 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
-from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.background import BackgroundTask
 
-from flyteplugins_batcher.batch_api import BatchRequest
-from flyteplugins_batcher.engines import Completion, EngineDeadError, TokenLogprob
-from flyteplugins_batcher.server._http.deltas import CLIENT_CLOSED_REQUEST, Piece, TextDeltas, until_done_or_gone
+from flyteplugins_batcher.batch_api import BatchRequest, error_code
+from flyteplugins_batcher.engines import Completion, EngineDeadError, InvalidPromptError, TokenLogprob
+from flyteplugins_batcher.server._http.deltas import Piece, TextDeltas
 from flyteplugins_batcher.server._http.errors import engine_failed_message, log_incident
 from flyteplugins_batcher.server._inference import Inference, OnlineRecord
 
 DONE = "data: [DONE]\n\n"
+KEEPALIVE = ": keep-alive\n\n"
+"""An SSE comment: clients skip it, and it tells a connection's read timeout that the server is still there."""
+HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+"""No cache, and no buffering in a proxy (nginx's header) that would hold the events back."""
 
 
 class ChunkEvents:
@@ -114,6 +123,9 @@ class ChunkEvents:
         The error's own text (the engine's, which may name paths or its internals) goes to the log
         under that id, with its traceback, and never into the event.
         """
+        if isinstance(error, InvalidPromptError):  # the client's: said as the 400 before the headers would say it
+            shown = {"message": str(error), "type": "invalid_request_error", "param": None, "code": error_code(error)}
+            return _event({"error": shown})
         kind = "chat completion" if self.chat else "completion"
         incident = log_incident(f"the streamed {kind} {self.head['id']} failed", error)
         if isinstance(error, EngineDeadError):
@@ -154,45 +166,43 @@ def stream_events(body: dict[str, Any], *, include_usage: bool) -> Iterator[str]
 
 
 async def streamed_answer(
-    request: Request,
     inference: Inference,
     parsed: BatchRequest,
     answer: Callable[[Completion], dict[str, Any]],
     events: Callable[..., ChunkEvents],
     *,
     include_usage: bool,
+    keepalive_s: float,
+    on_headers: Callable[[], None] | None = None,
 ) -> Response:
-    """Start the record, and answer with its events once it has its first text or its answer.
+    """Check and start the record, and answer at once with its events as they come.
 
     Args:
-        request: The HTTP request (its client may leave while the record waits).
         inference: Where the record runs.
         parsed: The request.
         answer: The completion's response body (`completion_body`).
         events: The events' format, given `choices=`.
         include_usage: Send a usage event before `[DONE]`.
+        keepalive_s: Seconds between keep-alive comments while no text comes (0: none).
+        on_headers: Called once the response's headers are sent (its time to first byte).
 
     Raises:
+        InvalidPromptError: The prompt cannot run (too long, a template that rejects it, ...).
         QueueFullError: The batcher's queue is full.
-        Exception: The record failed before its first text (its own error: a prompt that cannot run, say).
+        OnlineOverloadedError: Online requests alone are more than the online target allows.
     """
+    inference.check(parsed)
     deltas = TextDeltas(asyncio.get_running_loop())
     whole = parsed.tools is not None and parsed.tools.calls_expected  # its calls are read in the finished text
     record = await inference.start(parsed, on_delta=None if whole else deltas)
     deltas.watch(record.future)
-    try:
-        present = await until_done_or_gone(request, deltas.ready())
-    except BaseException:
-        record.cancel()
-        raise
-    if not present:
-        record.cancel()
-        return Response(status_code=CLIENT_CLOSED_REQUEST)
-    if record.future.done():
-        record.future.result()  # its error, as an HTTP error
     streamed = events(choices=record.choices, request=parsed)
-    sent = _sent_events(record, deltas, streamed, answer, include_usage=include_usage)
-    return StreamingResponse(sent, media_type="text/event-stream", background=BackgroundTask(record.cancel))
+    sent = _sent_events(record, deltas, streamed, answer, include_usage=include_usage, keepalive_s=keepalive_s)
+    if on_headers is not None:
+        sent = _after_headers(sent, on_headers)
+    return StreamingResponse(
+        sent, media_type="text/event-stream", headers=HEADERS, background=BackgroundTask(record.cancel)
+    )
 
 
 async def _sent_events(
@@ -202,28 +212,46 @@ async def _sent_events(
     answer: Callable[[Completion], dict[str, Any]],
     *,
     include_usage: bool,
+    keepalive_s: float,
 ) -> AsyncIterator[str]:
-    """The events as the text comes; the record is cancelled if its client leaves before the end."""
+    """The events as the text comes, a comment whenever none came for `keepalive_s`; the record is cancelled if
+    its client leaves before the end."""
+    opening = events.opening()  # each chat choice's role goes with its first text
     try:
-        if events.chat:
-            yield "".join(events.opening())
-        while True:
+        while not record.future.done():
             pieces = deltas.take()
             if pieces:
-                yield "".join(_pieces(events, pieces))
-            if record.future.done():
-                break
-            await deltas.ready()
+                yield "".join([*opening, *_pieces(events, pieces)])
+                opening = []
+                continue
+            if not await _ready_within(deltas.ready(), keepalive_s):
+                yield KEEPALIVE
         pieces = deltas.take()  # what came with the answer
         try:
             completion = record.future.result()
         except Exception as error:
             yield events.error(error)
             return
-        sent = list(_pieces(events, pieces))
-        yield "".join([*sent, *events.closing(answer(completion), include_usage=include_usage)])
+        closing = events.closing(answer(completion), include_usage=include_usage)
+        yield "".join([*opening, *_pieces(events, pieces), *closing])
     finally:
         record.cancel()  # nothing happens once it has its answer
+
+
+async def _after_headers(events: AsyncIterator[str], on_headers: Callable[[], None]) -> AsyncIterator[str]:
+    """`events`, after calling `on_headers`: a response reads its body only once it has sent its headers."""
+    on_headers()
+    try:
+        async for event in events:
+            yield event
+    finally:
+        await events.aclose()  # type: ignore[attr-defined]
+
+
+async def _ready_within(ready: asyncio.Future[None], seconds: float) -> bool:
+    """Whether `ready` resolved within `seconds` (0: however long it takes); it is left alone either way."""
+    await asyncio.wait({ready}, timeout=seconds if seconds > 0 else None)
+    return ready.done()
 
 
 def _pieces(events: ChunkEvents, pieces: list[Piece]) -> Iterator[str]:
