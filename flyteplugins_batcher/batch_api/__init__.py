@@ -27,14 +27,21 @@ Settings of a chat or completion request, for it alone, checked as the OpenAI AP
 named as the line wrote them: `max_tokens` or `max_completion_tokens` (>= 1), `temperature` (0 to
 2), `top_p` (0 to 1; 0 keeps only the most likely token, which is greedy decoding, so it runs as
 temperature 0), `n` (1 to 128 samples, answered as `choices[0..n-1]`; greedy samples are
-identical), `seed` (an integer), `stop` (a string or up to 4), and `response_format`:
-`{"type": "text"}` (no constraint), `{"type": "json_object"}` (any JSON object), or
-`{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}` (JSON that follows
-`schema`; the output is always constrained, whatever `strict` says). The flags `stream`,
-`logprobs`, `echo`, `store`, `parallel_tool_calls` and `stream_options.include_usage` must be JSON
-booleans when given (`"yes"` is refused, not read as true). Other body fields are ignored. A
-`model` that is not the served one fails the line, unless the job is told to ignore it
-(`model_mismatch="ignore"`).
+identical), `seed` (an integer), `stop` (a string or up to 4), `presence_penalty` and
+`frequency_penalty` (-2 to 2), `logit_bias` (token ids to -100..100), logprobs (chat: `logprobs`
+true with `top_logprobs` 0 to 20; completions: `logprobs` 0 to 20; answered in OpenAI's shapes),
+and one output constraint: `response_format` (`{"type": "text"}`, `{"type": "json_object"}`, or
+`{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}`, always enforced), vLLM's
+`structured_outputs` (`json`, `json_object`, `regex`, `choice`, `grammar`) or their older names
+`guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`. A chat request may give `tools`
+and `tool_choice` (`"none"`, `"auto"` with a tool parser, `"required"`, a named function: the last
+two constrain the output to the tools' schemas, and the answer's calls come back as
+`message.tool_calls`), `chat_template_kwargs`, and assistant `tool_calls` and `tool` messages in
+its conversation. The flags `stream`, `echo`, `store`, `parallel_tool_calls` and
+`stream_options.include_usage` (and a chat request's `logprobs`) must be JSON booleans when given
+(`"yes"` is refused, not read as true). Other body fields are ignored. A `model` that is neither
+the served one nor one of its LoRA adapters (`adapters`) fails the line, unless the job is told to
+ignore it (`model_mismatch="ignore"`); one naming an adapter runs with it, and its answer names it.
 
 Each line is decoded with `loads_bounded`: nested at most 64 levels deep (`MAX_DEPTH`), integers
 of at most 100 digits, finite numbers, no `NaN` or `Infinity`, no lone surrogate escapes; a line

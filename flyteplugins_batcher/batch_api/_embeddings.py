@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from flyteplugins_batcher.batch_api._generation import FieldChecks
+from flyteplugins_batcher.batch_api._fields import FieldChecks
 
 EMBEDDINGS_ENDPOINT = "/v1/embeddings"
 

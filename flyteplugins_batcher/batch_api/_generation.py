@@ -8,102 +8,44 @@ API's range (temperature 0 to 2).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
-from flyteplugins_batcher.batch_api._line_errors import RequestLineError
-from flyteplugins_batcher.engines import MAX_SAMPLES, ResponseFormat
+from flyteplugins_batcher.batch_api._constraints import output_constraint
+from flyteplugins_batcher.batch_api._fields import INT64, FieldChecks
+from flyteplugins_batcher.engines import MAX_SAMPLES
 
 MAX_STOP_SEQUENCES = 4
 """Most stop sequences a request may give, as OpenAI's API allows."""
 
-BOOLEAN_FIELDS = ("stream", "logprobs", "echo", "store", "parallel_tool_calls")
-"""A request's flags that must be JSON booleans (or null) when given."""
+MAX_TOP_LOGPROBS = 20
+"""Most alternatives per token (`top_logprobs`, a completion's `logprobs`), as OpenAI's API and vLLM allow."""
 
-_INT64 = 2**63
+BOOLEAN_FIELDS = ("stream", "echo", "store", "parallel_tool_calls")
+"""A request's flags that must be JSON booleans (or null) when given (a chat request's `logprobs` too)."""
+
 _TOKEN_LIMIT_KEYS = ("max_tokens", "max_completion_tokens")
-_RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema")
 
 
-class FieldChecks:
-    """Checks one request's fields, failing its line with the field named as written (`body.top_p`).
-
-    Args:
-        prefix: What the request's fields are under (`"body."` for an OpenAI line, `""` for a plain one).
-        line: The request's line number.
-        custom_id: The request's id.
-        context_length: The model's context, when known (0: unknown); a token limit that fills it is refused.
-    """
-
-    def __init__(self, prefix: str, line: int, custom_id: str | None, *, context_length: int = 0) -> None:
-        self.prefix = prefix
-        self.line = line
-        self.custom_id = custom_id
-        self.context_length = context_length
-
-    def fail(self, code: str, message: str) -> RequestLineError:
-        """The error for this request's line."""
-        return RequestLineError(code, message, line=self.line, custom_id=self.custom_id)
-
-    def invalid(self, key: str, message: str) -> RequestLineError:
-        """An `invalid_request` naming field `key`."""
-        return self.fail("invalid_request", f"{self.prefix}{key} {message}")
-
-    def integer(self, data: Mapping[str, Any], key: str, low: int, high: int) -> int | None:
-        """The integer at `key` (None when absent), within [low, high]."""
-        value = data.get(key)
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise self.invalid(key, f"must be an integer, got {value!r}")
-        if not low <= value <= high:
-            raise self.invalid(key, f"must be {_range_text(low, high)}, got {value!r}")
-        return value
-
-    def number(self, data: Mapping[str, Any], key: str, low: float, high: float) -> float | None:
-        """The finite number at `key` (None when absent), within [low, high]."""
-        value = data.get(key)
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise self.invalid(key, f"must be a number, got {value!r}")
-        if not low <= value <= high:
-            raise self.invalid(key, f"must be from {low:g} to {high:g}, got {value!r}")
-        return float(value)
-
-    def boolean(self, data: Mapping[str, Any], key: str) -> bool | None:
-        """The JSON boolean at `key` (None when absent): `"yes"`, `1` or `"true"` are refused, not taken as true."""
-        value = data.get(key)
-        if value is not None and not isinstance(value, bool):
-            raise self.invalid(key, f"must be true or false, got {value!r}")
-        return value
-
-
-def generation_settings(data: Mapping[str, Any], checks: FieldChecks) -> dict[str, Any]:
+def generation_settings(data: Mapping[str, Any], checks: FieldChecks, *, chat: bool = True) -> dict[str, Any]:
     """A request's own generation settings, by `GenerationConfig` field name, checked with the API's ranges.
 
     `max_tokens` / `max_completion_tokens` >= 1 (and below the model's context when `checks` knows
     it: `context_length_exceeded` otherwise), `temperature` 0 to 2, `top_p` 0 to 1 (0 keeps only
     the most likely token, which is greedy decoding: it becomes temperature 0), `n` 1 to 128, an
-    integer `seed`, at most 4 `stop` sequences, and a `response_format`.
+    integer `seed`, at most 4 `stop` sequences, `presence_penalty` and `frequency_penalty` -2 to 2,
+    a `logit_bias` of token ids to -100 to 100, logprobs (`logprobs` and `top_logprobs` 0 to 20
+    for a chat request, `logprobs` 0 to 20 for a completion), and what constrains the output
+    (`response_format`, `structured_outputs`, `guided_*`).
 
     Raises:
         RequestLineError: `invalid_request`, naming the field as the request wrote it.
     """
     check_flags(data, checks)
     settings: dict[str, Any] = {}
-    for key in _TOKEN_LIMIT_KEYS:
-        limit = checks.integer(data, key, 1, _INT64 - 1)
-        if limit is not None and checks.context_length and limit >= checks.context_length:
-            # Refused here, not by the engine: a record is costed (and counted in the metrics) once submitted.
-            message = (
-                f"{checks.prefix}{key} is {limit}, but the model's context holds {checks.context_length} tokens, "
-                "the prompt included"
-            )
-            raise checks.fail("context_length_exceeded", message)
-        if limit is not None:
-            settings["max_new_tokens"] = limit
+    limit = _token_limit(data, checks)
+    if limit is not None:
+        settings["max_new_tokens"] = limit
     temperature = checks.number(data, "temperature", 0.0, 2.0)
     top_p = checks.number(data, "top_p", 0.0, 1.0)
     if top_p == 0.0:
@@ -112,12 +54,66 @@ def generation_settings(data: Mapping[str, Any], checks: FieldChecks) -> dict[st
         "temperature": temperature,
         "top_p": top_p,
         "n": checks.integer(data, "n", 1, MAX_SAMPLES),
-        "seed": checks.integer(data, "seed", -_INT64, _INT64 - 1),
+        "seed": checks.integer(data, "seed", -INT64, INT64 - 1),
         "stop": stop_sequences(data.get("stop"), checks),
-        "response_format": response_format(data.get("response_format"), checks),
+        "response_format": output_constraint(data, checks),
+        "logprobs": chat_logprobs(data, checks) if chat else checks.integer(data, "logprobs", 0, MAX_TOP_LOGPROBS),
+        "presence_penalty": checks.number(data, "presence_penalty", -2.0, 2.0) or None,
+        "frequency_penalty": checks.number(data, "frequency_penalty", -2.0, 2.0) or None,
+        "logit_bias": logit_bias(data.get("logit_bias"), checks),
     }
     settings.update({name: value for name, value in optional.items() if value is not None})
     return settings
+
+
+def _token_limit(data: Mapping[str, Any], checks: FieldChecks) -> int | None:
+    """`max_tokens` or `max_completion_tokens` (the later one wins), refused when it fills the model's context."""
+    settings = None
+    for key in _TOKEN_LIMIT_KEYS:
+        limit = checks.integer(data, key, 1, INT64 - 1)
+        if limit is not None and checks.context_length and limit >= checks.context_length:
+            # Refused here, not by the engine: a record is costed (and counted in the metrics) once submitted.
+            message = (
+                f"{checks.prefix}{key} is {limit}, but the model's context holds {checks.context_length} tokens, "
+                "the prompt included"
+            )
+            raise checks.fail("context_length_exceeded", message)
+        if limit is not None:
+            settings = limit
+    return settings
+
+
+def chat_logprobs(data: Mapping[str, Any], checks: FieldChecks) -> int | None:
+    """A chat request's logprobs: `logprobs: true` with `top_logprobs` alternatives (0 by default), else None.
+
+    Raises:
+        RequestLineError: `logprobs` not a boolean, `top_logprobs` out of range, or given without `logprobs: true`.
+    """
+    wanted = checks.boolean(data, "logprobs")
+    top = checks.integer(data, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+    if top and not wanted:
+        raise checks.invalid("top_logprobs", f"is {top}, but it needs {checks.prefix}logprobs: true")
+    return (top or 0) if wanted else None
+
+
+def logit_bias(value: Any, checks: FieldChecks) -> dict[int, float] | None:
+    """`logit_bias`: token ids (JSON keys: strings of integers) to biases from -100 to 100; None when absent or empty.
+
+    Raises:
+        RequestLineError: Naming the key or value that is wrong.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise checks.invalid("logit_bias", f"must be an object of token ids to numbers, got {value!r}")
+    bias: dict[int, float] = {}
+    for key, number in value.items():
+        token = str(key).strip()
+        if not token.isdigit():
+            raise checks.invalid("logit_bias", f"keys must be token ids (integers), got {key!r}")
+        checked = checks.number({f"logit_bias.{token}": number}, f"logit_bias.{token}", -100.0, 100.0)
+        bias[int(token)] = float(checked or 0.0)
+    return bias or None
 
 
 def check_flags(data: Mapping[str, Any], checks: FieldChecks) -> None:
@@ -147,47 +143,3 @@ def stop_sequences(value: Any, checks: FieldChecks) -> tuple[str, ...] | None:
     if len(stops) > MAX_STOP_SEQUENCES:
         raise checks.invalid("stop", f"may hold at most {MAX_STOP_SEQUENCES} sequences, got {len(stops)}")
     return tuple(stops) or None
-
-
-def response_format(value: Any, checks: FieldChecks) -> ResponseFormat | None:
-    """`response_format`: `{"type": "text"}` (no constraint), `{"type": "json_object"}`, or a `json_schema`.
-
-    Whether the schema compiles to a grammar is the engine's check: a schema that does not fails
-    its record with `InvalidResponseFormatError` (`error_code` maps it to `invalid_request`).
-    """
-    if value is None:
-        return None
-    if not isinstance(value, Mapping):
-        raise checks.invalid("response_format", f"must be an object, got {value!r}")
-    kind = value.get("type")
-    if kind not in _RESPONSE_FORMAT_TYPES:
-        choices = ", ".join(_RESPONSE_FORMAT_TYPES)
-        raise checks.invalid("response_format.type", f"must be one of {choices}, got {kind!r}")
-    if kind == "text":
-        return None
-    if kind == "json_object":
-        return ResponseFormat.json_object()
-    return _json_schema(value.get("json_schema"), checks)
-
-
-def _json_schema(value: Any, checks: FieldChecks) -> ResponseFormat:
-    where = "response_format.json_schema"
-    if not isinstance(value, Mapping):
-        raise checks.invalid(where, f"must be an object with a 'schema', got {value!r}")
-    name, strict, schema = value.get("name"), value.get("strict"), value.get("schema")
-    if name is not None and not isinstance(name, str):
-        raise checks.invalid(f"{where}.name", f"must be a string, got {name!r}")
-    if strict is not None and not isinstance(strict, bool):
-        raise checks.invalid(f"{where}.strict", f"must be true or false, got {strict!r}")
-    if not isinstance(schema, Mapping):
-        raise checks.invalid(f"{where}.schema", f"must be a JSON schema object, got {schema!r}")
-    try:
-        return ResponseFormat.json_schema(schema, name=name)
-    except ValueError as error:
-        raise checks.invalid(f"{where}.schema", f"is not usable: {error}") from None
-
-
-def _range_text(low: int, high: int) -> str:
-    if high >= _INT64 - 1:
-        return f">= {low}" if low > -_INT64 else "a 64-bit integer"
-    return f"from {low} to {high}"

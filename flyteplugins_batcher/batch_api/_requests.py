@@ -6,17 +6,21 @@ See the `batch_api` package notes for what is accepted; this module turns one li
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Literal, TypedDict
 
 from typing_extensions import Unpack
 
 from flyteplugins_batcher.batch_api._embeddings import EMBEDDINGS_ENDPOINT, EmbeddingRequest, parse_embedding_body
-from flyteplugins_batcher.batch_api._generation import FieldChecks, generation_settings
+from flyteplugins_batcher.batch_api._fields import FieldChecks
+from flyteplugins_batcher.batch_api._generation import generation_settings
 from flyteplugins_batcher.batch_api._json import JSONBoundsError, loads_bounded
 from flyteplugins_batcher.batch_api._line_errors import RequestLineError
-from flyteplugins_batcher.engines import GenerationConfig
+from flyteplugins_batcher.batch_api._logprobs import chat_logprobs, completion_logprobs
+from flyteplugins_batcher.batch_api._messages import chat_messages, template_kwargs
+from flyteplugins_batcher.batch_api._tools import ToolUse, tool_use
+from flyteplugins_batcher.engines import GenerationConfig, TokenLogprob
 
 Endpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]
 GENERATION_ENDPOINTS: tuple[str, ...] = ("/v1/chat/completions", "/v1/completions")
@@ -24,8 +28,6 @@ GENERATION_ENDPOINTS: tuple[str, ...] = ("/v1/chat/completions", "/v1/completion
 ENDPOINTS: tuple[str, ...] = (*GENERATION_ENDPOINTS, EMBEDDINGS_ENDPOINT)
 """Every url this format knows: pass it as `endpoints` to a job that also serves embeddings."""
 ModelMismatch = Literal["error", "ignore"]
-MESSAGE_ROLES: tuple[str, ...] = ("system", "developer", "user", "assistant", "tool", "function")
-"""The roles a chat message may have, as OpenAI's API takes them."""
 
 
 class LineChecks(TypedDict, total=False):
@@ -42,6 +44,10 @@ class LineChecks(TypedDict, total=False):
             reference as the user gave it (a path, say), as `vllm run-batch --model PATH` accepts it.
         context_length: The model's context, when known: a `max_tokens` that leaves no room in it for
             a prompt fails as `context_length_exceeded` here, before the request costs anything. 0: unknown.
+        adapters: The LoRA adapters served beside the model (vLLM's `--lora-modules` names): a chat or
+            completion line whose `model` names one runs with it (`BatchRequest.adapter`).
+        tool_parser: How `tool_choice: "auto"` finds tool calls in the text (one of `TOOL_PARSERS`,
+            vLLM's `--tool-call-parser`); empty: a line asking for "auto" fails, saying so.
     """
 
     served_model: str | None
@@ -50,6 +56,8 @@ class LineChecks(TypedDict, total=False):
     endpoints: Collection[str]
     model_aliases: Collection[str]
     context_length: int
+    adapters: Collection[str]
+    tool_parser: str
 
 
 @dataclass(frozen=True)
@@ -62,11 +70,14 @@ class BatchRequest:
         endpoint: `/v1/chat/completions` (chat messages) or `/v1/completions` (a prompt).
         prompt: The prompt text, or the chat messages.
         settings: Its own generation settings, by `GenerationConfig` field name (`max_new_tokens`,
-            `temperature`, `top_p`, `stop`, `seed`, `n`, `response_format`), already checked with
-            the API's ranges.
+            `temperature`, `top_p`, `stop`, `seed`, `n`, `response_format`, `logprobs`,
+            `presence_penalty`, `frequency_penalty`, `logit_bias`), already checked with the API's ranges.
         model: The model its body asked for, if any.
         raw_prompt: The prompt goes to the model as written, with no chat template: an OpenAI
             `/v1/completions` line. A plain line's `prompt` is answered like a user message.
+        adapter: The LoRA adapter its `model` names, if it names one (its answer names it as the model).
+        tools: Its tools and tool choice, if it gives tools (`ToolUse`: the answer is read for calls).
+        template_kwargs: Its `chat_template_kwargs`, for the chat template.
 
     Example:
         ```python
@@ -86,10 +97,23 @@ class BatchRequest:
     line: int
     custom_id: str
     endpoint: Endpoint
-    prompt: str | list[dict[str, str]]
+    prompt: str | list[dict[str, Any]]
     settings: dict[str, Any] = field(default_factory=dict)
     model: str | None = None
     raw_prompt: bool = False
+    adapter: str | None = None
+    tools: ToolUse | None = None
+    template_kwargs: dict[str, Any] | None = None
+
+    @property
+    def chat(self) -> bool:
+        """Whether it is a chat request (answered with messages), else a text completion."""
+        return self.endpoint == "/v1/chat/completions"
+
+    def logprobs_object(self, logprobs: Sequence[TokenLogprob], text_offset: int = 0) -> dict[str, Any]:
+        """Tokens' logprobs in this request's answer shape: a chat choice's `{"content": [...]}`, or a text
+        completion's `{"tokens", "token_logprobs", "top_logprobs", "text_offset"}` (offsets from `text_offset`)."""
+        return chat_logprobs(logprobs) if self.chat else completion_logprobs(logprobs, text_offset)
 
     @property
     def samples(self) -> int:
@@ -159,31 +183,23 @@ def parse_request(
     Raises:
         RequestLineError: Naming the line, the field as the request wrote it, and what is wrong.
     """
-    context_length = checks.get("context_length", 0)
     if "url" in data or "body" in data or "method" in data:
         embedding = data.get("url") == EMBEDDINGS_ENDPOINT
         served = checks.get("served_embedding_model") if embedding else checks.get("served_model")
-        aliases = () if embedding else checks.get("model_aliases", ())
-        mismatch, endpoints = checks.get("model_mismatch", "error"), checks.get("endpoints", GENERATION_ENDPOINTS)
-        return _parse_openai(data, line, served, mismatch, endpoints, aliases, context_length)
-    return _parse_plain(data, line, context_length)
+        return _parse_openai(data, line, served, checks, embedding=embedding)
+    return _parse_plain(data, line, checks)
 
 
 def _parse_openai(
-    data: Mapping[str, Any],
-    line: int,
-    served_model: str | None,
-    model_mismatch: ModelMismatch,
-    endpoints: Collection[str],
-    model_aliases: Collection[str] = (),
-    context_length: int = 0,
+    data: Mapping[str, Any], line: int, served_model: str | None, rules: LineChecks, *, embedding: bool
 ) -> ParsedRequest:
     custom_id = _custom_id(data, line, required=True)
-    checks = FieldChecks("body.", line, custom_id, context_length=context_length)
+    checks = FieldChecks("body.", line, custom_id, context_length=rules.get("context_length", 0))
     method = data.get("method", "POST")
     if method != "POST":
         raise checks.fail("invalid_request", f"method must be POST, got {method!r}")
     url = data.get("url")
+    endpoints = rules.get("endpoints", GENERATION_ENDPOINTS)
     if url not in endpoints or url not in ENDPOINTS:
         served = ", ".join(endpoint for endpoint in ENDPOINTS if endpoint in endpoints)
         raise checks.fail("invalid_url", f"url must be one of {served}, got {url!r}")
@@ -191,33 +207,66 @@ def _parse_openai(
     if not isinstance(body, dict):
         raise checks.fail("invalid_body", "body must be a JSON object")
     model = body.get("model")
-    names = {served_model, *model_aliases}
-    if model is not None and served_model is not None and model not in names and model_mismatch == "error":
-        raise checks.fail(
-            "model_mismatch",
-            f"body.model {model!r} is not the served model {served_model!r} (set model_mismatch='ignore' to run it "
-            "on the served model anyway)",
-        )
-    if url == EMBEDDINGS_ENDPOINT:
+    if embedding:
+        _check_model(model, served_model, (), (), rules.get("model_mismatch", "error"), checks)
         inputs, encoding_format = parse_embedding_body(body, checks)
         return EmbeddingRequest(line, custom_id, inputs, encoding_format, model)
-    if url == "/v1/chat/completions":
-        prompt: str | list[dict[str, str]] = _messages(body, checks)
-    else:
-        prompt = _prompt(body, checks)
-    settings = generation_settings(body, checks)
-    return BatchRequest(line, custom_id, url, prompt, settings, model, raw_prompt=url == "/v1/completions")
+    adapters = rules.get("adapters", ())
+    _check_model(
+        model, served_model, rules.get("model_aliases", ()), adapters, rules.get("model_mismatch", "error"), checks
+    )
+    request = _generation_request(body, checks, url, rules.get("tool_parser", ""))
+    return replace(request, model=model, adapter=model if model in adapters else None)
 
 
-def _parse_plain(data: Mapping[str, Any], line: int, context_length: int = 0) -> BatchRequest:
+def _check_model(
+    model: Any,
+    served_model: str | None,
+    aliases: Collection[str],
+    adapters: Collection[str],
+    mismatch: ModelMismatch,
+    checks: FieldChecks,
+) -> None:
+    """Fail a line naming a model that is neither the served one (or an alias) nor a served adapter."""
+    if model is None or served_model is None or mismatch != "error" or model in {served_model, *aliases, *adapters}:
+        return
+    adapters_text = f" or one of its LoRA adapters ({', '.join(map(repr, adapters))})" if adapters else ""
+    raise checks.fail(
+        "model_mismatch",
+        f"body.model {model!r} is not the served model {served_model!r}{adapters_text} (set model_mismatch='ignore' "
+        "to run it on the served model anyway)",
+    )
+
+
+def _generation_request(data: Mapping[str, Any], checks: FieldChecks, url: str, tool_parser: str) -> BatchRequest:
+    """A chat (`messages`) or completion (`prompt`) request's prompt, settings, tools and template keywords."""
+    if url != "/v1/chat/completions":
+        settings = generation_settings(data, checks, chat=False)
+        raw = checks.prefix == "body."
+        return BatchRequest(
+            checks.line, str(checks.custom_id), "/v1/completions", _prompt(data, checks), settings, raw_prompt=raw
+        )
+    messages = chat_messages(data, checks)
+    settings = generation_settings(data, checks, chat=True)
+    tools = tool_use(data, checks, tool_parser)
+    calls_format = tools.output_format() if tools is not None else None
+    if calls_format is not None:
+        if "response_format" in settings:
+            raise checks.invalid("tool_choice", "constrains the output to tool calls; drop the other output constraint")
+        settings["response_format"] = calls_format
+    kwargs = template_kwargs(data.get("chat_template_kwargs"), checks)
+    return BatchRequest(
+        checks.line, str(checks.custom_id), url, messages, settings, tools=tools, template_kwargs=kwargs
+    )
+
+
+def _parse_plain(data: Mapping[str, Any], line: int, rules: LineChecks) -> BatchRequest:
     custom_id = _custom_id(data, line, required=False)
-    checks = FieldChecks("", line, custom_id, context_length=context_length)
+    checks = FieldChecks("", line, custom_id, context_length=rules.get("context_length", 0))
     if "messages" in data:
-        messages = _messages(data, checks)
-        return BatchRequest(line, custom_id, "/v1/chat/completions", messages, generation_settings(data, checks))
+        return _generation_request(data, checks, "/v1/chat/completions", rules.get("tool_parser", ""))
     if "prompt" in data:
-        prompt = _prompt(data, checks)
-        return BatchRequest(line, custom_id, "/v1/completions", prompt, generation_settings(data, checks))
+        return _generation_request(data, checks, "/v1/completions", rules.get("tool_parser", ""))
     raise checks.fail("invalid_body", "a request needs 'messages' or 'prompt' (or an OpenAI batch 'url' and 'body')")
 
 
@@ -236,30 +285,6 @@ def _custom_id(data: Mapping[str, Any], line: int, *, required: bool) -> str:
     if not custom_id.strip():
         raise RequestLineError("invalid_custom_id", f"custom_id must not be empty, got {custom_id!r}", line=line)
     return custom_id
-
-
-def _messages(data: Mapping[str, Any], checks: FieldChecks) -> list[dict[str, str]]:
-    where = f"{checks.prefix}messages"
-    messages = data.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise checks.fail("invalid_body", f"{where} must be a non-empty list of chat messages")
-    normalized = []
-    for index, message in enumerate(messages):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise checks.fail("invalid_body", f"{where}: each message needs a 'role' and 'content'")
-        if message["role"] not in MESSAGE_ROLES:
-            roles = ", ".join(MESSAGE_ROLES)
-            raise checks.fail("invalid_body", f"{where}[{index}].role must be one of {roles}; got {message['role']!r}")
-        content = message.get("content")
-        if isinstance(content, list):  # OpenAI's content parts: text parts only
-            texts = [part.get("text") for part in content if isinstance(part, dict) and part.get("type") == "text"]
-            if len(texts) != len(content) or not all(isinstance(text, str) for text in texts):
-                raise checks.fail("invalid_body", f"{where}: only text content parts are supported")
-            content = "".join(texts)
-        if not isinstance(content, str):
-            raise checks.fail("invalid_body", f"{where}: message content must be text")
-        normalized.append({"role": message["role"], "content": content})
-    return normalized
 
 
 def _prompt(data: Mapping[str, Any], checks: FieldChecks) -> str:

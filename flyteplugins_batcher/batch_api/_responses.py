@@ -18,7 +18,7 @@ from flyteplugins_batcher.batch_api._requests import BatchRequest
 from flyteplugins_batcher.batch_api._results import output_line
 
 if TYPE_CHECKING:
-    from flyteplugins_batcher.engines import Completion
+    from flyteplugins_batcher.engines import Completion, Sample
 
 
 def response_line(request: BatchRequest, completion: Completion, *, model: str, request_number: int) -> dict[str, Any]:
@@ -35,23 +35,20 @@ def completion_body(request: BatchRequest, completion: Completion, *, model: str
     """A `chat.completion` or `text_completion` object, as the OpenAI API answers the request.
 
     One choice per sample (`choices[0..n-1]`, each with its own `finish_reason`): chat requests
-    get `choices[i].message.content`, completion requests `choices[i].text`. `usage` counts the
+    get `choices[i].message.content`, completion requests `choices[i].text`; each with its
+    `logprobs` when the request asked for them. A chat request with tools has its answer read for
+    tool calls (`choices[i].message.tool_calls`, `content` then what is left of the text or null;
+    `finish_reason` `"tool_calls"`, or `"stop"` for a named tool choice, as vLLM answers).
+    `model` is the request's LoRA adapter when it named one, else `model`. `usage` counts the
     prompt once and every sample's tokens.
     """
     chat = request.endpoint == "/v1/chat/completions"
-    choices: list[dict[str, Any]] = []
-    for index, sample in enumerate(completion.samples):
-        choice: dict[str, Any] = {"index": index, "finish_reason": sample.finish_reason, "logprobs": None}
-        if chat:
-            choice["message"] = {"role": "assistant", "content": sample.text}
-        else:
-            choice["text"] = sample.text
-        choices.append(choice)
+    choices = [_choice(request, sample, index, response_id) for index, sample in enumerate(completion.samples)]
     return {
         "id": response_id,
         "object": "chat.completion" if chat else "text_completion",
         "created": int(time.time()),
-        "model": model,
+        "model": request.adapter or model,
         "choices": choices,
         "usage": {
             "prompt_tokens": completion.prompt_tokens,
@@ -59,6 +56,24 @@ def completion_body(request: BatchRequest, completion: Completion, *, model: str
             "total_tokens": completion.prompt_tokens + completion.completion_tokens,
         },
     }
+
+
+def _choice(request: BatchRequest, sample: Sample, index: int, response_id: str) -> dict[str, Any]:
+    logprobs = request.logprobs_object(sample.logprobs) if sample.logprobs is not None else None
+    choice: dict[str, Any] = {"index": index, "finish_reason": sample.finish_reason, "logprobs": logprobs}
+    if not request.chat:
+        choice["text"] = sample.text
+        return choice
+    message: dict[str, Any] = {"role": "assistant", "content": sample.text}
+    tools = request.tools
+    if tools is not None and tools.calls_expected:
+        content, calls = tools.read(sample.text, f"{response_id}-{index}")
+        if calls:
+            message = {"role": "assistant", "content": content, "tool_calls": calls}
+            if tools.choice != "named" and sample.finish_reason == "stop":
+                choice["finish_reason"] = "tool_calls"
+    choice["message"] = message
+    return choice
 
 
 def embedding_response_line(

@@ -15,6 +15,7 @@ from typing import Any
 
 import rich_click as click
 
+from flyteplugins_batcher.cli._options import accepted_vllm_flags
 from flyteplugins_batcher.replica import EngineSettings, LLMReplica
 
 VLLM_FLAGS = ("enforce_eager",)
@@ -24,7 +25,9 @@ _ENGINE_FIELDS = tuple(field.name for field in dataclasses.fields(EngineSettings
 
 
 def vllm_flags(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Add `--enforce-eager/--no-enforce-eager` and `--max-num-seqs` to a command (`apply_vllm_flags` reads them)."""
+    """Add `--enforce-eager/--no-enforce-eager` and `--max-num-seqs` to a command (`apply_vllm_flags` reads them),
+    and the vLLM flags taken as vLLM takes them (`accepted_vllm_flags`)."""
+    command = accepted_vllm_flags(command)
     command = click.option(
         "--max-num-seqs",
         type=int,

@@ -20,6 +20,55 @@ import rich_click as click
 
 OptionDecorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
+VARIADIC_FLAGS = ("--lora-modules",)
+"""vLLM's options that take several values (`--lora-modules a=/x b=/y`): their values are joined by new lines."""
+
+
+class VLLMStyleCommand(click.RichCommand):
+    """A command that takes vLLM's variadic options as vLLM's command line writes them (see `join_variadic`)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, join_variadic(args))
+
+
+def join_variadic(args: list[str]) -> list[str]:
+    """`args` with each variadic flag's values (every occurrence, and the words after it that are not flags) as one.
+
+    Example:
+        ```python
+        args = ["--lora-modules", "a=/x", "b=/y", "-o", "o"]
+        assert join_variadic(args) == ["-o", "o", "--lora-modules", "a=/x\\nb=/y"]
+        ```
+    """
+    rest: list[str] = []
+    values: dict[str, list[str]] = {}
+    position = 0
+    while position < len(args):
+        flag, _, inline = args[position].partition("=")
+        position += 1
+        if flag not in VARIADIC_FLAGS:
+            rest.append(args[position - 1])
+            continue
+        found = values.setdefault(flag, [])
+        found += [inline] if inline else []
+        while position < len(args) and not args[position].startswith("-"):
+            found.append(args[position])
+            position += 1
+    return rest + [part for flag, found in values.items() for part in (flag, "\n".join(found))]
+
+
+def accepted_vllm_flags(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Flags of vLLM's that a command accepts and needs no value for here: `--enable-auto-tool-choice` (tool
+    choice "auto" needs only `--tool-call-parser` here)."""
+    return click.option(
+        "--enable-auto-tool-choice",
+        "enable_auto_tool_choice",
+        is_flag=True,
+        default=False,
+        show_default="off",
+        help="Accepted as vLLM takes it; tool_choice 'auto' needs only --tool-call-parser here.",
+    )(command)
+
 
 def flag_name(name: str) -> str:
     """`max_model_len` -> `--max-model-len` (vLLM's spelling of its own options)."""

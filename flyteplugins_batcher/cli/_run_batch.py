@@ -16,7 +16,7 @@ import rich_click as click
 
 from flyteplugins_batcher.batch_api import EMBEDDINGS_ENDPOINT
 from flyteplugins_batcher.cli._engine_flags import VLLM_FLAGS, apply_vllm_flags, preload, vllm_flags
-from flyteplugins_batcher.cli._options import given, input_options
+from flyteplugins_batcher.cli._options import VLLMStyleCommand, given, input_options
 from flyteplugins_batcher.cli._run import local_file, run_locally
 from flyteplugins_batcher.jobs import run_batch_file
 
@@ -46,7 +46,9 @@ def _output_dir(value: Path) -> Path:
     return value
 
 
-@click.command("run-batch", context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+@click.command(
+    "run-batch", cls=VLLMStyleCommand, context_settings={"help_option_names": ["-h", "--help"], "show_default": True}
+)
 @click.option(
     "-i",
     "--input",

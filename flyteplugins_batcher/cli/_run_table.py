@@ -17,7 +17,7 @@ from typing import Any
 import rich_click as click
 
 from flyteplugins_batcher.cli._engine_flags import VLLM_FLAGS, apply_vllm_flags, preload, vllm_flags
-from flyteplugins_batcher.cli._options import given, input_options
+from flyteplugins_batcher.cli._options import VLLMStyleCommand, given, input_options
 from flyteplugins_batcher.cli._run import run_locally
 from flyteplugins_batcher.jobs import run_table
 
@@ -45,7 +45,9 @@ def _schema_text(value: str) -> str:
     return path.read_text(encoding="utf-8")
 
 
-@click.command("run-table", context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+@click.command(
+    "run-table", cls=VLLMStyleCommand, context_settings={"help_option_names": ["-h", "--help"], "show_default": True}
+)
 @click.option(
     "-i",
     "--input",

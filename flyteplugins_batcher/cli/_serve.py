@@ -19,7 +19,12 @@ from typing import Any
 
 import rich_click as click
 
-from flyteplugins_batcher.cli._options import given_on_command_line, setting_options
+from flyteplugins_batcher.cli._options import (
+    VLLMStyleCommand,
+    accepted_vllm_flags,
+    given_on_command_line,
+    setting_options,
+)
 from flyteplugins_batcher.replica import EngineSettings
 from flyteplugins_batcher.server import ServerSettings
 
@@ -27,10 +32,11 @@ ACTIVATE_TIMEOUT_S = 900.0
 """How long the server may take to load its models before the command gives up (vLLM's start-up on CPU)."""
 
 
-@click.command("serve", context_settings={"help_option_names": ["-h", "--help"]})
+@click.command("serve", cls=VLLMStyleCommand, context_settings={"help_option_names": ["-h", "--help"]})
+@accepted_vllm_flags
 @setting_options(ServerSettings, EngineSettings)
 @click.pass_context
-def serve(ctx: click.Context, **options: Any) -> None:
+def serve(ctx: click.Context, enable_auto_tool_choice: bool, **options: Any) -> None:
     """Serve the OpenAI-compatible API (online requests and the Batch API) on this machine, until Ctrl+C.
 
     Every setting of the server and of its engine is an option; one left out keeps its

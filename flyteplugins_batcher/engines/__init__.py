@@ -23,7 +23,7 @@ Example:
 from __future__ import annotations
 
 from flyteplugins_batcher.engines._base import BatchEngine, Engine, LoadedModel, StreamingEngine
-from flyteplugins_batcher.engines._completion import Completion, Sample
+from flyteplugins_batcher.engines._completion import Completion, Sample, TokenLogprob
 from flyteplugins_batcher.engines._config import MAX_SAMPLES, GenerationConfig
 from flyteplugins_batcher.engines._embeddings import Embedding, EmbeddingModel, EmptyDocumentError
 from flyteplugins_batcher.engines._engine_errors import (
@@ -75,6 +75,7 @@ __all__ = [
     "ResponseFormat",
     "Sample",
     "StreamingEngine",
+    "TokenLogprob",
     "bundled_smollm2_path",
     "create_engine",
     "loading_model",

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import abc
 import functools
+import json
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,7 @@ from flyteplugins_batcher.engines._engine_errors import (
     EngineNotLoadedError,
     InvalidPromptError,
     RequestCancelledError,
+    UnknownAdapterError,
 )
 from flyteplugins_batcher.engines._engine_stats import EngineCounters, EngineStats
 from flyteplugins_batcher.engines._prompts import (
@@ -94,6 +96,8 @@ class Engine(abc.ABC):
             "when the tokenizer has one".
         model_name: The name results carry (for example in an OpenAI-style output line); by
             default the model reference the engine was given.
+        lora_modules: LoRA adapters by name (name -> local folder of a PEFT adapter): a `Request`
+            whose `adapter` names one generates with it. Engines that cannot load adapters refuse them.
 
     Example:
         ```python
@@ -115,11 +119,13 @@ class Engine(abc.ABC):
         system_prompt: str | None = None,
         chat_template: bool | None = None,
         model_name: str | None = None,
+        lora_modules: Mapping[str, str] | None = None,
     ) -> None:
         self.generation = generation or GenerationConfig()
         self.system_prompt = system_prompt
         self.chat_template = chat_template
         self._model_name = model_name
+        self.lora_modules: dict[str, str] = dict(lora_modules or {})
         self._lifecycle_lock = threading.Lock()
         self._loaded = False
         self._tokenizer: Any = None  # the `LoadedModel`'s, while loaded
@@ -146,6 +152,11 @@ class Engine(abc.ABC):
 
     def _default_model_name(self) -> str:
         return self.name
+
+    @property
+    def adapters(self) -> tuple[str, ...]:
+        """The LoRA adapters a `Request` may name (`lora_modules`' names), in the order given."""
+        return tuple(self.lora_modules)
 
     def load(self) -> None:
         """Load the model and tokenizer. Idempotent and thread-safe; blocking (`stats.load_time_s` times it)."""
@@ -229,7 +240,7 @@ class Engine(abc.ABC):
             messages = [{"role": "user", "content": content}] if isinstance(content, str) else list(content)
             if self.system_prompt and messages[0]["role"] != "system":
                 messages.insert(0, {"role": "system", "content": self.system_prompt})
-            return str(self._tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+            return apply_template(self._tokenizer, messages, record if isinstance(record, Request) else None)
         if not isinstance(content, str):
             raise InvalidPromptError("chat messages need a chat template, and this model has none")
         as_written = isinstance(record, Request) and record.chat_template is False
@@ -294,6 +305,7 @@ class Engine(abc.ABC):
                 generation = self.generation_for(record)
                 token_ids = self.prompt_ids(record)
                 self._check_generation(generation)
+                check_adapter(record, self.lora_modules, self.name)
             except InvalidPromptError as error:
                 results[index] = self._invalid(index, record, str(error), type(error))
                 continue
@@ -372,9 +384,63 @@ def _cached_encoder(tokenizer: Any, *, add_special_tokens: bool) -> Callable[[st
 
 
 def _prepared(index: int, record: PromptRecord, token_ids: list[int], generation: GenerationConfig) -> PreparedPrompt:
-    if isinstance(record, Request) and (record.cancellation is not None or record.on_delta is not None):
-        return PreparedPrompt(index, token_ids, generation, record.cancellation, record.on_delta)
+    if isinstance(record, Request) and (
+        record.cancellation is not None or record.on_delta is not None or record.adapter is not None
+    ):
+        return PreparedPrompt(index, token_ids, generation, record.cancellation, record.on_delta, record.adapter)
     return PreparedPrompt(index, token_ids, generation)
+
+
+def apply_template(tokenizer: Any, messages: list[Mapping[str, Any]], request: Request | None) -> str:
+    """The chat template over `messages`, with the request's tools and template keywords (as vLLM renders them)."""
+    options: dict[str, Any] = {"add_generation_prompt": True}
+    if request is not None:
+        if request.tools:
+            options["tools"] = [dict(tool) for tool in request.tools]
+        options.update(request.template_kwargs or {})
+    return str(tokenizer.apply_chat_template(template_messages(messages), tokenize=False, **options))
+
+
+def check_adapter(record: PromptRecord, lora_modules: Mapping[str, str], engine: str) -> None:
+    """Raise `UnknownAdapterError` for a record naming an adapter the engine was not given."""
+    adapter = record.adapter if isinstance(record, Request) else None
+    if adapter is not None and adapter not in lora_modules:
+        known = ", ".join(map(repr, lora_modules)) or "none (start it with lora_modules)"
+        raise UnknownAdapterError(f"unknown LoRA adapter {adapter!r}; the {engine} engine has {known}")
+
+
+def template_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Messages as chat templates take them: an assistant's tool call `arguments` as an object, not JSON text.
+
+    As vLLM hands them to a template (Transformers' convention): text that is not a JSON object becomes `{}`.
+
+    Example:
+        ```python
+        call = {"type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}
+        [message] = template_messages([{"role": "assistant", "content": "", "tool_calls": [call]}])
+        assert message["tool_calls"][0]["function"]["arguments"] == {"x": 1}
+        ```
+    """
+    shaped = []
+    for message in messages:
+        calls = message.get("tool_calls")
+        if not calls:
+            shaped.append(dict(message))
+            continue
+        shaped.append({**message, "tool_calls": [_with_object_arguments(call) for call in calls]})
+    return shaped
+
+
+def _with_object_arguments(call: Mapping[str, Any]) -> dict[str, Any]:
+    function = dict(call.get("function") or {})
+    arguments = function.get("arguments")
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except ValueError:
+            arguments = {}
+    function["arguments"] = arguments if isinstance(arguments, Mapping) else {}
+    return {**call, "function": function}
 
 
 def _too_long(prompt_tokens: int, max_new_tokens: int, context: int) -> str:

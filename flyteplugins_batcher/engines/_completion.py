@@ -1,4 +1,4 @@
-"""`Completion`: one record's samples and their token accounting; `trim_at_stop` cuts a sample at a stop string."""
+"""`Completion`: one record's samples, their logprobs and token accounting; `trim_at_stop` cuts a sample."""
 
 from __future__ import annotations
 
@@ -6,8 +6,38 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+LOGPROB_FLOOR = -9999.0
+"""The lowest log-probability written: OpenAI's (and vLLM's) stand-in for `-inf`, which JSON cannot hold."""
+
 FinishReason = Literal["stop", "length"]
 """`"stop"`: EOS or a stop string ended generation; `"length"`: `max_new_tokens` did."""
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token's log-probability, and the most likely tokens at its place (`GenerationConfig.logprobs`).
+
+    Log-probabilities are the model's own, before sampling settings, penalties, biases and grammars
+    change them (vLLM's default `raw_logprobs`), floored at -9999.0 as OpenAI writes `-inf`.
+
+    Attributes:
+        token: The token as text (each token decoded alone: a character split across tokens shows as
+            its replacement character, as vLLM and OpenAI show it).
+        logprob: Its natural log-probability.
+        top: The most likely tokens at this place and theirs, most likely first (as many as the record
+            asked for; empty for 0).
+
+    Example:
+        ```python
+        [completion] = engine.generate([Request("2 + 2 =", GenerationConfig(max_new_tokens=1, logprobs=2))])
+        first = completion.samples[0].logprobs[0]
+        print(first.token, first.logprob, first.top)  # " 4" -0.12 ((" 4", -0.12), (" four", -2.3))
+        ```
+    """
+
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -18,11 +48,14 @@ class Sample:
         text: The generated text, without the prompt and without a matched stop string.
         completion_tokens: Tokens generated for this sample.
         finish_reason: `"stop"` when EOS or a stop string ended it, `"length"` when `max_new_tokens` did.
+        logprobs: Each generated token's log-probability, when the record asked for them
+            (`GenerationConfig.logprobs`); `None` otherwise.
     """
 
     text: str
     completion_tokens: int
     finish_reason: FinishReason
+    logprobs: tuple[TokenLogprob, ...] | None = None
 
 
 @dataclass(frozen=True)

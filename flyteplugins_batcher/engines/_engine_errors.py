@@ -16,7 +16,7 @@ def shown(value: object, limit: int = 80) -> str:
     return text if len(text) <= limit else f"{text[: limit - 3]}..."
 
 
-InvalidPromptCode = Literal["invalid_prompt", "context_length_exceeded", "invalid_request"]
+InvalidPromptCode = Literal["invalid_prompt", "context_length_exceeded", "invalid_request", "model_mismatch"]
 """The machine-readable reason an `InvalidPromptError` carries (`code`), as OpenAI's batch error lines name it."""
 
 
@@ -50,6 +50,22 @@ class InvalidResponseFormatError(InvalidPromptError):
     """
 
     code: ClassVar[InvalidPromptCode] = "invalid_request"
+
+
+class UnsupportedSettingError(InvalidPromptError):
+    """A record asks for a setting this engine cannot honour (a grammar, a logit bias, ...): it fails, never ignored.
+
+    The message names the setting and the engine. Not exported: read its `code` (`invalid_request`).
+    """
+
+    code: ClassVar[InvalidPromptCode] = "invalid_request"
+
+
+class UnknownAdapterError(InvalidPromptError):
+    """A record names a LoRA adapter the engine was not given (`lora_modules`). Not exported: its `code` is
+    `model_mismatch`, as a request line naming a model nobody serves."""
+
+    code: ClassVar[InvalidPromptCode] = "model_mismatch"
 
 
 class EngineConfigError(Exception):

@@ -7,9 +7,10 @@ running record's `cancel()` when its future is cancelled (`Request.cancel` sets 
 - `CancellationToken`: set once, from any thread. An engine that can stop a running record checks
   it (Transformers, at each decoding step) or registers a callback (vLLM stream mode aborts the
   request; the simulated engine drops the sequence from its scheduler).
-- `DeltaListener`: `listener(choice_index, text)`, called by an engine with each new piece of a
-  sample's text as it is made, from the engine's own thread (vLLM's engine loop, the simulated
-  GPU thread); the listener hops onto its own event loop itself.
+- `DeltaListener`: `listener(choice_index, text, logprobs)`, called by an engine with each new piece
+  of a sample's text (and its tokens' `TokenLogprob`s, when the record asked for them) as it is
+  made, from the engine's own thread (vLLM's engine loop, the simulated GPU thread); the listener
+  hops onto its own event loop itself.
 """
 
 from __future__ import annotations
@@ -17,11 +18,16 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from flyteplugins_batcher.engines._completion import TokenLogprob
 
 logger = logging.getLogger("flyteplugins_batcher")
 
-DeltaListener = Callable[[int, str], None]
-"""Receives `(choice_index, new_text)` from the engine's thread, in order per choice; must be quick and thread-safe."""
+DeltaListener = Callable[[int, str, "tuple[TokenLogprob, ...]"], None]
+"""Receives `(choice_index, new_text, new_logprobs)` from the engine's thread, in order per choice; must be quick
+and thread-safe. `new_logprobs` is `()` unless the record asked for logprobs."""
 
 
 class CancellationToken:

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from flyteplugins_batcher import Prompt
+from flyteplugins_batcher.engines._completion import TokenLogprob
 from flyteplugins_batcher.engines._config import GenerationConfig
 from flyteplugins_batcher.engines._engine_errors import InvalidPromptError, shown
 from flyteplugins_batcher.engines._live import CancellationToken, DeltaListener
 
-ChatMessages = Sequence[Mapping[str, str]]
-"""A chat conversation: `[{"role": "user", "content": "..."}, ...]`."""
+ChatMessages = Sequence[Mapping[str, Any]]
+"""A chat conversation: `[{"role": "user", "content": "..."}, ...]`; an assistant message may carry
+`tool_calls` (OpenAI's shape, `arguments` as a JSON object or its text) and a tool message its `tool_call_id`."""
 
 
 @dataclass(frozen=True)
@@ -29,9 +32,15 @@ class Request:
             before it runs never reaches the model, and an engine that can stop a running record
             stops it at its next step and answers it with `RequestCancelledError`. `None`: it
             cannot be cancelled once it runs.
-        on_delta: Called with `(choice_index, text)` for each new piece of text, as an engine that
+        on_delta: Called with `(choice_index, text, logprobs)` for each new piece of text (and its
+            tokens' `TokenLogprob`s when the record asked for them, else `()`), as an engine that
             streams makes it (vLLM stream mode, the simulated engine), from the engine's thread;
             engines that answer whole records never call it. The completion still comes whole, at the end.
+        adapter: The LoRA adapter to generate with (a name the engine was given in `lora_modules`);
+            `None`: the base model.
+        tools: Tool definitions (OpenAI's `tools`), handed to the chat template (`tools=`).
+        template_kwargs: More keyword arguments for the chat template (vLLM's `chat_template_kwargs`,
+            e.g. `{"enable_thinking": False}`).
 
     Example:
         ```python
@@ -46,6 +55,9 @@ class Request:
     chat_template: bool | None = None
     cancellation: CancellationToken | None = field(default=None, compare=False, repr=False)
     on_delta: DeltaListener | None = field(default=None, compare=False, repr=False)
+    adapter: str | None = None
+    tools: Sequence[Mapping[str, Any]] | None = None
+    template_kwargs: Mapping[str, Any] | None = None
 
     @property
     def cancelled(self) -> bool:
@@ -82,6 +94,7 @@ class PreparedPrompt:
         generation: The settings that apply to it (its own, or the engine's).
         cancellation: Its `Request`'s cancellation token, if any.
         on_delta: Its `Request`'s text listener, if any (`stream` calls it).
+        adapter: Its `Request`'s LoRA adapter, if any (checked: one the engine has).
     """
 
     index: int
@@ -89,22 +102,25 @@ class PreparedPrompt:
     generation: GenerationConfig
     cancellation: CancellationToken | None = field(default=None, compare=False, repr=False)
     on_delta: DeltaListener | None = field(default=None, compare=False, repr=False)
+    adapter: str | None = None
 
     @property
     def cancelled(self) -> bool:
         """Whether its caller cancelled it (an engine that can stops it)."""
         return self.cancellation is not None and self.cancellation.cancelled
 
-    def stream(self, sample: int, text: str) -> None:
-        """Hand the listener a decoded sample's new text; a greedy record's one sample stands for all `n` choices."""
+    def stream(self, sample: int, text: str, logprobs: Sequence[TokenLogprob] = ()) -> None:
+        """Hand the listener a decoded sample's new text (and its tokens' logprobs); a greedy record's one
+        sample stands for all `n` choices."""
         listener = self.on_delta
-        if listener is None or not text:
+        if listener is None or not (text or logprobs):
             return
+        pieces = tuple(logprobs) if self.generation.logprobs is not None else ()
         if self.generation.decoded_samples < self.generation.n:
             for choice in range(self.generation.n):
-                listener(choice, text)
+                listener(choice, text, pieces)
         else:
-            listener(sample, text)
+            listener(sample, text, pieces)
 
 
 def describe(index: int, record: object) -> str:
@@ -138,7 +154,7 @@ def normalize_record(record: object) -> str | list[Mapping[str, str]]:
                 raise InvalidPromptError(
                     f"chat messages must be mappings with 'role' and string 'content'; got {shown(message)}"
                 )
-        if not any(message["content"].strip() for message in messages):
+        if not any(message["content"].strip() or message.get("tool_calls") for message in messages):
             raise InvalidPromptError("empty prompt: every chat message is empty")
         return messages
     raise InvalidPromptError(
@@ -153,5 +169,5 @@ def approximate_tokens(record: object) -> int:
         content = normalize_record(record)
     except InvalidPromptError:
         return 1
-    text = content if isinstance(content, str) else "".join(message["content"] for message in content)
+    text = content if isinstance(content, str) else "".join(str(message["content"]) for message in content)
     return len(text) // 4 + 1

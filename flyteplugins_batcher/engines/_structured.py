@@ -1,7 +1,8 @@
 """Structured output with `xgrammar`: checking a response format, and compiling it for a tokenizer.
 
 `check_response_format` is the check every engine runs before a record reaches the model: the
-schema must convert to a grammar (tokenizer-independent, so it needs no model). `Grammars` compiles
+schema, regex or grammar must convert to a grammar (tokenizer-independent, so it needs no model);
+a choice becomes the grammar of its options, as vLLM writes it. `Grammars` compiles
 each distinct format once for one tokenizer; `GrammarLogitsProcessor` (in `_grammar_processor`,
 which imports torch) applies one matcher per batch row, or none, so records with and without a
 format share one `generate` call.
@@ -44,24 +45,61 @@ def check_generation(generation: GenerationConfig) -> None:
 
 
 def check_response_format(response_format: ResponseFormat) -> None:
-    """Fail when `response_format`'s schema cannot be turned into a grammar.
+    """Fail when `response_format` (its schema, regex, choice or grammar) cannot be turned into a grammar.
 
     Raises:
-        InvalidResponseFormatError: Naming the schema and what the grammar compiler said.
+        InvalidResponseFormatError: Naming the format and what the grammar compiler said.
     """
-    problem = _schema_problem(response_format.grammar_schema)
+    problem = _format_problem(*grammar_source(response_format))
     if problem is not None:
-        raise InvalidResponseFormatError(f"response_format {response_format.describe()} cannot be enforced: {problem}")
+        raise InvalidResponseFormatError(f"{_label(response_format)} cannot be enforced: {problem}")
+
+
+def grammar_source(response_format: ResponseFormat) -> tuple[str, str]:
+    """What xgrammar compiles a format from: `("json", schema)`, `("regex", pattern)` or `("ebnf", grammar)`.
+
+    A choice is the grammar of its options, each a quoted literal (as vLLM's xgrammar backend writes it).
+
+    Example:
+        ```python
+        assert grammar_source(ResponseFormat.choice(["yes", "no"])) == ("ebnf", 'root ::= "yes" | "no"')
+        ```
+    """
+    kind = response_format.kind
+    if kind == "regex":
+        return "regex", str(response_format.pattern)
+    if kind == "grammar":
+        return "ebnf", str(response_format.rules)
+    if kind == "choice":
+        literals = (_EBNF_SPECIAL.sub(r"\\\1", option) for option in response_format.options)
+        return "ebnf", "root ::= " + " | ".join(f'"{literal}"' for literal in literals)
+    return "json", response_format.grammar_schema
+
+
+_EBNF_SPECIAL = re.compile(r'(["\\])')
+"""What a quoted EBNF literal escapes."""
+
+
+def _label(response_format: ResponseFormat) -> str:
+    """How a message names a format: as the request field that sets it."""
+    if response_format.is_json:
+        return f"response_format {response_format.describe()}"
+    return f"structured_outputs.{response_format.kind}"
 
 
 @functools.lru_cache(maxsize=_SCHEMA_CHECK_CACHE_SIZE)
-def _schema_problem(schema: str) -> str | None:
+def _format_problem(source: str, text: str) -> str | None:
     if _install.missing("xgrammar"):
         return f"structured output needs xgrammar, which is not installed ({STRUCTURED_OUTPUT_INSTALL})"
     import xgrammar as xgr
 
     try:
-        xgr.Grammar.from_json_schema(schema, any_whitespace=False)
+        if source == "json":
+            xgr.Grammar.from_json_schema(text, any_whitespace=False)
+        elif source == "regex":
+            xgr.Grammar.from_regex(text)
+        else:
+            xgr.Grammar.from_ebnf(text)
     except Exception as error:  # xgrammar reports schema problems as RuntimeError or ValueError
         return compiler_message(error)
     return None
@@ -104,32 +142,37 @@ class Grammars:
         self.stop_token_ids = sorted(stop_token_ids)
         self._lock = threading.Lock()
         self._compiler: Any = None
-        self._compiled: dict[str, Any] = {}
+        self._compiled: dict[tuple[str, str], Any] = {}
 
     @property
     def compiled_count(self) -> int:
-        """Distinct schemas compiled so far."""
+        """Distinct formats compiled so far."""
         return len(self._compiled)
 
     def compiled(self, response_format: ResponseFormat) -> Any:
         """The compiled grammar for a format (compiled on first use, then cached).
 
         Raises:
-            InvalidResponseFormatError: The schema does not compile.
+            InvalidResponseFormatError: The schema, regex or grammar does not compile.
         """
-        schema = response_format.grammar_schema
+        source = grammar_source(response_format)
         with self._lock:
-            cached = self._compiled.get(schema)
+            cached = self._compiled.get(source)
             if cached is not None:
                 return cached
             compiler = self._compiler or self._new_compiler()
+            kind, text = source
             try:
-                grammar = compiler.compile_json_schema(schema, any_whitespace=False)
+                if kind == "json":
+                    grammar = compiler.compile_json_schema(text, any_whitespace=False)
+                elif kind == "regex":
+                    grammar = compiler.compile_regex(text)
+                else:
+                    grammar = compiler.compile_grammar(text)
             except Exception as error:
-                raise InvalidResponseFormatError(
-                    f"response_format {response_format.describe()} cannot be enforced: {compiler_message(error)}"
-                ) from error
-            self._compiled[schema] = grammar
+                message = f"{_label(response_format)} cannot be enforced: {compiler_message(error)}"
+                raise InvalidResponseFormatError(message) from error
+            self._compiled[source] = grammar
             return grammar
 
     def matcher(self, response_format: ResponseFormat) -> Any:

@@ -8,6 +8,7 @@ of prompts for the LLM replicas, and `EmbeddingChunk`s of texts for the embeddin
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -15,36 +16,80 @@ from typing import Any
 from typing_extensions import Self
 
 from flyteplugins_batcher.batch_api import BatchRequest
-from flyteplugins_batcher.engines import Completion, GenerationConfig, Request, ResponseFormat, Sample
+from flyteplugins_batcher.engines import Completion, GenerationConfig, Request, ResponseFormat, Sample, TokenLogprob
 from flyteplugins_batcher.replica._snapshot import ReplicaSnapshot
 
 
 @dataclass
+class ToolCallItem:
+    """A tool call an assistant message made, earlier in a conversation (OpenAI's `tool_calls[i]`)."""
+
+    id: str
+    name: str
+    arguments: str  # JSON text, as OpenAI writes it
+
+
+@dataclass
 class ChatMessage:
-    """One chat message."""
+    """One chat message: its role and text, and an assistant's tool calls or a tool answer's call id."""
 
     role: str
     content: str
+    tool_calls: list[ToolCallItem] = field(default_factory=list)
+    tool_call_id: str = ""
+    name: str = ""
+
+    @classmethod
+    def of(cls, message: dict[str, Any]) -> ChatMessage:
+        """The message as `batch_api` parsed it."""
+        calls = [
+            ToolCallItem(call["id"], call["function"]["name"], _json_text(call["function"]["arguments"]))
+            for call in message.get("tool_calls") or []
+        ]
+        return cls(message["role"], message["content"], calls, message.get("tool_call_id", ""), message.get("name", ""))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The message as an engine's chat template takes it."""
+        message: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            message["tool_calls"] = [
+                {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+                for call in self.tool_calls
+            ]
+        message.update({key: getattr(self, key) for key in ("tool_call_id", "name") if getattr(self, key)})
+        return message
 
 
 @dataclass
 class OutputFormat:
-    """A request's `response_format` as it crosses the task boundary (`ResponseFormat`'s fields).
+    """A request's output constraint as it crosses the task boundary (`ResponseFormat`'s fields).
 
     Attributes:
         schema: The JSON schema as JSON text, or `None` for any JSON object (`json_object`).
         name: The schema's name, for messages.
+        pattern: A regex the output matches.
+        options: The strings the output is one of.
+        rules: An EBNF grammar the output follows.
     """
 
     schema: str | None = None
     name: str | None = None
+    pattern: str | None = None
+    options: list[str] = field(default_factory=list)
+    rules: str | None = None
 
     @classmethod
     def of(cls, response_format: ResponseFormat) -> OutputFormat:
-        return cls(response_format.schema, response_format.name)
+        return cls(
+            response_format.schema,
+            response_format.name,
+            response_format.pattern,
+            list(response_format.options),
+            response_format.rules,
+        )
 
     def response_format(self) -> ResponseFormat:
-        return ResponseFormat(self.schema, self.name)
+        return ResponseFormat(self.schema, self.name, self.pattern, tuple(self.options), self.rules)
 
 
 @dataclass
@@ -52,6 +97,7 @@ class RequestItem:
     """One prompt for the engine, with the generation settings its request set for itself (`None`: the run's).
 
     The settings are named as in `GenerationConfig`; `generation` is the one place they become one.
+    What has no fixed shape (tools, chat template keywords) travels as JSON text.
     """
 
     key: str
@@ -65,6 +111,13 @@ class RequestItem:
     n: int | None = None
     output_format: OutputFormat | None = None
     raw_prompt: bool = False  # an OpenAI /v1/completions prompt: no chat template
+    logprobs: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None  # token id (as text) -> bias
+    adapter: str = ""  # the LoRA adapter its `model` named; empty: the base model
+    tools: str = ""  # the request's `tools`, as JSON text
+    template_kwargs: str = ""  # its `chat_template_kwargs`, as JSON text
 
     @classmethod
     def of(cls, request: BatchRequest) -> RequestItem:
@@ -72,14 +125,20 @@ class RequestItem:
         settings: dict[str, Any] = dict(request.settings)
         if "stop" in settings:
             settings["stop"] = list(settings["stop"])
+        if "logit_bias" in settings:
+            settings["logit_bias"] = {str(token): float(bias) for token, bias in dict(settings["logit_bias"]).items()}
         response_format = settings.pop("response_format", None)
-        item = cls(key=request.custom_id, raw_prompt=request.raw_prompt, **settings)
+        item = cls(key=request.custom_id, raw_prompt=request.raw_prompt, adapter=request.adapter or "", **settings)
         if response_format is not None:
             item.output_format = OutputFormat.of(response_format)
         if isinstance(request.prompt, str):
             item.prompt = request.prompt
         else:
-            item.messages = [ChatMessage(message["role"], message["content"]) for message in request.prompt]
+            item.messages = [ChatMessage.of(message) for message in request.prompt]
+        if request.tools is not None:
+            item.tools = json.dumps([dict(tool) for tool in request.tools.tools])
+        if request.template_kwargs:
+            item.template_kwargs = json.dumps(request.template_kwargs)
         return item
 
     def generation(self, defaults: GenerationConfig) -> GenerationConfig:
@@ -91,22 +150,43 @@ class RequestItem:
         own = {name: getattr(self, name) for name in _OWN_SETTINGS if getattr(self, name) is not None}
         if self.output_format is not None:
             own["response_format"] = self.output_format.response_format()
+        if self.logit_bias:
+            own["logit_bias"] = {int(token): bias for token, bias in self.logit_bias.items()}
         return replace(defaults, **own) if own else defaults
 
     def engine_request(self, defaults: GenerationConfig) -> Request:
-        """The engine `Request` for this item: its prompt (or chat messages) and its generation settings."""
-        prompt: str | list[dict[str, str]] = (
-            [{"role": message.role, "content": message.content} for message in self.messages]
-            if self.messages
-            else self.prompt
+        """The engine `Request` for this item: its prompt (or chat messages), settings, adapter, tools and keywords."""
+        prompt = [message.to_dict() for message in self.messages] if self.messages else self.prompt
+        return Request(
+            prompt,
+            self.generation(defaults),
+            id=self.key,
+            chat_template=False if self.raw_prompt else None,
+            adapter=self.adapter or None,
+            tools=json.loads(self.tools) if self.tools else None,
+            template_kwargs=json.loads(self.template_kwargs) if self.template_kwargs else None,
         )
-        return Request(prompt, self.generation(defaults), id=self.key, chat_template=False if self.raw_prompt else None)
 
 
 _STOPPED = "cancelled"
 """The error code of a prompt stopped before it finished."""
 
-_OWN_SETTINGS = ("max_new_tokens", "temperature", "top_p", "stop", "seed", "n")
+_OWN_SETTINGS = (
+    "max_new_tokens",
+    "temperature",
+    "top_p",
+    "stop",
+    "seed",
+    "n",
+    "logprobs",
+    "presence_penalty",
+    "frequency_penalty",
+)
+
+
+def _json_text(arguments: str | dict[str, Any]) -> str:
+    """Tool call arguments as JSON text (a request may give them as an object)."""
+    return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
 
 
 @dataclass
@@ -122,12 +202,39 @@ class RequestChunk:
 
 
 @dataclass
+class LogprobResult:
+    """One generated token's logprob (`engines.TokenLogprob`'s fields), its alternatives as two lists."""
+
+    token: str
+    logprob: float
+    top_tokens: list[str] = field(default_factory=list)
+    top_logprobs: list[float] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, item: TokenLogprob) -> LogprobResult:
+        return cls(item.token, item.logprob, [token for token, _ in item.top], [value for _, value in item.top])
+
+    def token_logprob(self) -> TokenLogprob:
+        return TokenLogprob(self.token, self.logprob, tuple(zip(self.top_tokens, self.top_logprobs, strict=True)))
+
+
+@dataclass
 class SampleResult:
-    """One sample of a completion (`engines.Sample`'s fields)."""
+    """One sample of a completion (`engines.Sample`'s fields); `logprobs` `None` when the request asked for none."""
 
     text: str
     finish_reason: str
     completion_tokens: int
+    logprobs: list[LogprobResult] | None = None
+
+    @classmethod
+    def of(cls, sample: Sample) -> SampleResult:
+        logprobs = None if sample.logprobs is None else [LogprobResult.of(item) for item in sample.logprobs]
+        return cls(sample.text, sample.finish_reason, sample.completion_tokens, logprobs)
+
+    def sample(self) -> Sample:
+        logprobs = None if self.logprobs is None else tuple(item.token_logprob() for item in self.logprobs)
+        return Sample(self.text, self.completion_tokens, self.finish_reason, logprobs)  # type: ignore[arg-type]
 
 
 @dataclass
@@ -135,7 +242,8 @@ class ItemResult:
     """One prompt's outcome: a completion, or an error code and message.
 
     `text` and `finish_reason` are the first sample's and `completion_tokens` counts every sample, as
-    in `Completion`; `samples` holds every sample when the request asked for more than one.
+    in `Completion`; `samples` holds every sample when the request asked for more than one, or for
+    logprobs (which only a sample carries).
     """
 
     key: str
@@ -149,15 +257,16 @@ class ItemResult:
 
     @classmethod
     def of(cls, key: str, completion: Completion) -> ItemResult:
-        """The result for a completion (its samples kept only when there are several)."""
-        samples = [SampleResult(s.text, s.finish_reason, s.completion_tokens) for s in completion.samples]
+        """The result for a completion (its samples kept only when there are several, or they carry logprobs)."""
+        samples = [SampleResult.of(sample) for sample in completion.samples]
+        kept = len(samples) > 1 or samples[0].logprobs is not None
         return cls(
             key,
             completion.text,
             completion.finish_reason,
             completion.prompt_tokens,
             completion.completion_tokens,
-            samples=samples if len(samples) > 1 else [],
+            samples=samples if kept else [],
         )
 
     @classmethod
@@ -174,8 +283,7 @@ class ItemResult:
         """The completion this result carries, every sample included."""
         if not self.samples:
             return Completion(self.text, self.prompt_tokens, self.completion_tokens, self.finish_reason)  # type: ignore[arg-type]
-        samples = [Sample(s.text, s.completion_tokens, s.finish_reason) for s in self.samples]  # type: ignore[arg-type]
-        return Completion.from_samples(self.prompt_tokens, samples)
+        return Completion.from_samples(self.prompt_tokens, [sample.sample() for sample in self.samples])
 
 
 class ItemOutcomes:

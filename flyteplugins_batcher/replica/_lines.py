@@ -109,6 +109,9 @@ class LineRules:
         model_aliases: Other names a line may give the served LLM (the model reference as the user gave it).
         context_length: The LLM's context, when known (0: unknown): a line whose `max_tokens` fills it
             fails at parse (`context_length_exceeded`), before it is costed in the batcher.
+        adapters: The LoRA adapters served beside the LLM: a line whose `model` names one runs with it,
+            and its result line names it as the model.
+        tool_parser: How `tool_choice: "auto"` finds tool calls (`EngineSettings.tool_call_parser`).
 
     Example:
         ```python
@@ -125,6 +128,8 @@ class LineRules:
     endpoints: tuple[str, ...] = ENDPOINTS
     model_aliases: tuple[str, ...] = ()
     context_length: int = 0
+    adapters: tuple[str, ...] = ()
+    tool_parser: str = ""
 
     def parse(self, text: str, line_number: int) -> ParsedRequest:
         """The request on a line, its settings checked (out of range: the line fails here, not its chunk).
@@ -141,6 +146,8 @@ class LineRules:
             endpoints=self.endpoints,
             model_aliases=self.model_aliases,
             context_length=self.context_length,
+            adapters=self.adapters,
+            tool_parser=self.tool_parser,
         )
         if isinstance(request, BatchRequest):
             request.generation(self.defaults)

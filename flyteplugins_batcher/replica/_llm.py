@@ -51,7 +51,7 @@ def load_engine(settings: EngineSettings) -> Engine:
     """Build and load an engine for the settings (blocking: a replica calls it in a worker thread)."""
     engine_name = settings.engine
     kwargs = engine_kwargs(settings)
-    if engine_name == "auto" and any(name != "dtype" for name in kwargs):
+    if engine_name == "auto" and any(name not in ("dtype", "lora_modules") for name in kwargs):
         engine_name = "vllm"  # vLLM settings were given: the user means vLLM
     try:
         engine = create_engine(

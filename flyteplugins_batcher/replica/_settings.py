@@ -6,6 +6,8 @@ settings and flags: a field added here, with its help, is an option of each of t
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +39,11 @@ class EngineSettings:
         tensor_parallel_size: GPUs per replica for vLLM (0: one).
         enforce_eager: "true" to skip vLLM's graph compilation (empty: the default for the device).
         engine_args: Any other vLLM engine argument (or the simulated engine's options), as a JSON object.
+        lora_modules: LoRA adapters served beside the model, as vLLM's --lora-modules takes them:
+            name=path pairs (separated by spaces or new lines), or JSON objects {"name": ..., "path": ...};
+            a request whose model names one runs with it (vLLM and Transformers; LoRA is enabled for it).
+        tool_call_parser: How tool_choice "auto" finds tool calls in the text, as vLLM's --tool-call-parser:
+            "hermes" or "llama3_json"; empty: a request asking for "auto" fails, saying so.
         system_prompt: Added to prompts that do not bring their own system message.
         max_new_tokens: Generation budget per answer (a request's own max_tokens wins).
         temperature: 0 for greedy decoding (a request's own temperature wins).
@@ -59,6 +66,8 @@ class EngineSettings:
     tensor_parallel_size: int = 0
     enforce_eager: str = ""
     engine_args: str = ""
+    lora_modules: str = ""
+    tool_call_parser: str = ""
     system_prompt: str = ""
     max_new_tokens: int = 256
     temperature: float = 0.0
@@ -81,6 +90,14 @@ class EngineSettings:
             keywords["max_queue_size"] = self.max_queue_size
         return keywords
 
+    def adapters(self) -> dict[str, str]:
+        """The LoRA adapters `lora_modules` names, name -> path, in the order given.
+
+        Raises:
+            EngineConfigError: An entry that is neither `name=path` nor a JSON object with a name and a path.
+        """
+        return parse_lora_modules(self.lora_modules)
+
     def generation(self) -> GenerationConfig:
         """The run's default generation settings (requests may set their own).
 
@@ -98,6 +115,55 @@ _VLLM_ONLY = ("vllm_mode", "max_model_len", "kv_cache_gb", "gpu_memory_utilizati
 _NOT_SIMULATED = (*_VLLM_ONLY, "dtype", "enforce_eager")
 
 
+_LORA_PAIR = re.compile(r"^([^=\s]+)=(\S.*)$")
+
+
+def parse_lora_modules(text: str) -> dict[str, str]:
+    """Adapters by name from vLLM's `--lora-modules` forms, one or more to a line: `name=path` pairs, a JSON object
+    `{"name", "path"}` per line, or a JSON list of such objects.
+
+    Raises:
+        EngineConfigError: Naming the entry that is neither, or a name given twice.
+
+    Example:
+        ```python
+        assert parse_lora_modules("sql=/lora/sql chat=/lora/chat") == {"sql": "/lora/sql", "chat": "/lora/chat"}
+        ```
+    """
+    text = text.strip()
+    if text.startswith("["):
+        entries: list[Any] = _json_entry(text)
+    else:
+        entries = []
+        for line in filter(None, (line.strip() for line in text.splitlines())):
+            entries += [_json_entry(line)] if line.startswith("{") else line.split()
+    adapters: dict[str, str] = {}
+    for entry in entries:
+        name, path = _lora_entry(entry)
+        if name in adapters:
+            raise EngineConfigError(f"lora_modules names the adapter {name!r} twice")
+        adapters[name] = path
+    return adapters
+
+
+def _json_entry(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as error:
+        raise EngineConfigError(f"lora_modules: {text!r} is not JSON: {error}") from None
+
+
+def _lora_entry(entry: Any) -> tuple[str, str]:
+    if isinstance(entry, dict) and isinstance(entry.get("name"), str) and isinstance(entry.get("path"), str):
+        return entry["name"], entry["path"]
+    match = _LORA_PAIR.match(entry) if isinstance(entry, str) else None
+    if match is None:
+        raise EngineConfigError(
+            f'lora_modules: {entry!r} is neither name=path nor {{"name": ..., "path": ...}} (as vLLM takes them)'
+        )
+    return match.group(1), match.group(2)
+
+
 def engine_kwargs(settings: EngineSettings) -> dict[str, Any]:
     """`create_engine` keywords for the settings: the vLLM ones only for vLLM, `engine_args` as options for "simulated".
 
@@ -110,14 +176,14 @@ def engine_kwargs(settings: EngineSettings) -> dict[str, Any]:
             raise EngineConfigError(
                 f"{', '.join(given)} do not apply to engine='simulated' (give its options as engine_args)"
             )
-        return parse_engine_args(settings.engine_args)
+        return _with_adapters(parse_engine_args(settings.engine_args), settings)
     if settings.engine == "transformers":
         given = [name for name in _VLLM_ONLY if getattr(settings, name)] + (
             ["engine_args"] if settings.engine_args else []
         )
         if given:
             raise EngineConfigError(f"{', '.join(given)} apply to engine='vllm' only, not 'transformers'")
-        return {"dtype": settings.dtype} if settings.dtype else {}
+        return _with_adapters({"dtype": settings.dtype} if settings.dtype else {}, settings)
     kwargs: dict[str, Any] = parse_engine_args(settings.engine_args)
     explicit = {
         "mode": settings.vllm_mode,
@@ -130,4 +196,9 @@ def engine_kwargs(settings: EngineSettings) -> dict[str, Any]:
     kwargs.update({name: value for name, value in explicit.items() if value})
     if settings.enforce_eager:
         kwargs["enforce_eager"] = settings.enforce_eager.strip().lower() in ("1", "true", "yes")
-    return kwargs
+    return _with_adapters(kwargs, settings)
+
+
+def _with_adapters(kwargs: dict[str, Any], settings: EngineSettings) -> dict[str, Any]:
+    adapters = settings.adapters()
+    return {**kwargs, "lora_modules": adapters} if adapters else kwargs

@@ -172,6 +172,11 @@ class Inference:
         return engine.model_name if engine is not None else ""
 
     @property
+    def adapters(self) -> tuple[str, ...]:
+        """The LoRA adapters served beside the LLM (`EngineSettings.lora_modules`): a request's `model` may name one."""
+        return tuple(self.engine_settings.adapters())
+
+    @property
     def embedding_model(self) -> str | None:
         """The embedding model's name, or `None` when embeddings are not served."""
         return self.embedding_replica.model.name if self.embedding_replica is not None else None

@@ -12,7 +12,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from flyteplugins_batcher.engines import CancellationToken, Completion, GenerationConfig, Request, RequestCancelledError
+from flyteplugins_batcher.engines import (
+    CancellationToken,
+    Completion,
+    GenerationConfig,
+    Request,
+    RequestCancelledError,
+    TokenLogprob,
+)
 from flyteplugins_batcher.engines.simulated import OutputLengths, SimulatedEngine, SimulatedGpu
 from flyteplugins_batcher.engines.simulated._continuous_batching import ContinuousBatchScheduler, SequenceJob
 
@@ -22,11 +29,13 @@ class Pieces:
 
     def __init__(self) -> None:
         self.heard: list[tuple[int, str]] = []
+        self.logprobs: list[tuple[int, tuple[TokenLogprob, ...]]] = []
         self._lock = threading.Lock()
 
-    def __call__(self, index: int, text: str) -> None:
+    def __call__(self, index: int, text: str, logprobs: tuple[TokenLogprob, ...]) -> None:
         with self._lock:
             self.heard.append((index, text))
+            self.logprobs.append((index, logprobs))
 
     def text(self, index: int) -> str:
         return "".join(text for choice, text in self.heard if choice == index)

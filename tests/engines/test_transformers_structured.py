@@ -86,7 +86,7 @@ def test_n_samples_with_a_schema_and_top_p_each_follow_it(
     monkeypatch.setattr(smollm2_engine, "micro_batch_size", 2)  # 3 samples need their own pass: never split
     case = held_out_cases()[1]
     schema_format = ResponseFormat.json_schema(case["schema"], name=case["name"])
-    # top-p is applied after the grammar mask (see _grammar_processor), so a cut never leaves no token at all
+    # top-p is applied after the grammar mask (see grammar_processor), so a cut never leaves no token at all
     generation = GenerationConfig(
         max_new_tokens=96, temperature=0.8, top_p=0.9, n=3, seed=1, response_format=schema_format
     )

@@ -101,7 +101,7 @@ CASES: list[tuple[str, str, str, dict[str, Any], int, str | None, str]] = [
     ("other model", "POST", "/v1/chat/completions", chat(model="gpt-4o"), 404, "model", "does not exist"),
     ("messages type", "POST", "/v1/chat/completions", chat(messages="hi"), 400, "messages", "non-empty list"),
     ("no messages", "POST", "/v1/chat/completions", chat(messages=[]), 400, "messages", "non-empty list"),
-    ("no content", "POST", "/v1/chat/completions", chat(messages=[{"role": "user"}]), 400, "messages", "text"),
+    ("no content", "POST", "/v1/chat/completions", chat(messages=[{"role": "user"}]), 400, "messages[0]", "text"),
     ("role type", "POST", "/v1/chat/completions", chat(messages=[{"role": 5, "content": "x"}]), 400, None, "role"),
     ("role", "POST", "/v1/chat/completions", chat(messages=[{"role": "hacker", "content": "x"}]), 400, None, "hacker"),
     (
@@ -286,11 +286,20 @@ def test_batch_lines_fail_alone_with_the_online_messages_and_a_refused_request_c
 
 def test_unknown_fields_of_a_chat_request_are_ignored_as_documented(server: RunningServer) -> None:
     # OpenAI's own optional fields (and engines' extras, as vLLM clients send them) must not break a client.
-    extra = {"user": "u-1", "top_k": 5, "frequency_penalty": 0.5, "tools": [], "x": {"y": [1, [2]]}}
+    # (A known field the engine cannot honour, such as frequency_penalty on the simulated engine, is refused
+    # by name instead: tests/server/test_request_fields.py.)
+    extra = {"user": "u-1", "top_k": 5, "store": False, "service_tier": "auto", "tools": [], "x": {"y": [1, [2]]}}
 
     response = httpx.post(f"{server.url}/v1/chat/completions", **chat(max_tokens=2, **extra))
 
-    assert response.status_code == 200 and response.json()["object"] == "chat.completion"
+    assert response.status_code == 200 and response.json()["object"] == "chat.completion", response.text
+
+
+def test_a_known_field_the_engine_cannot_honour_is_refused_by_name_not_ignored(server: RunningServer) -> None:
+    response = httpx.post(f"{server.url}/v1/chat/completions", **chat(max_tokens=2, frequency_penalty=0.5))
+
+    error = refused(response, 400, server, says="frequency_penalty cannot be honoured by the simulated engine")
+    assert error["type"] == "invalid_request_error"
 
 
 def lines_of(server: RunningServer, file_id: str | None) -> list[dict[str, Any]]:

@@ -40,7 +40,12 @@ def test_the_closing_events_send_only_what_was_not_streamed_then_each_finish_the
         "usage": {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3},
     }
 
-    closing = parsed(list(events.closing(body, ["hel", "world"], include_usage=True)))
+    streamed = [
+        json.loads(event.removeprefix("data: ")) for event in (events.content(0, "hel"), events.content(1, "world"))
+    ]
+    closing = parsed(list(events.closing(body, include_usage=True)))
+
+    assert [event["choices"][0]["delta"] for event in streamed] == [{"content": "hel"}, {"content": "world"}]
 
     assert [event["choices"] for event in closing] == [
         [{"index": 0, "delta": {"content": "lo"}, "logprobs": None, "finish_reason": None}],
@@ -53,11 +58,11 @@ def test_the_closing_events_send_only_what_was_not_streamed_then_each_finish_the
 
 async def test_text_from_another_thread_arrives_in_order_and_wakes_the_loop() -> None:
     deltas = TextDeltas(asyncio.get_running_loop())
-    pieces = [(index % 2, str(index)) for index in range(2000)]
+    pieces = [(index % 2, str(index), ()) for index in range(2000)]
     engine = threading.Thread(target=lambda: [deltas(*piece) for piece in pieces])
 
     engine.start()
-    received: list[tuple[int, str]] = []
+    received: list[tuple[int, str, tuple[()]]] = []
     while len(received) < len(pieces):
         await asyncio.wait_for(deltas.ready(), timeout=5)
         received += deltas.take()

@@ -22,8 +22,13 @@ from typing import Any
 
 from flyteplugins_batcher import BatcherSettings
 from flyteplugins_batcher.engines._base import LoadedModel, Outcome, StreamingEngine
-from flyteplugins_batcher.engines._completion import Completion, FinishReason, Sample
-from flyteplugins_batcher.engines._engine_errors import EngineNotLoadedError, RequestCancelledError
+from flyteplugins_batcher.engines._completion import Completion, FinishReason, Sample, TokenLogprob
+from flyteplugins_batcher.engines._config import GenerationConfig
+from flyteplugins_batcher.engines._engine_errors import (
+    EngineNotLoadedError,
+    RequestCancelledError,
+    UnsupportedSettingError,
+)
 from flyteplugins_batcher.engines._prompts import PreparedPrompt, PromptRecord
 from flyteplugins_batcher.engines._stream_defaults import stream_batcher_settings
 from flyteplugins_batcher.engines.simulated._continuous_batching import (
@@ -44,7 +49,10 @@ class SimulatedEngine(StreamingEngine):
     4-characters-per-token tokenizer, check against the context, count), then each becomes one
     request to a simulated GPU. Each request generates `output_lengths.draw(...)` tokens,
     capped by its `max_new_tokens` (`finish_reason` `"length"` then, `"stop"` otherwise); stop
-    strings and sampling settings change nothing else.
+    strings and sampling settings change nothing else. Settings it cannot fake fail their record,
+    naming the setting: a regex, choice or grammar, penalties, a logit bias. It honours the rest
+    trivially: `logprobs` are 0.0 for each (certain) filler token, a LoRA adapter it was given
+    (`lora_modules`, never read) changes nothing, a JSON format is not enforced.
 
     `stats` report engine `steps`, `occupancy` (running sequences per step over `max_num_seqs`)
     and `step_time_s`, the simulated GPU's busy time on its virtual clock: wall time is virtual
@@ -115,6 +123,12 @@ class SimulatedEngine(StreamingEngine):
         if gpu_thread is not None:
             gpu_thread.close()
 
+    def _check_generation(self, generation: GenerationConfig) -> None:
+        """Refuse, by name, what filler text cannot follow or show (see the class notes)."""
+        refused = unsupported_settings(generation)
+        if refused:
+            raise UnsupportedSettingError(f"{', '.join(refused)} cannot be honoured by the {self.name} engine")
+
     def _record_step(self, result: StepResult) -> None:
         self._counters.count_step(result.running, result.step_s)
 
@@ -131,7 +145,8 @@ class SimulatedEngine(StreamingEngine):
     def _submit(self, gpu_thread: SimulatedGpuThread, prompt: PreparedPrompt) -> list[asyncio.Future[Sample]]:
         """A request per decoded sample of a prompt, each answering with its `Sample`."""
         tokens, finish_reason = self._output(prompt)
-        sample = Sample(text_of_tokens(tokens), tokens, finish_reason)
+        text = text_of_tokens(tokens)
+        sample = Sample(text, tokens, finish_reason, filler_logprobs(text, prompt.generation.logprobs))
         job = SequenceJob(len(prompt.token_ids), tokens)
         return [
             gpu_thread.submit(
@@ -183,12 +198,31 @@ class SimulatedEngine(StreamingEngine):
         return stream_batcher_settings(self.gpu.max_num_seqs, self.gpu.kv_cache_tokens, self.gpu.max_model_len)
 
 
+def unsupported_settings(generation: GenerationConfig) -> list[str]:
+    """The settings of `generation` filler text cannot honour, named as a request names them."""
+    refused = []
+    response_format = generation.response_format
+    if response_format is not None and not response_format.is_json:
+        refused.append(f"structured_outputs.{response_format.kind}")
+    refused += [name for name in ("presence_penalty", "frequency_penalty") if getattr(generation, name)]
+    return refused + (["logit_bias"] if generation.logit_bias else [])
+
+
+def filler_logprobs(text: str, top: int | None) -> tuple[TokenLogprob, ...] | None:
+    """Logprobs for filler text (one token per 4 characters): each token certain (0.0), its only alternative itself."""
+    if top is None:
+        return None
+    pieces = [text[start : start + CHARS_PER_TOKEN] for start in range(0, len(text), CHARS_PER_TOKEN)]
+    return tuple(TokenLogprob(piece, 0.0, ((piece, 0.0),) if top else ()) for piece in pieces)
+
+
 def _streamer(prompt: PreparedPrompt, sample: int, text: str) -> TokensListener | None:
     """Hands a streamed prompt's listener each step's new text of one sample (4 characters per token)."""
     if prompt.on_delta is None:
         return None
+    logprobs = filler_logprobs(text, prompt.generation.logprobs) or ()
 
     def on_tokens(start: int, end: int) -> None:
-        prompt.stream(sample, text[start * CHARS_PER_TOKEN : end * CHARS_PER_TOKEN])
+        prompt.stream(sample, text[start * CHARS_PER_TOKEN : end * CHARS_PER_TOKEN], logprobs[start:end])
 
     return on_tokens

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 CHARS_PER_TOKEN = 4
 """Characters per token, about what real tokenizers give for English."""
@@ -40,9 +41,16 @@ class SimulatedTokenizer:
         return [BOS_TOKEN_ID, *ids] if add_special_tokens else ids
 
     def apply_chat_template(
-        self, messages: Sequence[Mapping[str, str]], tokenize: bool = False, add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tokenize: bool = False,
+        add_generation_prompt: bool = True,
+        **template_kwargs: Any,
     ) -> str | list[int]:
-        """Each message as `<role marker><content>` on its own line, then the assistant's marker."""
+        """Each message as `<role marker><content>` on its own line, then the assistant's marker.
+
+        Like many real templates, it ignores what it has no place for (`tools`, other keywords).
+        """
         lines = [_ROLE_MARKERS.get(message["role"], "???:") + message["content"] for message in messages]
         if add_generation_prompt:
             lines.append(_ROLE_MARKERS["assistant"])

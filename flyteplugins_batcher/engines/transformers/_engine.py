@@ -25,9 +25,14 @@ from typing import TYPE_CHECKING, Any
 from flyteplugins_batcher import BatcherSettings
 from flyteplugins_batcher.engines import _install
 from flyteplugins_batcher.engines._base import BatchEngine, LoadedModel, Outcome
-from flyteplugins_batcher.engines._completion import Completion, Sample, trim_at_stop
+from flyteplugins_batcher.engines._completion import Completion, Sample, TokenLogprob, trim_at_stop
 from flyteplugins_batcher.engines._config import GenerationConfig
-from flyteplugins_batcher.engines._engine_errors import InvalidResponseFormatError, RequestCancelledError
+from flyteplugins_batcher.engines._engine_errors import (
+    InvalidResponseFormatError,
+    RequestCancelledError,
+    UnsupportedSettingError,
+)
+from flyteplugins_batcher.engines._lora import checked_adapters
 from flyteplugins_batcher.engines._model_reference import check_model_reference, hub_offline, model_display_name
 from flyteplugins_batcher.engines._model_thread import ModelThread
 from flyteplugins_batcher.engines._prompts import PreparedPrompt
@@ -60,6 +65,11 @@ class TransformersEngine(BatchEngine):
     matcher (an `xgrammar` logits processor) or none, and a record asking for `n` samples takes
     `n` rows (one when greedy: its samples are identical, so one is decoded and repeated).
 
+    A record's `logprobs` and LoRA `adapter` do not split passes either: each row records its own
+    log-probabilities (from the model's raw logits, as vLLM's `raw_logprobs`), and with adapters
+    (`lora_modules`, loaded with `peft`) each row runs its own adapter or the base model in the same
+    `generate` call (peft's mixed-adapter batches). Penalties and a logit bias are pass settings.
+
     A record cancelled while its pass runs (`Request.cancellation`) stops at the next decoding step
     (a stopping criterion ends its rows; the pass ends once every row has) and is answered with
     `RequestCancelledError`; one cancelled before its pass never runs. It answers whole records: a
@@ -83,6 +93,9 @@ class TransformersEngine(BatchEngine):
         chat_template: Use the tokenizer's chat template; `None` means "when it has one".
         trust_remote_code: Passed to `from_pretrained`, for models that ship their own code.
         model_kwargs: Extra keyword arguments for `AutoModelForCausalLM.from_pretrained`.
+        model_name: The name results carry; by default the model reference.
+        lora_modules: LoRA adapters by name (name -> PEFT adapter folder), loaded with the model
+            (needs `peft`: `pip install 'flyteplugins-batcher[transformers]'`).
 
     Example:
         ```python
@@ -111,14 +124,21 @@ class TransformersEngine(BatchEngine):
         trust_remote_code: bool = False,
         model_kwargs: Mapping[str, Any] | None = None,
         model_name: str | None = None,
+        lora_modules: Mapping[str, str] | None = None,
     ) -> None:
         require_transformers()
+        if lora_modules:
+            _install.require("LoRA adapters", ("peft",), "pip install 'flyteplugins-batcher[transformers]' (peft)")
         if num_threads is not None and num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {num_threads}")
         if micro_batch_size is not None and micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
         super().__init__(
-            generation=generation, system_prompt=system_prompt, chat_template=chat_template, model_name=model_name
+            generation=generation,
+            system_prompt=system_prompt,
+            chat_template=chat_template,
+            model_name=model_name,
+            lora_modules=lora_modules,
         )
         self.model_source, self.gguf_file = _split_model_reference(model, gguf_file)
         self.device_request = device
@@ -158,6 +178,7 @@ class TransformersEngine(BatchEngine):
             )
         except OSError as error:
             raise OSError(_load_failure_message(source, error)) from error
+        model = with_adapters(model, self.lora_modules)
         model.to(device).eval()
         tokenizer.padding_side = "left"
         eos_ids = {tokenizer.eos_token_id, *_as_id_set(model.generation_config.eos_token_id)}
@@ -226,6 +247,12 @@ class TransformersEngine(BatchEngine):
                 done.extend((prompt.index, _unless_cancelled(prompt, completion)) for prompt, completion in answers)
         return done
 
+    def _check_generation(self, generation: GenerationConfig) -> None:
+        """Also refuse a logit bias on a token the model does not have."""
+        super()._check_generation(generation)
+        if self._grammars is not None:
+            check_logit_bias(generation, self._grammars.vocab_size)
+
     def _compile_failure(self, prompt: PreparedPrompt) -> Exception | None:
         """The error for a prompt whose response format does not compile for this tokenizer, else None."""
         response_format = prompt.generation.response_format
@@ -243,31 +270,28 @@ class TransformersEngine(BatchEngine):
         settings, rows = planned.settings, planned.rows
         input_ids, attention_mask = self._left_padded(rows)
         prompt_width = input_ids.shape[1]
-        processor = self._grammar_processor(rows, settings)
+        grammar = grammar_processor(rows, settings, self._grammars)
+        recorder = _recorder(rows)
         with torch.inference_mode():
             if settings.seed is not None and not settings.greedy:
                 torch.manual_seed(settings.seed)
             output = self._model.generate(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
-                generation_config=self._hf_generation_config(settings, top_p_in_processor=processor is not None),
-                stopping_criteria=self._stopping_criteria(settings, prompt_width, rows),
-                logits_processor=[processor] if processor is not None else None,
+                generation_config=self._hf_generation_config(settings, top_p_in_processor=grammar is not None),
+                stopping_criteria=stopping_criteria(self._tokenizer, settings, prompt_width, rows),
+                logits_processor=logits_processors(
+                    settings, prompt_width, self._grammars.vocab_size, recorder, grammar
+                ),
+                **adapter_names(rows, bool(self.lora_modules)),
             )
-        completions = planned.completions([self._sample(settings, row) for row in output[:, prompt_width:].tolist()])
+        generated = output[:, prompt_width:].tolist()
+        recorded = recorder.steps(generated) if recorder is not None else {}
+        samples = [self._sample(settings, row, recorded.get(index)) for index, row in enumerate(generated)]
+        completions = planned.completions(samples)
         real = sum(completion.prompt_tokens + completion.completion_tokens for completion in completions)
         self._counters.count_pass(max(0, len(rows) * output.shape[1] - real))
         return completions
-
-    def _grammar_processor(self, rows: Sequence[PreparedPrompt], settings: GenerationConfig) -> Any:
-        """A logits processor holding each constrained row's matcher, or None when no row is constrained."""
-        formats = [prompt.generation.response_format for prompt in rows]
-        if all(response_format is None for response_format in formats):
-            return None
-        from flyteplugins_batcher.engines.transformers._grammar_processor import GrammarLogitsProcessor
-
-        matchers = [None if fmt is None else self._grammars.matcher(fmt) for fmt in formats]
-        return GrammarLogitsProcessor(matchers, self._grammars.vocab_size, top_p=settings.top_p)
 
     def _left_padded(self, group: Sequence[PreparedPrompt]) -> tuple[torch.Tensor, torch.Tensor]:
         import torch
@@ -284,7 +308,7 @@ class TransformersEngine(BatchEngine):
     def _hf_generation_config(self, config: GenerationConfig, *, top_p_in_processor: bool = False) -> Any:
         from transformers import GenerationConfig as HFGenerationConfig
 
-        # A grammar processor applies top-p itself, after its mask (see `_grammar_processor`).
+        # A grammar processor applies top-p itself, after its mask (see `grammar_processor`).
         top_p = 1.0 if top_p_in_processor else config.top_p
         sampling = {} if config.greedy else {"temperature": config.temperature, "top_p": top_p, "top_k": 0}
         # Built from scratch rather than from the model's defaults, so that the engine's settings
@@ -297,22 +321,7 @@ class TransformersEngine(BatchEngine):
             **sampling,
         )
 
-    def _stopping_criteria(
-        self, generation: GenerationConfig, prompt_width: int, rows: Sequence[PreparedPrompt]
-    ) -> Any:
-        """Stop strings, and a row whose caller cancelled its record (checked at every decoding step)."""
-        tokens = [prompt.cancellation for prompt in rows]
-        cancellable = any(token is not None for token in tokens)
-        if not generation.stop and not cancellable:
-            return None
-        from transformers import StoppingCriteriaList
-
-        from flyteplugins_batcher.engines.transformers._stopping import CancelledRowsCriteria, StopTextCriteria
-
-        criteria = [StopTextCriteria(self._tokenizer, generation.stop, prompt_width)] if generation.stop else []
-        return StoppingCriteriaList(criteria + ([CancelledRowsCriteria(tokens)] if cancellable else []))
-
-    def _sample(self, generation: GenerationConfig, row: list[int]) -> Sample:
+    def _sample(self, generation: GenerationConfig, row: list[int], steps: list[Any] | None = None) -> Sample:
         # Rows that finished early are filled with the pad token, which is often the EOS token too.
         content_length = next(
             (
@@ -325,11 +334,102 @@ class TransformersEngine(BatchEngine):
         text = self._tokenizer.decode(row[:content_length], skip_special_tokens=True)
         text, hit_stop_string = trim_at_stop(text, generation.stop)
         ended_by_eos = content_length < len(row) and row[content_length] in self._eos_token_ids
+        tokens, reason = content_length, "length"
         if hit_stop_string:
-            return Sample(text, content_length, "stop")
-        if ended_by_eos:
-            return Sample(text, content_length + 1, "stop")
-        return Sample(text, content_length, "length")
+            reason = "stop"
+        elif ended_by_eos:
+            tokens, reason = content_length + 1, "stop"
+        logprobs = token_logprobs(self._tokenizer, steps[:tokens]) if steps is not None else None
+        return Sample(text, tokens, reason, logprobs)  # type: ignore[arg-type]
+
+
+def with_adapters(model: Any, lora_modules: Mapping[str, str]) -> Any:
+    """The model with every LoRA adapter loaded beside it (peft), or the model itself when there are none."""
+    if not lora_modules:
+        return model
+    checked_adapters(lora_modules)
+    from peft import PeftModel
+
+    adapters = iter(lora_modules.items())
+    name, path = next(adapters)
+    model = PeftModel.from_pretrained(model, path, adapter_name=name)
+    for name, path in adapters:
+        model.load_adapter(path, adapter_name=name)
+    return model
+
+
+def adapter_names(rows: Sequence[PreparedPrompt], with_adapters: bool) -> dict[str, Any]:
+    """`generate`'s `adapter_names`: each row's adapter, or peft's base model (always named when adapters are
+    loaded, else peft would run its active adapter); nothing without adapters."""
+    return {"adapter_names": [prompt.adapter or "__base__" for prompt in rows]} if with_adapters else {}
+
+
+def check_logit_bias(generation: GenerationConfig, width: int) -> None:
+    """Refuse a logit bias on token ids outside the model's logits."""
+    outside = [token for token, _ in generation.logit_bias if token >= width]
+    if outside:
+        message = f"logit_bias names token ids outside the model's vocabulary (0 to {width - 1}): {outside}"
+        raise UnsupportedSettingError(message)
+
+
+def token_logprobs(tokenizer: Any, steps: list[Any]) -> tuple[TokenLogprob, ...]:
+    """Recorded steps as `TokenLogprob`s, each token decoded alone (as vLLM decodes a logprob's token)."""
+    decode = tokenizer.decode
+    return tuple(
+        TokenLogprob(decode([token]), logprob, tuple((decode([other]), value) for other, value in top))
+        for token, logprob, top in steps
+    )
+
+
+def logits_processors(
+    settings: GenerationConfig, prompt_width: int, vocab_size: int, recorder: Any, grammar: Any
+) -> list[Any] | None:
+    """A pass's own logits processors, in order: logprobs (of the raw logits), penalties and bias, grammar."""
+    processors = [recorder] if recorder is not None else []
+    if settings.shapes_logits:
+        from flyteplugins_batcher.engines.transformers._logits import LogitShaper
+
+        processors.append(LogitShaper(settings, prompt_width, vocab_size))
+    if grammar is not None:
+        processors.append(grammar)
+    return processors or None
+
+
+def grammar_processor(rows: Sequence[PreparedPrompt], settings: GenerationConfig, grammars: Grammars) -> Any:
+    """A logits processor holding each constrained row's matcher, or None when no row is constrained."""
+    formats = [prompt.generation.response_format for prompt in rows]
+    if all(response_format is None for response_format in formats):
+        return None
+    from flyteplugins_batcher.engines.transformers._grammar_processor import GrammarLogitsProcessor
+
+    matchers = [None if fmt is None else grammars.matcher(fmt) for fmt in formats]
+    return GrammarLogitsProcessor(matchers, grammars.vocab_size, top_p=settings.top_p)
+
+
+def stopping_criteria(
+    tokenizer: Any, generation: GenerationConfig, prompt_width: int, rows: Sequence[PreparedPrompt]
+) -> Any:
+    """Stop strings, and a row whose caller cancelled its record (checked at every decoding step)."""
+    tokens = [prompt.cancellation for prompt in rows]
+    cancellable = any(token is not None for token in tokens)
+    if not generation.stop and not cancellable:
+        return None
+    from transformers import StoppingCriteriaList
+
+    from flyteplugins_batcher.engines.transformers._stopping import CancelledRowsCriteria, StopTextCriteria
+
+    criteria = [StopTextCriteria(tokenizer, generation.stop, prompt_width)] if generation.stop else []
+    return StoppingCriteriaList(criteria + ([CancelledRowsCriteria(tokens)] if cancellable else []))
+
+
+def _recorder(rows: Sequence[PreparedPrompt]) -> Any:
+    """A `LogprobRecorder` for the rows that ask for logprobs, or None when none does."""
+    tops = [prompt.generation.logprobs for prompt in rows]
+    if all(top is None for top in tops):
+        return None
+    from flyteplugins_batcher.engines.transformers._logits import LogprobRecorder
+
+    return LogprobRecorder(tops)
 
 
 def _cancelled(prompt: PreparedPrompt, completion_tokens: int = 0) -> RequestCancelledError:

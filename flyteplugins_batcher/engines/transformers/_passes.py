@@ -1,8 +1,9 @@
 """Planning `generate` passes for an engine that pads: which prompts share a call, and how many rows each takes.
 
 Records share a pass when they share the settings a whole `generate` call takes (length limit,
-temperature, top-p, stop strings, seed). What can differ row by row does not split passes: a
-response format (each row has its own grammar matcher) and the number of samples (a record asking
+temperature, top-p, stop strings, seed, penalties, logit bias). What can differ row by row does
+not split passes: a response format (each row has its own grammar matcher), logprobs (each row
+records its own), a LoRA adapter (peft runs each row's own) and the number of samples (a record asking
 for `n` samples takes `n` rows; a greedy record takes one row, whose sample is repeated, since
 greedy samples are identical).
 """
@@ -19,9 +20,9 @@ from flyteplugins_batcher.engines._prompts import PreparedPrompt
 
 def pass_settings(generation: GenerationConfig) -> GenerationConfig:
     """The settings a whole pass shares: `generation` without what each row carries itself."""
-    if generation.n == 1 and generation.response_format is None:
+    if generation.n == 1 and generation.response_format is None and generation.logprobs is None:
         return generation
-    return replace(generation, n=1, response_format=None)
+    return replace(generation, n=1, response_format=None, logprobs=None)
 
 
 @dataclass(frozen=True)

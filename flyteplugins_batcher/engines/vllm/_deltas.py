@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flyteplugins_batcher.engines._prompts import PreparedPrompt
+from flyteplugins_batcher.engines.vllm._engine import token_logprobs
 from flyteplugins_batcher.engines.vllm._engine_loop import EngineLoop
 
 ABORT_RETRY_S = 0.2
@@ -31,6 +32,7 @@ class _Sample:
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
+    logprobs: list[Any] | None = None
 
 
 @dataclass
@@ -47,24 +49,27 @@ class StreamedSamples:
     Args:
         prompt: The record (its `stream` tells its listener, if it has one).
         request_id: The request's id in vLLM.
+        tokenizer: Decodes a token vLLM left undecoded (for logprobs).
 
     Example:
         ```python
-        samples = StreamedSamples(prompt, request_id)
+        samples = StreamedSamples(prompt, request_id, tokenizer)
         async for output in llm.generate(inputs, sampling_params(config, deltas=True), request_id):
             samples.add(output)
-        outcome = completion(samples.final(), len(prompt.token_ids), config.n)
+        outcome = completion(samples.final(), len(prompt.token_ids), config, tokenizer)
         ```
     """
 
-    def __init__(self, prompt: PreparedPrompt, request_id: str) -> None:
+    def __init__(self, prompt: PreparedPrompt, request_id: str, tokenizer: Any = None) -> None:
         self.prompt = prompt
         self.request_id = request_id
+        self.tokenizer = tokenizer
         self.finished = False
         self._samples: dict[int, _Sample] = {}
 
     def add(self, output: Any) -> None:
         """Take one of vLLM's outputs for the request."""
+        top = self.prompt.generation.logprobs
         for piece in output.outputs:
             sample = self._samples.get(piece.index)
             if sample is None:
@@ -72,7 +77,11 @@ class StreamedSamples:
             sample.text += piece.text
             sample.token_ids.extend(piece.token_ids)
             sample.finish_reason = piece.finish_reason or sample.finish_reason
-            self.prompt.stream(piece.index, piece.text)
+            new_logprobs = list(piece.logprobs or []) if top is not None else []
+            if top is not None:
+                sample.logprobs = (sample.logprobs or []) + new_logprobs
+            shaped = token_logprobs(piece.token_ids, new_logprobs, top, self.tokenizer) if new_logprobs else ()
+            self.prompt.stream(piece.index, piece.text, shaped)
         self.finished = output.finished
 
     @property

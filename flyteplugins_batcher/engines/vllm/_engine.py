@@ -13,7 +13,9 @@
 
 Both pass vLLM token ids that the engine rendered and counted itself, so token budgets, length
 checks and stats agree exactly with what vLLM runs, and both take per-record settings (one
-`SamplingParams` per prompt). Both notice when vLLM's engine-core process dies: every pending and
+`SamplingParams` per prompt: logprobs, penalties, logit bias, structured output) and LoRA adapters
+(`lora_modules`: a record's `adapter` becomes its `LoRARequest`, beside base-model records in the
+same steps). Both notice when vLLM's engine-core process dies: every pending and
 later record fails with `EngineDeadError` at once, instead of waiting forever.
 """
 
@@ -36,9 +38,10 @@ from typing import Any, Literal
 from flyteplugins_batcher import BatcherSettings
 from flyteplugins_batcher.engines import _install
 from flyteplugins_batcher.engines._base import BatchEngine, Engine, LoadedModel, Outcome
-from flyteplugins_batcher.engines._completion import Completion, FinishReason, Sample
+from flyteplugins_batcher.engines._completion import LOGPROB_FLOOR, Completion, FinishReason, Sample, TokenLogprob
 from flyteplugins_batcher.engines._config import GenerationConfig
 from flyteplugins_batcher.engines._engine_errors import EngineConfigError, EngineDeadError, InvalidResponseFormatError
+from flyteplugins_batcher.engines._lora import checked_adapters, lora_rank
 from flyteplugins_batcher.engines._model_reference import model_display_name
 from flyteplugins_batcher.engines._prompts import PreparedPrompt
 from flyteplugins_batcher.engines._response_format import ResponseFormat
@@ -111,6 +114,9 @@ class VLLMSupport(Engine):
         chat_template: Render records through the tokenizer's chat template; `None` means "when
             the tokenizer has one".
         model_name: The name results carry; by default the model reference.
+        lora_modules: LoRA adapters by name (name -> PEFT adapter folder), as vLLM's `--lora-modules`:
+            LoRA is enabled with a slot for each adapter and the largest rank among them, unless
+            `enable_lora`, `max_loras` or `max_lora_rank` say otherwise (see `lora_engine_args`).
         **engine_args: vLLM engine arguments (`max_model_len`, `gpu_memory_utilization` or
             `kv_cache_memory_bytes`, `dtype`, `tensor_parallel_size`, `enforce_eager`, ...),
             checked at `load()` before vLLM starts; on CPU, defaults that fit are added.
@@ -127,13 +133,19 @@ class VLLMSupport(Engine):
         system_prompt: str | None = None,
         chat_template: bool | None = None,
         model_name: str | None = None,
+        lora_modules: dict[str, str] | None = None,
         **engine_args: Any,
     ) -> None:
         super().__init__(
-            generation=generation, system_prompt=system_prompt, chat_template=chat_template, model_name=model_name
+            generation=generation,
+            system_prompt=system_prompt,
+            chat_template=chat_template,
+            model_name=model_name,
+            lora_modules=lora_modules,
         )
         self.model = model
         self.engine_args = dict(engine_args)
+        self._lora_requests: dict[str, Any] = {}  # by adapter name, made at load
         self._limits: Limits | None = None
         self._vllm_config: Any = None
         self._verified: dict[GenerationConfig, str | None] = {}  # settings vLLM was asked to verify: its complaint
@@ -154,8 +166,20 @@ class VLLMSupport(Engine):
     def _resolved_engine_args(self, vllm: Any) -> dict[str, Any]:
         on_cpu = running_on_cpu()
         args = with_device_defaults(self.engine_args, on_cpu=on_cpu)
+        if self.lora_modules:
+            args = lora_engine_args(args, self.lora_modules, on_cpu=on_cpu)
+            from vllm.lora.request import LoRARequest
+
+            self._lora_requests = {
+                name: LoRARequest(name, number, path)
+                for number, (name, path) in enumerate(self.lora_modules.items(), start=1)
+            }
         check_engine_args(args, accepted_arguments(vllm, streaming=self.mode == "stream"), on_cpu=on_cpu)
         return args
+
+    def _lora_request(self, prompt: PreparedPrompt) -> Any:
+        """The prompt's `LoRARequest`, or `None` for the base model."""
+        return self._lora_requests[prompt.adapter] if prompt.adapter is not None else None
 
     def _started(self, tokenizer: Any, vllm_config: Any) -> LoadedModel:
         """Remember what vLLM settled on; what `_load` returns."""
@@ -180,7 +204,7 @@ class VLLMSupport(Engine):
         refused request; verifying each distinct setting here first makes the refusal that record's alone.
         """
         super()._check_generation(generation)
-        if generation.response_format is None:
+        if generation.response_format is None and not generation.logit_bias:
             return
         if generation not in self._verified:
             self._verified[generation] = verify_with_vllm(
@@ -188,9 +212,9 @@ class VLLMSupport(Engine):
             )
         problem = self._verified[generation]
         if problem is not None:
-            raise InvalidResponseFormatError(
-                f"response_format {generation.response_format.describe()} is refused by vLLM: {problem}"
-            )
+            fields = _verified_fields(generation)
+            verb = "is" if len(fields) == 1 else "are"
+            raise InvalidResponseFormatError(f"{' and '.join(fields)} {verb} refused by vLLM: {problem}")
 
     def _check_alive(self) -> None:
         if self._dead.is_set():
@@ -294,20 +318,40 @@ class VLLMEngine(VLLMSupport, BatchEngine):
 
         self._check_alive()
         params = [sampling_params(prompt.generation) for prompt in prompts]
+        adapters = [self._lora_request(prompt) for prompt in prompts] if self._lora_requests else None
         try:
             with self._llm_lock:
                 outputs = self._llm.generate(
-                    [{"prompt_token_ids": prompt.token_ids} for prompt in prompts], params, use_tqdm=False
+                    [{"prompt_token_ids": prompt.token_ids} for prompt in prompts],
+                    params,
+                    use_tqdm=False,
+                    lora_request=adapters,
                 )
         except VLLMEngineDeadError as error:
             raise self._dead_error(" during a batch") from error
         return [
-            completion(output, len(prompt.token_ids), prompt.generation.n)
+            completion(output, len(prompt.token_ids), prompt.generation, self._tokenizer)
             for prompt, output in zip(prompts, outputs, strict=True)
         ]
 
 
 # -- shared helpers --------------------------------------------------------------------------------
+
+
+def _verified_fields(generation: GenerationConfig) -> list[str]:
+    """The fields vLLM was asked to verify, named as a request names them, each with `is` (for messages)."""
+    fields = []
+    response_format = generation.response_format
+    if response_format is not None:
+        kind = response_format.kind
+        fields.append(
+            f"response_format {response_format.describe()} is"
+            if response_format.is_json
+            else f"structured_outputs.{kind} is"
+        )
+    if generation.logit_bias:
+        fields.append(f"logit_bias {dict(generation.logit_bias)} is")
+    return fields
 
 
 def import_vllm() -> Any:
@@ -352,6 +396,10 @@ def sampling_params(config: GenerationConfig, final_only: bool = False, deltas: 
         "seed": config.seed,
         "max_tokens": config.max_new_tokens,
         "stop": list(config.stop),
+        "logprobs": config.logprobs,
+        "presence_penalty": config.presence_penalty,
+        "frequency_penalty": config.frequency_penalty,
+        "logit_bias": dict(config.logit_bias) or None,
     }
     if config.response_format is not None:
         options["structured_outputs"] = structured_outputs(config.response_format)
@@ -368,9 +416,47 @@ def structured_outputs(response_format: ResponseFormat) -> Any:
     """vLLM's `StructuredOutputsParams` for a response format."""
     from vllm.sampling_params import StructuredOutputsParams
 
+    kind = response_format.kind
+    if kind == "regex":
+        return StructuredOutputsParams(regex=response_format.pattern)
+    if kind == "choice":
+        return StructuredOutputsParams(choice=list(response_format.options))
+    if kind == "grammar":
+        return StructuredOutputsParams(grammar=response_format.rules)
     if response_format.schema is None:
         return StructuredOutputsParams(json_object=True)
     return StructuredOutputsParams(json=response_format.schema)
+
+
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The ranks vLLM sizes its LoRA slots for (`max_lora_rank`)."""
+
+
+def lora_engine_args(engine_args: dict[str, Any], lora_modules: dict[str, str], *, on_cpu: bool) -> dict[str, Any]:
+    """`engine_args` with LoRA enabled for these adapters (each folder checked first).
+
+    A slot per adapter (`max_loras`), so that every adapter can run in the same step, and
+    `max_lora_rank` the smallest of vLLM's ranks that holds the largest adapter. On CPU, one slot
+    more, left empty: vLLM's CPU kernels pick a base-model row's LoRA weights at slot index -1,
+    which is the last slot, so a base-model row beside adapter rows is answered by whichever
+    adapter holds that slot; an empty one adds nothing, and base rows come out as the base model's.
+
+    Raises:
+        EngineConfigError: An adapter folder that is not a LoRA adapter, or a rank vLLM cannot hold.
+    """
+    args = dict(engine_args)
+    configs = checked_adapters(lora_modules)
+    rank = max(lora_rank(config) for config in configs.values())
+    fitting = [allowed for allowed in LORA_RANKS if allowed >= rank]
+    if not fitting:
+        raise EngineConfigError(f"vllm: LoRA rank {rank} is above the largest vLLM holds ({LORA_RANKS[-1]})")
+    args.setdefault("enable_lora", True)
+    args.setdefault("max_lora_rank", fitting[0])
+    slots = len(configs) + (1 if on_cpu else 0)
+    args["max_loras"] = max(int(args.get("max_loras") or 1), slots) if on_cpu else args.get("max_loras", slots)
+    if args.get("max_cpu_loras") is not None:
+        args["max_cpu_loras"] = max(int(args["max_cpu_loras"]), args["max_loras"])
+    return args
 
 
 def verify_with_vllm(params: Any, vllm_config: Any, tokenizer: Any) -> str | None:
@@ -387,22 +473,56 @@ def verify_with_vllm(params: Any, vllm_config: Any, tokenizer: Any) -> str | Non
     return None
 
 
-def completion(output: Any, prompt_tokens: int, n: int = 1) -> Completion | Exception:
-    """A `Completion` of `n` samples from vLLM's final `RequestOutput`, or the error for an aborted request.
+def completion(output: Any, prompt_tokens: int, config: GenerationConfig, tokenizer: Any) -> Completion | Exception:
+    """A `Completion` of `config.n` samples from vLLM's final `RequestOutput`, or the error for an aborted request.
 
-    A greedy request decodes one sample (see `sampling_params`), which is repeated `n` times.
+    A greedy request decodes one sample (see `sampling_params`), which is repeated `n` times. Its
+    tokens' logprobs come along when `config.logprobs` asked for them (`token_logprobs`).
     """
     samples = []
+    n = config.n
     for choice in sorted(output.outputs, key=lambda choice: choice.index):
         finish_reason = _FINISH_REASONS.get(choice.finish_reason or "")
         if finish_reason is None:
             return RuntimeError(f"vllm: request {output.request_id} ended with finish_reason={choice.finish_reason!r}")
-        samples.append(Sample(choice.text, len(choice.token_ids), finish_reason))
+        logprobs = None
+        if config.logprobs is not None:
+            logprobs = token_logprobs(choice.token_ids, choice.logprobs or [], config.logprobs, tokenizer)
+        samples.append(Sample(choice.text, len(choice.token_ids), finish_reason, logprobs))
     if len(samples) == 1:
         samples *= n
     if len(samples) != n:
         return RuntimeError(f"vllm: request {output.request_id} returned {len(samples)} samples, not {n}")
     return Completion.from_samples(prompt_tokens, samples)
+
+
+def token_logprobs(token_ids: Any, steps: Any, top: int, tokenizer: Any) -> tuple[TokenLogprob, ...]:
+    """Each generated token's `TokenLogprob` from vLLM's per-step `{token_id: Logprob}`.
+
+    A step holds the sampled token and the `top` most likely (vLLM ranks them from 1); the
+    alternatives are the `top` best by rank. A token vLLM left undecoded is decoded alone.
+    """
+    shaped = []
+    for token_id, step in zip(token_ids, steps, strict=False):
+        chosen = step.get(token_id) if step else None
+        if chosen is None:  # vLLM gave no logprob for the token: as vLLM writes it, the floor
+            shaped.append(TokenLogprob(_decoded(tokenizer, token_id, None), LOGPROB_FLOOR))
+            continue
+        ranked = sorted(
+            ((entry.rank, other) for other, entry in step.items() if entry.rank is not None and entry.rank <= top),
+            key=lambda pair: pair[0],
+        )
+        alternatives = tuple(
+            (_decoded(tokenizer, other, step[other].decoded_token), max(step[other].logprob, LOGPROB_FLOOR))
+            for _, other in ranked[:top]
+        )
+        token = _decoded(tokenizer, token_id, chosen.decoded_token)
+        shaped.append(TokenLogprob(token, max(chosen.logprob, LOGPROB_FLOOR), alternatives))
+    return tuple(shaped)
+
+
+def _decoded(tokenizer: Any, token_id: int, decoded: str | None) -> str:
+    return decoded if decoded is not None else str(tokenizer.decode([token_id]))
 
 
 def engine_core_client(engine: Any) -> Any:

@@ -5,7 +5,7 @@ survives the callers' loops coming and going, and keeps vLLM's output processing
 where producers prepare data.
 
 A record with a text listener (`Request.on_delta`) is asked of vLLM with `RequestOutputKind.DELTA`
-and its listener hears each step's new text, on the engine loop; every other record keeps
+and its listener hears each step's new text (and its tokens' logprobs), on the engine loop; every other record keeps
 `FINAL_ONLY` (no wake-up per token). A record whose caller cancels it (`Request.cancellation`) is
 aborted in vLLM (`AsyncLLM.abort`), which frees its sequence slot at the next step; it is answered
 with `RequestCancelledError` and the tokens it got.
@@ -126,11 +126,12 @@ class VLLMStreamEngine(VLLMSupport, StreamingEngine):
             return RequestCancelledError(f"{self.name}: request {request_id} was cancelled")
         streamed = prompt.on_delta is not None
         params = sampling_params(prompt.generation, final_only=not streamed, deltas=streamed)
-        samples = StreamedSamples(prompt, request_id)
+        samples = StreamedSamples(prompt, request_id, self._tokenizer)
         assert self._engine_loop is not None
         ended = abort_when_cancelled(self._engine_loop, llm, prompt, request_id)
+        inputs = {"prompt_token_ids": prompt.token_ids}
         try:
-            async for output in llm.generate({"prompt_token_ids": prompt.token_ids}, params, request_id):
+            async for output in llm.generate(inputs, params, request_id, lora_request=self._lora_request(prompt)):
                 samples.add(output)
         except VLLMEngineDeadError as error:
             raise self._dead_error() from error
@@ -141,7 +142,7 @@ class VLLMStreamEngine(VLLMSupport, StreamingEngine):
             return RequestCancelledError(message, completion_tokens=samples.tokens)
         if not samples.finished:
             return RuntimeError(f"{self.name}: request {request_id} ended without a final output")
-        return completion(samples.final(), len(prompt.token_ids), prompt.generation.n)
+        return completion(samples.final(), len(prompt.token_ids), prompt.generation, self._tokenizer)
 
 
 async def _start_async_llm(model: str, engine_args: dict[str, Any], stat_loggers: list[Any]) -> Any:

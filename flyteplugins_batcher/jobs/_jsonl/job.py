@@ -39,6 +39,8 @@ class Job:
         model_mismatch: What to do with a line naming another model ("error" or "ignore").
         defaults: The run's generation settings (a request's own win).
         model_aliases: Other names a line may give the LLM (the model reference as the user gave it).
+        adapters: The LoRA adapters served beside the LLM (a line naming one runs with it).
+        tool_parser: How `tool_choice: "auto"` finds tool calls (empty: such a line fails, saying so).
         journal: Also write every finished line, with its line number, to this run journal (for a follower
             such as the Batch API server; `flyteplugins_batcher/jobs/_journal.py`).
 
@@ -60,11 +62,19 @@ class Job:
         model_mismatch: ModelMismatch,
         defaults: GenerationConfig,
         model_aliases: tuple[str, ...] = (),
+        adapters: tuple[str, ...] = (),
+        tool_parser: str = "",
         journal: JournalWriter | None = None,
     ) -> None:
         self.input_path = input_path
         self.rules = LineRules(
-            served_model, served_embedding_model, model_mismatch, defaults, model_aliases=model_aliases
+            served_model,
+            served_embedding_model,
+            model_mismatch,
+            defaults,
+            model_aliases=model_aliases,
+            adapters=adapters,
+            tool_parser=tool_parser,
         )
         self.results = JsonLines(folder / "results.jsonl")
         self.errors = JsonLines(folder / "errors.jsonl")

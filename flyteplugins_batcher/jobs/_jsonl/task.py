@@ -117,5 +117,7 @@ def _job(
         served_embedding_model=EmbeddingModel().name,
         model_mismatch=model_mismatch,  # type: ignore[arg-type]
         defaults=settings.generation(),
+        adapters=tuple(settings.adapters()),
+        tool_parser=settings.tool_call_parser,
         journal=JournalWriter(journal) if journal else None,
     )

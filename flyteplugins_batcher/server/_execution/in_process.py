@@ -72,6 +72,8 @@ class InProcessExecutor:
             defaults=self.settings.engine.generation(),
             endpoints=(endpoint,) if endpoint in ENDPOINTS else (),
             context_length=engine.context_length if engine is not None else 0,  # a max_tokens past it fails at parse
+            adapters=inference.adapters,
+            tool_parser=self.settings.engine.tool_call_parser,
         )
 
     def _chunks_in_flight(self) -> int:

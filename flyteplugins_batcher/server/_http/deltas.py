@@ -21,8 +21,11 @@ from fastapi import Request
 
 if TYPE_CHECKING:
     from flyteplugins_batcher.batch_api import BatchRequest
-    from flyteplugins_batcher.engines import Completion
+    from flyteplugins_batcher.engines import Completion, TokenLogprob
     from flyteplugins_batcher.server._inference import Inference
+
+Piece = tuple[int, str, "tuple[TokenLogprob, ...]"]
+"""A choice's index, its new text, and that text's tokens' logprobs (`()` unless asked for)."""
 
 CLIENT_CLOSED_REQUEST = 499
 """The status logged and counted for a request whose client left before its answer (nginx's convention)."""
@@ -54,7 +57,7 @@ async def _disconnected(request: Request) -> None:
 class TextDeltas:
     """A streamed record's new text, from the engine's thread to the event loop that sends it.
 
-    Call it from any thread with `(choice_index, text)`; on the loop, `take()` what came, and await
+    Call it from any thread with `(choice_index, text, logprobs)`; on the loop, `take()` what came, and await
     `ready()` for more (it also resolves when a watched future does: the record has its answer).
 
     Args:
@@ -67,22 +70,22 @@ class TextDeltas:
         deltas.watch(record.future)
         while not record.future.done():
             await deltas.ready()
-            for index, text in deltas.take():
-                send(index, text)
+            for index, text, logprobs in deltas.take():
+                send(index, text, logprobs)
         ```
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._lock = threading.Lock()
-        self._pieces: list[tuple[int, str]] = []
+        self._pieces: list[Piece] = []
         self._wake_scheduled = False
         self._ready: asyncio.Future[None] = loop.create_future()
 
-    def __call__(self, index: int, text: str) -> None:
-        """A new piece of choice `index`'s text (any thread)."""
+    def __call__(self, index: int, text: str, logprobs: tuple[TokenLogprob, ...] = ()) -> None:
+        """A new piece of choice `index`'s text, and its tokens' logprobs if the request asked (any thread)."""
         with self._lock:
-            self._pieces.append((index, text))
+            self._pieces.append((index, text, logprobs))
             if self._wake_scheduled:
                 return  # the loop will take this one with the pieces before it
             self._wake_scheduled = True
@@ -97,7 +100,7 @@ class TextDeltas:
         """Resolves once there is text to take, or a watched future is done (on the loop)."""
         return self._ready
 
-    def take(self) -> list[tuple[int, str]]:
+    def take(self) -> list[Piece]:
         """Every piece that came since the last `take()`, in order (on the loop)."""
         with self._lock:
             pieces, self._pieces = self._pieces, []

@@ -41,7 +41,7 @@ router = APIRouter(prefix="/v1")
 
 @router.get("/models")
 async def models(service: ServiceDep) -> dict[str, Any]:
-    """The served models: the LLM, and the embedding model when embeddings are served."""
+    """The served models: the LLM, its LoRA adapters (each with the LLM as its `parent`), and the embedding model."""
     return {"object": "list", "data": [_model_object(service, name) for name in _served_models(service)]}
 
 
@@ -58,12 +58,21 @@ async def model(model_id: str, service: ServiceDep) -> dict[str, Any]:
 
 
 def _served_models(service: Service) -> list[str]:
-    names = [service.inference.served_model, service.inference.embedding_model]
+    inference = service.inference
+    names = [inference.served_model, *inference.adapters, inference.embedding_model]
     return [name for name in names if name]
 
 
 def _model_object(service: Service, name: str) -> dict[str, Any]:
-    return {"id": name, "object": "model", "created": service.started_at, "owned_by": "flyteplugins-batcher"}
+    card: dict[str, Any] = {
+        "id": name,
+        "object": "model",
+        "created": service.started_at,
+        "owned_by": "flyteplugins-batcher",
+    }
+    if name in service.inference.adapters:
+        card["parent"] = service.inference.served_model  # as vLLM lists a LoRA adapter
+    return card
 
 
 @router.post("/chat/completions", response_model=None)
@@ -82,7 +91,7 @@ async def embeddings(request: Request, service: ServiceDep) -> dict[str, Any]:
         raise APIError(404, "This server does not serve embeddings.", code="model_not_found", param="model")
     body = await json_body(request)
     inference = service.inference
-    parsed = _parse(body, "/v1/embeddings", inference.embedding_model, context_length=inference.context_length)
+    parsed = _parse(body, "/v1/embeddings", service, served=inference.embedding_model)
     assert isinstance(parsed, EmbeddingRequest)
     try:
         vectors = await inference.embed(parsed)
@@ -98,7 +107,7 @@ async def embeddings(request: Request, service: ServiceDep) -> dict[str, Any]:
 async def _generate(request: Request, service: Service, url: str, id_prefix: str) -> Response:
     """The answer, or its events as they are made (`stream`); a client that leaves first cancels its record (499)."""
     body = await json_body(request)
-    parsed = _parse(body, url, service.inference.served_model, context_length=service.inference.context_length)
+    parsed = _parse(body, url, service)
     assert isinstance(parsed, BatchRequest)
     model, response_id = service.inference.served_model, f"{id_prefix}{secrets.token_hex(12)}"
 
@@ -125,25 +134,37 @@ async def _generate(request: Request, service: Service, url: str, id_prefix: str
     return JSONResponse(answer(completion))
 
 
-def _parse(body: dict[str, Any], url: str, served_model: str, *, context_length: int) -> ParsedRequest:
+def _parse(body: dict[str, Any], url: str, service: Service, *, served: str | None = None) -> ParsedRequest:
     """The request in `body`, as a batch line's body would be read; 404 for a model this server does not serve.
 
-    A `max_tokens` that fills the model's context (`context_length` tokens; 0: not checked here) is
-    refused here, before the request is a record (a record is costed, and its cost counted in the
-    metrics, once it is submitted).
+    A chat or completion request's `model` may name the LLM or one of its LoRA adapters. A
+    `max_tokens` that fills the model's context (0: not checked here) is refused here, before the
+    request is a record (a record is costed, and its cost counted in the metrics, once it is submitted).
 
     Raises:
         APIError: 400 naming what is wrong; 404 for another model.
     """
+    inference = service.inference
+    served_model = served or inference.served_model
+    adapters = () if url == "/v1/embeddings" else inference.adapters
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise APIError(400, f"model must be a string, got {model!r}", code="invalid_request", param="model")
-    if model is not None and model != served_model:
-        message = f"The model {model!r} does not exist; this server serves {served_model!r} (GET /v1/models)."
+    if model is not None and model != served_model and model not in adapters:
+        served_text = ", ".join(map(repr, [served_model, *adapters]))
+        message = f"The model {model!r} does not exist; this server serves {served_text} (GET /v1/models)."
         raise APIError(404, message, code="model_not_found", param="model")
     line = {"custom_id": "online", "url": url, "body": body}
     try:
-        return parse_request(line, 0, endpoints=(url,), context_length=context_length)
+        return parse_request(
+            line,
+            0,
+            served_model=served_model,
+            endpoints=(url,),
+            context_length=inference.context_length,
+            adapters=adapters,
+            tool_parser=service.settings.engine.tool_call_parser,
+        )
     except RequestLineError as error:
         raise APIError.from_line_error(error) from None
 

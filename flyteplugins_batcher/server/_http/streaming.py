@@ -10,6 +10,11 @@ has the last word: what it holds beyond what was streamed is sent before the fin
 completion's content events carry `finish_reason: null`, as OpenAI's and vLLM's do, except the
 last of each choice, which carries its finish reason (so a whole answer is one valid event each).
 
+A request that asked for logprobs gets them on each content event, for the tokens of that event's
+text, in its answer's shape (`BatchRequest.logprobs_object`). A chat request read for tool calls
+(`tools` with a choice other than "none") is answered whole: its calls, found in the finished
+text, go out as one `tool_calls` delta per choice before its finish event.
+
 A client that stops reading cancels the record: Starlette cancels the response when its client
 disconnects, and the events' `finally` (and the response's background task) cancels the record,
 which stops it in the engine where the engine can stop it. The response only starts once the
@@ -30,8 +35,8 @@ from fastapi.responses import Response, StreamingResponse
 from starlette.background import BackgroundTask
 
 from flyteplugins_batcher.batch_api import BatchRequest
-from flyteplugins_batcher.engines import Completion, EngineDeadError
-from flyteplugins_batcher.server._http.deltas import CLIENT_CLOSED_REQUEST, TextDeltas, until_done_or_gone
+from flyteplugins_batcher.engines import Completion, EngineDeadError, TokenLogprob
+from flyteplugins_batcher.server._http.deltas import CLIENT_CLOSED_REQUEST, Piece, TextDeltas, until_done_or_gone
 from flyteplugins_batcher.server._http.errors import engine_failed_message, log_incident
 from flyteplugins_batcher.server._inference import Inference, OnlineRecord
 
@@ -46,17 +51,22 @@ class ChunkEvents:
         model: The served model.
         chat: A chat answer (else a text completion).
         choices: How many choices (`n`).
+        request: The request, when its logprobs are streamed (it shapes them).
 
     Example:
         ```python
         events = ChunkEvents("chatcmpl-1", "m", chat=True, choices=1)
-        sent = [*events.opening(), events.content(0, "4"), *events.closing(body, ["4"], include_usage=False)]
+        sent = [*events.opening(), events.content(0, "4"), *events.closing(body, include_usage=False)]
         ```
     """
 
-    def __init__(self, response_id: str, model: str, *, chat: bool, choices: int) -> None:
+    def __init__(
+        self, response_id: str, model: str, *, chat: bool, choices: int, request: BatchRequest | None = None
+    ) -> None:
         self.chat = chat
         self.choices = choices
+        self.request = request
+        self.sent = [Sent() for _ in range(choices)]
         self.head = {
             "id": response_id,
             "object": "chat.completion.chunk" if chat else "text_completion",
@@ -69,21 +79,31 @@ class ChunkEvents:
         delta = {"role": "assistant", "content": ""}
         return [self._choice(index, delta) for index in range(self.choices)] if self.chat else []
 
-    def content(self, index: int, text: str) -> str:
-        """A piece of choice `index`'s text."""
-        return self._choice(index, {"content": text}) if self.chat else self._choice(index, text)
+    def content(self, index: int, text: str, logprobs: Sequence[TokenLogprob] = ()) -> str:
+        """A piece of choice `index`'s text, with its tokens' logprobs when the request asked for them."""
+        sent = self.sent[index]
+        shaped = self.request.logprobs_object(logprobs, len(sent.text)) if logprobs and self.request else None
+        sent.text += text
+        sent.logprobs += len(logprobs)
+        return self._choice(index, {"content": text} if self.chat else text, logprobs=shaped)
 
-    def closing(self, body: dict[str, Any], streamed: Sequence[str], *, include_usage: bool) -> Iterator[str]:
-        """The rest of each choice's text (what its completion holds beyond `streamed`), its finish, usage, `[DONE]`."""
-        rests = [_rest(choice, streamed[choice["index"]], self.chat) for choice in body["choices"]]
+    def closing(self, body: dict[str, Any], *, include_usage: bool) -> Iterator[str]:
+        """The rest of each choice (what its completion holds beyond what was sent), its finish, usage, `[DONE]`."""
+        for choice in body["choices"]:
+            index, sent = choice["index"], self.sent[choice["index"]]
+            rest, logprobs = _rest(choice, sent.text, self.chat), _rest_logprobs(choice.get("logprobs"), sent.logprobs)
+            sent.text += rest
+            if not self.chat:  # a text completion's last event carries its last text and its finish reason
+                yield self._choice(index, rest, choice["finish_reason"], logprobs=logprobs)
+                continue
+            if rest or logprobs:
+                yield self._choice(index, {"content": rest}, logprobs=logprobs)
+            calls = choice["message"].get("tool_calls")
+            if calls:
+                yield self._choice(index, {"tool_calls": [{"index": n, **call} for n, call in enumerate(calls)]})
         if self.chat:
-            pairs = zip(body["choices"], rests, strict=True)
-            yield from (self.content(choice["index"], rest) for choice, rest in pairs if rest)
             for choice in body["choices"]:
                 yield self._choice(choice["index"], {}, choice["finish_reason"])
-        else:  # a text completion's last event carries its last text and its finish reason
-            for choice, rest in zip(body["choices"], rests, strict=True):
-                yield self._choice(choice["index"], rest, choice["finish_reason"])
         if include_usage:
             yield _event({**self.head, "choices": [], "usage": body["usage"]})
         yield DONE
@@ -103,12 +123,25 @@ class ChunkEvents:
             code = "server_error"
         return _event({"error": {"message": message, "type": "server_error", "param": None, "code": code}})
 
-    def _choice(self, index: int, delta: dict[str, Any] | str, finish_reason: str | None = None) -> str:
-        if self.chat:
-            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-        else:
-            choice = {"index": index, "text": delta, "logprobs": None, "finish_reason": finish_reason}
+    def _choice(
+        self,
+        index: int,
+        delta: dict[str, Any] | str,
+        finish_reason: str | None = None,
+        *,
+        logprobs: dict[str, Any] | None = None,
+    ) -> str:
+        key = "delta" if self.chat else "text"
+        choice = {"index": index, key: delta, "logprobs": logprobs, "finish_reason": finish_reason}
         return _event({**self.head, "choices": [choice]})
+
+
+class Sent:
+    """What went out of one choice so far: its text, and how many of its tokens' logprobs."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.logprobs = 0
 
 
 def stream_events(body: dict[str, Any], *, include_usage: bool) -> Iterator[str]:
@@ -117,7 +150,7 @@ def stream_events(body: dict[str, Any], *, include_usage: bool) -> Iterator[str]
     events = ChunkEvents(body["id"], body["model"], chat=chat, choices=len(body["choices"]))
     events.head["created"] = body["created"]
     yield from events.opening()
-    yield from events.closing(body, [""] * len(body["choices"]), include_usage=include_usage)
+    yield from events.closing(body, include_usage=include_usage)
 
 
 async def streamed_answer(
@@ -144,7 +177,8 @@ async def streamed_answer(
         Exception: The record failed before its first text (its own error: a prompt that cannot run, say).
     """
     deltas = TextDeltas(asyncio.get_running_loop())
-    record = await inference.start(parsed, on_delta=deltas)
+    whole = parsed.tools is not None and parsed.tools.calls_expected  # its calls are read in the finished text
+    record = await inference.start(parsed, on_delta=None if whole else deltas)
     deltas.watch(record.future)
     try:
         present = await until_done_or_gone(request, deltas.ready())
@@ -156,7 +190,8 @@ async def streamed_answer(
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     if record.future.done():
         record.future.result()  # its error, as an HTTP error
-    sent = _sent_events(record, deltas, events(choices=record.choices), answer, include_usage=include_usage)
+    streamed = events(choices=record.choices, request=parsed)
+    sent = _sent_events(record, deltas, streamed, answer, include_usage=include_usage)
     return StreamingResponse(sent, media_type="text/event-stream", background=BackgroundTask(record.cancel))
 
 
@@ -169,14 +204,13 @@ async def _sent_events(
     include_usage: bool,
 ) -> AsyncIterator[str]:
     """The events as the text comes; the record is cancelled if its client leaves before the end."""
-    streamed = [""] * events.choices
     try:
         if events.chat:
             yield "".join(events.opening())
         while True:
             pieces = deltas.take()
             if pieces:
-                yield "".join(_pieces(events, pieces, streamed))
+                yield "".join(_pieces(events, pieces))
             if record.future.done():
                 break
             await deltas.ready()
@@ -186,22 +220,33 @@ async def _sent_events(
         except Exception as error:
             yield events.error(error)
             return
-        closing = events.closing(answer(completion), streamed, include_usage=include_usage)
-        yield "".join([*_pieces(events, pieces, streamed), *closing])
+        sent = list(_pieces(events, pieces))
+        yield "".join([*sent, *events.closing(answer(completion), include_usage=include_usage)])
     finally:
         record.cancel()  # nothing happens once it has its answer
 
 
-def _pieces(events: ChunkEvents, pieces: list[tuple[int, str]], streamed: list[str]) -> Iterator[str]:
-    for index, text in pieces:
-        streamed[index] += text
-        yield events.content(index, text)
+def _pieces(events: ChunkEvents, pieces: list[Piece]) -> Iterator[str]:
+    for index, text, logprobs in pieces:
+        yield events.content(index, text, logprobs)
 
 
 def _rest(choice: dict[str, Any], streamed: str, chat: bool) -> str:
     """What a choice's final text holds beyond what was streamed of it."""
-    text = choice["message"]["content"] if chat else choice["text"]
+    text = (choice["message"]["content"] or "") if chat else choice["text"]
     return text[len(streamed) :] if text.startswith(streamed) else ""
+
+
+def _rest_logprobs(logprobs: dict[str, Any] | None, sent: int) -> dict[str, Any] | None:
+    """A choice's logprobs object less the first `sent` tokens' (None when nothing is left)."""
+    if logprobs is None:
+        return None
+    if "content" in logprobs:  # chat
+        rest = logprobs["content"][sent:]
+        return {"content": rest} if rest else None
+    if len(logprobs["tokens"]) <= sent:
+        return None
+    return {key: values[sent:] for key, values in logprobs.items()}
 
 
 def _event(data: dict[str, Any]) -> str:
