@@ -157,14 +157,15 @@ def read_answers(way: str, out: Path) -> tuple[dict[str, str], int]:
     return {key: body["choices"][0]["message"]["content"] for key, body in bodies.items()}, tokens
 
 
-def run_once(way: str, number: int, args: argparse.Namespace, inputs: Inputs) -> Run:
-    """Run one contender to its exit and read what it wrote."""
+def run_once(way: str, number: int, args: argparse.Namespace, inputs: Inputs) -> Run | None:
+    """Run one contender to its exit and read what it wrote (None, its error shown, if it failed)."""
     out = Path(tempfile.mkdtemp(dir=inputs.scratch))
     launched, started = time.time(), time.perf_counter()
     finished = subprocess.run(command(way, args, inputs, out), capture_output=True, text=True, cwd=inputs.scratch)
     exit_s = time.perf_counter() - started
     if finished.returncode != 0:
-        raise SystemExit(f"{way} failed ({finished.returncode}):\n{finished.stderr[-4000:]}")
+        print(f"round {number + 1}, {way} failed ({finished.returncode}):\n{finished.stderr[-4000:]}", flush=True)
+        return None
     marks = [line for line in finished.stderr.splitlines() if line.startswith("phases: ")]
     phases = json.loads(marks[-1].removeprefix("phases: ")) if marks else {}
     seconds = phases["written_at"] - launched if "written_at" in phases else exit_s
@@ -261,11 +262,12 @@ def main() -> None:
     args.model = args.model or str(bundled_smollm2_path())
     with tempfile.TemporaryDirectory(prefix="bench-table-") as folder:
         inputs = write_inputs(questions(args.data, args.lines), args, Path(folder))
-        runs = [
+        tried = [
             run_once(way, number, args, inputs)
             for number in range(args.rounds)
             for way in round_order(number, args.ways)
         ]
+    runs = [run for run in tried if run is not None]
     print(
         f"\n{args.lines} gsm8k questions (the gsm8k system prompt), at most {args.max_tokens} new tokens, greedy; "
         f"model {label}; engine: {' '.join(engine_flags(args))}, KV cache {args.kv_cache_gb:g} GiB; "

@@ -1,0 +1,139 @@
+"""The table job's memory on big tables: peak memory for 20k vs 200k rows (goal: at most 1.1x).
+
+The table job (`run_table`, what `flyteplugins-batcher run-table` runs) goes through flyte's local
+runner over a Parquet table of short questions, with the simulated engine (vLLM's scheduling with
+an H100's step times, `time_scale` times faster than real time, answers of `--max-new-tokens`
+tokens) as the replica, in the same process: what is measured is the driver (reading the table,
+making each row's request, chunks in flight, each chunk's Parquet part written as it finishes, the
+parts published) with a replica whose queue is bounded. Each size runs in a fresh process;
+reported are the process's peak resident memory and the peak of Python allocations (tracemalloc).
+
+    python benchmarks/bench_table_memory.py            # 20 000 and 200 000 rows
+    python benchmarks/bench_table_memory.py --sizes 1000,10000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+import tracemalloc
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from benchmarks._charts import add_chart_flag, write_chart_data  # noqa: E402
+
+
+def write_table(path: Path, count: int) -> None:
+    """A Parquet table of `count` short questions, in row groups of 10,000 (as a writer of big tables makes them)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    texts = [f"Question number {number}: what is {number} + 1?" for number in range(count)]
+    pq.write_table(pa.table({"id": list(range(count)), "question": texts}), path, row_group_size=10_000)
+
+
+def measure(count: int, args: argparse.Namespace) -> dict[str, float]:
+    """Run the table job over `count` rows in this process (call in a fresh one)."""
+    import flyte
+    import pyarrow.parquet as pq
+
+    from flyteplugins_batcher.jobs import run_table
+
+    flyte.init()
+    folder = Path(tempfile.mkdtemp(prefix="table-memory-"))
+    path = folder / "questions.parquet"
+    write_table(path, count)
+    engine_args = {"time_scale": args.time_scale, "gpu": {"max_model_len": 512}}
+    tracemalloc.start()
+    started = time.perf_counter()
+    summary = (
+        flyte.with_runcontext(mode="local")
+        .run(
+            run_table, input=str(path), prompt="{question}", output_dir=str(folder / "out"), resume=False,
+            chunk_size=args.chunk_size, max_chunks_in_flight=args.max_chunks_in_flight, engine="simulated",
+            engine_args=json.dumps(engine_args), max_new_tokens=args.max_new_tokens,
+        )
+        .outputs()[0]
+    )  # fmt: skip
+    seconds = time.perf_counter() - started
+    _, python_peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert (summary.rows, summary.failed) == (count, 0), f"{summary.rows} rows of {count}, {summary.failed} failed"
+    assert pq.ParquetDataset(str(folder / "out")).read(columns=["id"]).num_rows == count
+    return {
+        "rows": count,
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "python_peak_mib": python_peak / 2**20,
+        "seconds": seconds,
+        "input_mib": path.stat().st_size / 2**20,
+    }
+
+
+def measure_in_fresh_process(size: int, args: argparse.Namespace) -> dict[str, float]:
+    command = [sys.executable, __file__, "--one", str(size), "--chunk-size", str(args.chunk_size)]
+    command += ["--max-chunks-in-flight", str(args.max_chunks_in_flight), "--time-scale", str(args.time_scale)]
+    command += ["--max-new-tokens", str(args.max_new_tokens)]
+    finished = subprocess.run(command, capture_output=True, text=True, cwd=REPO_ROOT)
+    if finished.returncode != 0:
+        raise SystemExit(f"{size} rows failed:\n{finished.stderr[-4000:]}")
+    return json.loads(finished.stdout.strip().splitlines()[-1])
+
+
+def table(rows: list[dict[str, float]]) -> str:
+    from benchmarks._tables import markdown_table
+
+    base = rows[0]
+    cells = [
+        [
+            f"{row['rows']:,}",
+            f"{row['input_mib']:.1f}",
+            f"{row['peak_rss_mib']:.0f}",
+            f"{row['peak_rss_mib'] / base['peak_rss_mib']:.2f}",
+            f"{row['python_peak_mib']:.1f}",
+            f"{row['python_peak_mib'] / base['python_peak_mib']:.2f}",
+            f"{row['seconds']:.1f}",
+        ]
+        for row in rows
+    ]
+    headers = ["rows", "input MiB", "peak RSS MiB", "x first", "peak Python allocations MiB", "x first", "seconds"]
+    return markdown_table(headers, cells)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="20000,200000", help="comma-separated row counts")
+    parser.add_argument("--chunk-size", type=int, default=8, help="rows per chunk (run-table's default)")
+    parser.add_argument("--max-chunks-in-flight", type=int, default=0, help="0: the replicas' slots (the default)")
+    parser.add_argument("--time-scale", type=float, default=1000.0, help="the simulated GPU's speed-up")
+    parser.add_argument("--max-new-tokens", type=int, default=8)
+    parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # internal: measure one size, print JSON
+    add_chart_flag(parser)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(measure(args.one, args)))
+        return
+    rows = [measure_in_fresh_process(int(size), args) for size in args.sizes.split(",")]
+    in_flight = args.max_chunks_in_flight or "the replicas' slots"
+    print(f"\nThe table job (simulated engine), chunks of {args.chunk_size}, {in_flight} in flight")
+    print(f"\n{table(rows)}")
+    write_chart_data(
+        args.chart_data,
+        title="The table job's peak memory against the table's size",
+        unit="peak RSS in MiB, each size in a fresh process",
+        rows=[(f"{row['rows']:,} rows ({row['input_mib']:.1f} MiB)", row["peak_rss_mib"]) for row in rows],
+        note=f"run_table through flyte's local runner on the simulated engine; chunks of {args.chunk_size} "
+        "(benchmarks/bench_table_memory.py).",
+        digits=0,
+    )
+
+
+if __name__ == "__main__":
+    main()
