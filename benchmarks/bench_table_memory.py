@@ -40,33 +40,46 @@ def write_table(path: Path, count: int) -> None:
     pq.write_table(pa.table({"id": list(range(count)), "question": texts}), path, row_group_size=10_000)
 
 
+def run_job(path: Path, out: Path, args: argparse.Namespace) -> tuple[int, int]:
+    """The table job over `path`: its driver called in this process, or through flyte's local runner."""
+    import asyncio
+
+    import flyte
+
+    from flyteplugins_batcher.jobs import RunOptions, run_table
+    from flyteplugins_batcher.jobs._table.driver import run_table_job
+    from flyteplugins_batcher.jobs._table.options import TableOptions
+    from flyteplugins_batcher.replica import EngineSettings
+
+    engine_args = json.dumps({"time_scale": args.time_scale, "gpu": {"max_model_len": 512}})
+    settings = EngineSettings(engine="simulated", engine_args=engine_args, max_new_tokens=args.max_new_tokens)
+    run = RunOptions(
+        chunk_size=args.chunk_size, max_chunks_in_flight=args.max_chunks_in_flight, resume=False, output_dir=str(out)
+    )
+    rows = TableOptions(prompt="{question}")
+    if args.via_runner:
+        summary = flyte.with_runcontext(mode="local").run(run_table, str(path), rows, run, settings).outputs()[0]
+    else:  # the replica's task runs as a plain call in this process: the driver and one replica, no runner
+        summary = asyncio.run(run_table_job(str(path), rows, run, settings))
+    return summary.rows, summary.failed
+
+
 def measure(count: int, args: argparse.Namespace) -> dict[str, float]:
     """Run the table job over `count` rows in this process (call in a fresh one)."""
     import flyte
     import pyarrow.parquet as pq
 
-    from flyteplugins_batcher.jobs import run_table
-
     flyte.init()
     folder = Path(tempfile.mkdtemp(prefix="table-memory-"))
     path = folder / "questions.parquet"
     write_table(path, count)
-    engine_args = {"time_scale": args.time_scale, "gpu": {"max_model_len": 512}}
     tracemalloc.start()
     started = time.perf_counter()
-    summary = (
-        flyte.with_runcontext(mode="local")
-        .run(
-            run_table, input=str(path), prompt="{question}", output_dir=str(folder / "out"), resume=False,
-            chunk_size=args.chunk_size, max_chunks_in_flight=args.max_chunks_in_flight, engine="simulated",
-            engine_args=json.dumps(engine_args), max_new_tokens=args.max_new_tokens,
-        )
-        .outputs()[0]
-    )  # fmt: skip
+    done, failed = run_job(path, folder / "out", args)
     seconds = time.perf_counter() - started
     _, python_peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    assert (summary.rows, summary.failed) == (count, 0), f"{summary.rows} rows of {count}, {summary.failed} failed"
+    assert (done, failed) == (count, 0), f"{done} rows of {count}, {failed} failed"
     assert pq.ParquetDataset(str(folder / "out")).read(columns=["id"]).num_rows == count
     return {
         "rows": count,
@@ -80,7 +93,7 @@ def measure(count: int, args: argparse.Namespace) -> dict[str, float]:
 def measure_in_fresh_process(size: int, args: argparse.Namespace) -> dict[str, float]:
     command = [sys.executable, __file__, "--one", str(size), "--chunk-size", str(args.chunk_size)]
     command += ["--max-chunks-in-flight", str(args.max_chunks_in_flight), "--time-scale", str(args.time_scale)]
-    command += ["--max-new-tokens", str(args.max_new_tokens)]
+    command += ["--max-new-tokens", str(args.max_new_tokens), *(["--via-runner"] if args.via_runner else [])]
     finished = subprocess.run(command, capture_output=True, text=True, cwd=REPO_ROOT)
     if finished.returncode != 0:
         raise SystemExit(f"{size} rows failed:\n{finished.stderr[-4000:]}")
@@ -110,8 +123,13 @@ def table(rows: list[dict[str, float]]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="20000,200000", help="comma-separated row counts")
-    parser.add_argument("--chunk-size", type=int, default=8, help="rows per chunk (run-table's default)")
-    parser.add_argument("--max-chunks-in-flight", type=int, default=0, help="0: the replicas' slots (the default)")
+    parser.add_argument("--chunk-size", type=int, default=64, help="rows per chunk")
+    parser.add_argument(
+        "--max-chunks-in-flight", type=int, default=32, help="chunks in flight (0: the replicas' slots)"
+    )
+    parser.add_argument(
+        "--via-runner", action="store_true", help="through flyte's local runner (it keeps every action)"
+    )
     parser.add_argument("--time-scale", type=float, default=1000.0, help="the simulated GPU's speed-up")
     parser.add_argument("--max-new-tokens", type=int, default=8)
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # internal: measure one size, print JSON
