@@ -205,7 +205,7 @@ def contenders_table(runs: list[Run], lines: int) -> str:
         mine = [run for run in runs if run.way == way]
         rounds = " / ".join(f"{run.seconds:.1f}" for run in sorted(mine, key=lambda run: run.round))
         exits = statistics.median(run.exit_s for run in mine)
-        tokens = statistics.median(run.output_tokens for run in mine)
+        tokens = f"{int(statistics.median(run.output_tokens for run in mine)):,}"
         same = [agreement(runs, way, reference) for reference in references]
         answered = f"{len(mine[0].answers)}/{lines}"
         rows.append([way, answered, f"{median[way]:.1f}", rounds, f"{exits:.1f}", tokens, *same])
