@@ -1,12 +1,16 @@
 """The table job's memory on big tables: peak memory for 20k vs 200k rows (goal: at most 1.1x).
 
-The table job (`run_table`, what `flyteplugins-batcher run-table` runs) goes through flyte's local
-runner over a Parquet table of short questions, with the simulated engine (vLLM's scheduling with
-an H100's step times, `time_scale` times faster than real time, answers of `--max-new-tokens`
-tokens) as the replica, in the same process: what is measured is the driver (reading the table,
-making each row's request, chunks in flight, each chunk's Parquet part written as it finishes, the
-parts published) with a replica whose queue is bounded. Each size runs in a fresh process;
-reported are the process's peak resident memory and the peak of Python allocations (tracemalloc).
+The table job's driver (`run_table_job`, the body of `run_table`, what `flyteplugins-batcher
+run-table` runs) goes over a Parquet table of short questions in this process, as
+`bench_jsonl_memory.py` runs the JSONL driver. The replica's task is called as a plain function, in
+the same process, with the simulated engine (vLLM's scheduling with an H100's step times,
+`time_scale` times faster than real time, answers of `--max-new-tokens` tokens). What is measured
+is the driver: it reads the table by row groups, makes each row's request, keeps chunks in flight
+(64 rows, 32 at a time: 2,048 rows, as the default 8 x 256), writes each chunk's Parquet part as it
+finishes and publishes the parts. The replica's queue is bounded by the chunks in flight.
+`--via-runner` goes through flyte's local runner instead. Each size runs in a fresh process.
+Reported are the process's peak resident memory, taken before the output is checked, and the peak
+of Python allocations (tracemalloc).
 
     python benchmarks/bench_table_memory.py            # 20 000 and 200 000 rows
     python benchmarks/bench_table_memory.py --sizes 1000,10000
@@ -148,6 +152,7 @@ def main() -> None:
         return
     rows = [measure_in_fresh_process(int(size), args) for size in args.sizes.split(",")]
     in_flight = args.max_chunks_in_flight or "the replicas' slots"
+    how = "run_table through flyte's local runner" if args.via_runner else "the driver in this process"
     print(f"\nThe table job (simulated engine), chunks of {args.chunk_size}, {in_flight} in flight")
     print(f"\n{table(rows)}")
     write_chart_data(
@@ -155,8 +160,7 @@ def main() -> None:
         title="The table job's peak memory against the table's size",
         unit="peak RSS in MiB, each size in a fresh process",
         rows=[(f"{row['rows']:,} rows ({row['input_mib']:.1f} MiB)", row["peak_rss_mib"]) for row in rows],
-        note=f"run_table through flyte's local runner on the simulated engine; chunks of {args.chunk_size} "
-        "(benchmarks/bench_table_memory.py).",
+        note=f"{how} on the simulated engine; chunks of {args.chunk_size}, {args.max_chunks_in_flight} in flight",
         digits=0,
     )
 
