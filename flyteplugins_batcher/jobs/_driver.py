@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterable, Awaitable, Callable, Hashable
@@ -37,6 +38,9 @@ from flyteplugins_batcher.jobs._summary import ModelRun, RunSummary
 from flyteplugins_batcher.replica import ReplicaSnapshot
 
 logger = logging.getLogger("flyteplugins_batcher.jobs._driver")
+
+LAZY_MODULES = ("pandas", "pyarrow")
+"""Modules flyte imports lazily (`importlib.util.LazyLoader`): loaded at once before chunks run side by side."""
 
 LOW_OCCUPANCY = 0.8
 """Below this share of its sequence slots, an engine that had work waiting in the driver was starved."""
@@ -260,9 +264,24 @@ async def fan_out(
     """
     if max_in_flight < 1:
         raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
+    load_lazy_modules()
     fanning = _FanOut(infer, on_chunk, max_in_flight)
     await fanning.feed(chunks, phase or (lambda _chunk: None))
     return fanning.result()
+
+
+def load_lazy_modules() -> None:
+    """Finish loading the modules that flyte left to load on first use (`LAZY_MODULES`), in this thread.
+
+    flyte registers pandas and pyarrow with `importlib.util.LazyLoader`, which runs the module on its
+    first attribute access; on Python 3.11 that is not thread-safe, and chunks converted by flyte in
+    several threads at once saw a half-loaded pandas ("module 'pandas' has no attribute 'DataFrame'")
+    and failed. Touching each one here, before any chunk is sent, loads it once.
+    """
+    for name in LAZY_MODULES:
+        module = sys.modules.get(name)
+        if module is not None:
+            getattr(module, "__file__", None)  # any attribute access runs a lazy module's code
 
 
 class _FanOut(Generic[ChunkT, OutcomeT]):

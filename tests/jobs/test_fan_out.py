@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -51,3 +53,38 @@ def test_without_failures_every_chunk_is_kept() -> None:
     asyncio.run(fan_out(chunks(20, sent), answer, keep, max_in_flight=3))
 
     assert sorted(kept) == list(range(20)) == sent
+
+
+RACE = """
+import asyncio, sys
+import flyteplugins_batcher.jobs as jobs
+
+assert type(sys.modules["pandas"]).__name__ == "_LazyModule", type(sys.modules["pandas"])
+seen = []
+
+class Chunk:
+    def __init__(self, index):
+        self.index = index
+
+async def chunks():
+    for index in range(8):
+        yield Chunk(index)
+
+async def infer(chunk):
+    await asyncio.to_thread(lambda: seen.append(hasattr(sys.modules["pandas"], "DataFrame")))
+
+async def keep(chunk, outcome, reason):
+    pass
+
+asyncio.run(jobs.fan_out(chunks(), infer, keep, max_in_flight=8))
+print(sum(seen), len(seen))
+"""
+
+
+def test_chunks_in_several_threads_see_flyte_s_lazy_pandas_whole() -> None:
+    # flyte imports pandas through importlib's LazyLoader; chunks converted in 8 threads at once used
+    # to see it half-loaded ("module 'pandas' has no attribute 'DataFrame'") and fail.
+    finished = subprocess.run([sys.executable, "-c", RACE], capture_output=True, text=True, timeout=120)
+
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    assert finished.stdout.split() == ["8", "8"]

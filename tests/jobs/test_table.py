@@ -261,3 +261,20 @@ def test_the_driver_reads_the_table_as_chunks_are_taken_not_all_at_once(tmp_path
     taken = asyncio.run(take(3))
     assert [[item.key for item in chunk.items] for chunk in taken][2] == ["row-8", "row-9", "row-10", "row-11"]
     assert read == [0, 1] and job.progress.total == 12  # two batches read for three chunks, not the table
+
+
+def test_a_column_only_later_chunks_add_is_null_in_the_earlier_rows_and_the_parts_read_as_one(
+    run_locally, tmp_path: Path
+):
+    _, path = questions(tmp_path, 9, n=list(range(9)))
+
+    run_locally(
+        run_table, input=path, prompt="{question}", output_dir=str(tmp_path / "out"), chunk_size=3,
+        postprocess="tests.jobs.table_hooks:late_column", **SIMULATED,
+    )  # fmt: skip
+
+    out = pq.read_table(tmp_path / "out")
+    assert out.column_names == ["question", "n", *COLUMNS[:-1], "late", "error"]
+    assert out.column("late").to_pylist() == [None, None, None, *(n * 10 for n in range(3, 9))]
+    schemas = [pq.read_schema(part) for part in sorted((tmp_path / "out").iterdir())]
+    assert len(schemas) == 3 and all(schema.equals(schemas[0]) for schema in schemas)

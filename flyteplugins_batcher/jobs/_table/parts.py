@@ -199,17 +199,21 @@ def unify_parts(paths: list[Path]) -> None:
     Raises:
         ValueError: Two parts hold one column in types that cannot be one (the message names it).
     """
-    schemas = [pq.read_schema(path) for path in paths]
-    if all(schema.equals(schemas[0]) for schema in schemas):
+    distinct: list[pa.Schema] = []  # not one schema per part: a big table has thousands of parts
+    for path in paths:
+        schema = pq.read_schema(path)
+        if not any(schema.equals(known) for known in distinct):
+            distinct.append(schema)
+    if len(distinct) <= 1:
         return
     try:
-        unified = pa.unify_schemas(schemas, promote_options="permissive")
+        unified = pa.unify_schemas(distinct, promote_options="permissive")
     except (pa.ArrowInvalid, pa.ArrowTypeError) as error:
         raise ValueError(f"the output's parts do not agree on their columns' types: {error}") from None
     error_field = unified.field(ERROR_COLUMN)
     unified = unified.remove(unified.get_field_index(ERROR_COLUMN)).append(error_field)
-    for path, schema in zip(paths, schemas, strict=True):
-        if not schema.equals(unified):
+    for path in paths:
+        if not pq.read_schema(path).equals(unified):
             table = pq.read_table(path)
             columns = [_column_as(table, unified.field(name)) for name in unified.names]
             pq.write_table(pa.Table.from_arrays(columns, schema=unified), path)
