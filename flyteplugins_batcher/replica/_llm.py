@@ -255,14 +255,7 @@ async def run_until(batcher: TokenBatcher, records: list[Request], stop: asyncio
             break
         futures.append(await batcher.submit(record))
     batcher.flush()
-    answered = asyncio.gather(*futures, return_exceptions=True)
-    stopped = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait({answered, stopped}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        stopped.cancel()
-        for future in futures:
-            future.cancel()  # nothing happens to those that have their outcome
+    await _until_answered_or_stopped(asyncio.gather(*futures, return_exceptions=True), stop, futures)
     outcomes: list[object] = [_outcome(future) for future in futures]
     return outcomes + [asyncio.CancelledError() for _ in records[len(futures) :]]
 
@@ -289,14 +282,21 @@ async def run_admitted(
     tasks = [asyncio.ensure_future(admitted(record)) for record in records]
     answered = asyncio.gather(*tasks, return_exceptions=True)
     if stop is not None:
-        stopped = asyncio.ensure_future(stop.wait())
-        try:
-            await asyncio.wait({answered, stopped}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stopped.cancel()
-            for task in tasks:
-                task.cancel()  # nothing happens to those that have their outcome
+        await _until_answered_or_stopped(answered, stop, tasks)
     return list(await answered)
+
+
+async def _until_answered_or_stopped(
+    answered: asyncio.Future[Any], stop: asyncio.Event, pending: list[asyncio.Future[Any]] | list[asyncio.Task[Any]]
+) -> None:
+    """Wait for `answered` or for `stop`, whichever comes first; then cancel what in `pending` has no outcome."""
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({answered, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        for future in pending:
+            future.cancel()  # nothing happens to those that have their outcome
 
 
 def _outcome(future: asyncio.Future[Any]) -> object:
