@@ -22,12 +22,14 @@ to alone.
 **Real vLLM** (`--part vllm`, the CPU build): the same mix on vLLM's own OpenAI server started
 with `--scheduling-policy priority`, where online requests go at priority 0 and the batch's lines
 at priority 10 (lower is sooner), the lines sent all at once as a client of its own; and on ours on
-vLLM (`serve --engine vllm`, stream mode) with an online target, the batch through the Batch API.
+vLLM (`serve --engine vllm`, stream mode) with each online target of `--real-targets`, the batch
+through the Batch API.
 The same engine arguments for both (`--real-*`). Goals: ours' online p99 no worse than vLLM's, its
 batch throughput no lower.
 
     python benchmarks/bench_online_slo.py --part simulated [--rates 2,4,8] [--lines 2000] [--time-scale 2]
-    python benchmarks/bench_online_slo.py --part vllm [--real-lines 96] [--real-rate 0.5]
+    python benchmarks/bench_online_slo.py --part frontier --chart-data docs/benchmarks/data/online_slo_frontier.json
+    python benchmarks/bench_online_slo.py --part vllm [--real-lines 96] [--real-rate 0.5] [--real-targets 1/0.15,3/0.3]
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from benchmarks._sse import DONE, delta_text, sse_data
 from benchmarks._tables import markdown_table
 from benchmarks.bench_serve import DEFAULT_DATA, percentile, questions
 from benchmarks.server_process import ServerProcess, our_server, vllm_server
+from flyteplugins_batcher.engines.simulated import SimulatedGpu
 
 BATCH_PRIORITY = 10
 """The batch's lines' priority on vLLM's own server (online requests have its default, 0: lower is sooner)."""
@@ -271,14 +274,24 @@ def vllm_runs(args: argparse.Namespace, folder: Path) -> list[Run]:
     theirs += ["--enforce-eager", "--kv-cache-memory-bytes", kv_bytes, "--scheduling-policy", "priority"]
     ours = ["--engine", "vllm", "--model", args.model, *common, "--enforce-eager", "true", "--no-embeddings"]
     ours += ["--kv-cache-gb", f"{args.real_kv_cache_gb:g}", "--engine-args", json.dumps(scheduler)]
-    ours += ["--online-ttft-slo-s", f"{args.real_ttft_s:g}", "--online-tpot-slo-s", f"{args.real_tpot_s:g}"]
     ours += ["--max-new-tokens", str(args.real_batch_tokens)]
+    ways: dict[str, list[str] | None] = {"vLLM's own server, priorities": None}
+    for pair in args.real_targets.split(","):
+        if pair == "none":
+            ways["ours, no target"] = []
+            continue
+        ttft_s, tpot_s = pair.split("/")
+        ways[f"ours, target {ttft_s} s / {tpot_s} s"] = ["--online-ttft-slo-s", ttft_s, "--online-tpot-slo-s", tpot_s]
     prompts = args.batch_prompts[: args.real_lines]
     runs = []
-    for way in ("vLLM's own server, priorities", "ours, online target"):
+    for number, (way, target) in enumerate(ways.items()):
         started = time.perf_counter()
-        vllm = way.startswith("vLLM")
-        server = vllm_server(folder, args.model, *theirs) if vllm else our_server(folder / "data-vllm", *ours)
+        vllm = target is None
+        server = (
+            vllm_server(folder, args.model, *theirs)
+            if vllm
+            else our_server(folder / f"data-vllm-{number}", *ours, *target)
+        )
         print(f"{way}: ready in {time.perf_counter() - started:.0f} s", flush=True)
         try:
             model = httpx.get(f"{server.url}/v1/models", timeout=30).json()["data"][0]["id"]
@@ -373,9 +386,42 @@ def chart(runs: list[Run], args: argparse.Namespace) -> LineChartData:
     )
 
 
+def frontier_chart(gpu: SimulatedGpu, online: int) -> LineChartData:
+    """What any room can give on the simulated GPU: online TPOT and batch throughput against the batch's sequences.
+
+    Decoding only (prompts cost nothing here), so both curves are the best case: `online` online
+    sequences run beside `n` batch sequences, each step takes `t0 + a x (n + online)`; the online
+    requests' TPOT is that over the step with them alone, and the batch makes `n` tokens a step
+    against a full engine's `max_num_seqs` tokens of its step, alone.
+    """
+    alone = gpu.max_num_seqs / gpu.step_time_s(decode_seqs=gpu.max_num_seqs, prefill_tokens=0)
+    idle = gpu.step_time_s(decode_seqs=online, prefill_tokens=0)
+    tpot, batch = [], []
+    for sequences in range(0, gpu.max_num_seqs - online + 1, 4):
+        step = gpu.step_time_s(decode_seqs=sequences + online, prefill_tokens=0)
+        tpot.append((float(sequences), step / idle))
+        batch.append((float(sequences), sequences / step / alone))
+    return LineChartData(
+        title="What the batch's room can give beside online requests, at best: no room meets 1.5x TPOT and 0.8x batch",
+        unit=f"simulated H100 ({gpu.label}), decoding only, {online} online sequences",
+        x_label="batch sequences running beside the online ones",
+        panels=(
+            Panel(
+                "online time per output token / idle",
+                (("any room", tuple(tpot)),),
+                threshold=1.5,
+                threshold_label="1.5x",
+            ),
+            Panel("batch throughput / alone", (("any room", tuple(batch)),), threshold=0.8, threshold_label="0.8x"),
+        ),
+        note="Step time t0 + a x sequences (7 ms + 0.07 ms); prompts, which only lower both curves, left out "
+        "(benchmarks/bench_online_slo.py --part frontier).",
+    )
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--part", choices=("simulated", "vllm", "both"), default="simulated")
+    parser.add_argument("--part", choices=("simulated", "vllm", "both", "frontier"), default="simulated")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="gsm8k test.jsonl")
     parser.add_argument("--rates", default="2,4,8", help="online requests/s (Poisson), simulated")
     parser.add_argument("--targets", default="30/11,30/20", help="online targets, TTFT ms / TPOT ms, comma-separated")
@@ -389,8 +435,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--real-lines", type=int, default=96, help="the batch's lines on real vLLM")
     parser.add_argument("--real-batch-tokens", type=int, default=64, help="most tokens of a line's answer, real vLLM")
     parser.add_argument("--real-rate", type=float, default=0.5, help="online requests/s on real vLLM")
-    parser.add_argument("--real-ttft-s", type=float, default=1.0, help="our online TTFT target on real vLLM")
-    parser.add_argument("--real-tpot-s", type=float, default=0.15, help="our online TPOT target on real vLLM")
+    parser.add_argument(
+        "--real-targets",
+        default="1/0.15,3/0.3",
+        help="our online targets on real vLLM, TTFT s / TPOT s, comma-separated ('none': ours without one)",
+    )
     parser.add_argument("--real-max-num-seqs", type=int, default=32)
     parser.add_argument("--real-max-num-batched-tokens", type=int, default=2048)
     parser.add_argument("--real-max-model-len", type=int, default=2048)
@@ -416,6 +465,9 @@ def save_runs(path: Path | None, runs: list[Run]) -> None:
 
 def main() -> None:
     args = parse_args()
+    if args.part == "frontier":
+        write_line_chart_data(args.chart_data, frontier_chart(SimulatedGpu(max_num_seqs=args.max_num_seqs), online=2))
+        return
     folder = Path(tempfile.mkdtemp(prefix="bench-online-slo-"))
     if args.part in ("simulated", "both"):
         runs = simulated_runs(args, folder)

@@ -59,10 +59,8 @@ class DynamicBatcher(RecordStreams[RecordT, ResultT]):
     A drop-in replacement for `flyte.extras.DynamicBatcher` (same keywords, defaults, methods and
     semantics) that never blocks the event loop, treats the cost budget as a hard limit, cannot
     deadlock, isolates failing records, keeps the next batch staged at the device, supports
-    priorities and deadlines, and reports latency percentiles and the device's utilization.
-
-    It is generic in `RecordT`, the record type producers submit, and `ResultT`, the per-record
-    result type of the process function.
+    priorities and deadlines, and reports latency percentiles and the device's utilization. It is generic
+    in `RecordT`, the record type producers submit, and `ResultT`, the process function's per record.
 
     Args:
         process_fn: `f(batch: list[RecordT]) -> list[ResultT]`, results in input order. A plain
@@ -223,8 +221,7 @@ class DynamicBatcher(RecordStreams[RecordT, ResultT]):
     async def stop(self, timeout: float | None = None, *, cancel_pending: bool = False) -> None:
         """Stop taking records, finish the queued ones, and shut down.
 
-        Producers waiting for queue space get `BatcherClosedError` at once, so `stop` never
-        hangs on a full queue.
+        Producers waiting for queue space get `BatcherClosedError` at once: it never hangs on a full queue.
 
         Args:
             timeout: Seconds to wait for queued and in-flight records. When it runs out, what
@@ -239,8 +236,7 @@ class DynamicBatcher(RecordStreams[RecordT, ResultT]):
     def release(self) -> None:
         """Let go of a batcher whose event loop has stopped or closed: cancel what is left, free its threads.
 
-        Nothing can run on a loop that is gone, so nothing drains; while the loop still runs, use
-        `stop()`. `SharedBatcher` calls this for a batcher whose loop went away.
+        Nothing drains on a loop that is gone (while it runs, use `stop()`); `SharedBatcher` calls this.
 
         Raises:
             RuntimeError: The batcher's event loop is still running.
@@ -268,6 +264,7 @@ class DynamicBatcher(RecordStreams[RecordT, ResultT]):
         priority: int = 0,
         deadline_s: float | None = None,
         wait_for_room: bool = True,
+        latency_slo_s: float | None = None,
     ) -> asyncio.Future[ResultT]:
         """Queue one record; returns a future for its result.
 
@@ -283,6 +280,8 @@ class DynamicBatcher(RecordStreams[RecordT, ResultT]):
                 fails with `RecordExpiredError` and never reaches the process function.
             wait_for_room: `False`: when the queue is full, raise `QueueFullError` at once instead of
                 waiting (a server answers 429 with it).
+            latency_slo_s: This record's own latency target (seconds from now to its result), on a
+                batcher with one: its priority is kept within the tightest its records lately carried.
 
         Returns:
             A future resolving to this record's entry of the process function's results.
@@ -293,7 +292,8 @@ class DynamicBatcher(RecordStreams[RecordT, ResultT]):
             BatcherFailedError: After the batcher failed.
             CostBudgetExceededError: The record costs more than the budget and `oversized="reject"`.
             QueueFullError: The queue is full and `wait_for_room=False`.
-            ValueError: `deadline_s` is not a positive number, or `priority` not an integer.
+            ValueError: `deadline_s` or `latency_slo_s` is not seconds > 0 (or the batcher has no
+                target for `latency_slo_s` to tighten), or `priority` is not an integer.
             Exception: Whatever the cost estimator raised, with a note naming the record.
         """
         # This runs once per record: local names, module-level names, and a short common path.
@@ -311,8 +311,8 @@ class DynamicBatcher(RecordStreams[RecordT, ResultT]):
             raise self._costs.over_budget(record, cost, self._settings.batch_budget)
         if priority.__class__ is not int:
             _check_priority(priority)
-        if deadline_s is not None:
-            _check_deadline(deadline_s)
+        if deadline_s is not None or latency_slo_s is not None:
+            _check_seconds(self.name, self._settings, deadline_s, latency_slo_s)
         backpressure = run.backpressure
         if run.pending.size >= backpressure.capacity or (backpressure.waiters and not wait_for_room):
             if not wait_for_room:
@@ -320,7 +320,7 @@ class DynamicBatcher(RecordStreams[RecordT, ResultT]):
             await backpressure.wait_for_space()
         now = _monotonic()
         future: asyncio.Future[ResultT] = loop.create_future()
-        envelope = Envelope(record, cost, future, now, self._stats.record_submit(now), priority)
+        envelope = Envelope(record, cost, future, now, self._stats.record_submit(now), priority, slo_s=latency_slo_s)
         if deadline_s is not None:
             envelope.deadline = now + deadline_s
             run.deadlines.watch(envelope)
@@ -360,6 +360,15 @@ def _check_priority(priority: Any) -> None:
         raise ValueError(f"priority must be an int, got {priority!r}")
 
 
-def _check_deadline(deadline_s: Any) -> None:
-    if not isinstance(deadline_s, (int, float)) or not deadline_s > 0 or not math.isfinite(deadline_s):
-        raise ValueError(f"deadline_s must be a positive number of seconds, got {deadline_s!r}")
+def _check_seconds(name: str, settings: BatcherSettings, deadline_s: Any, latency_slo_s: Any) -> None:
+    """`submit`'s times: a positive number of seconds each, and a record's own target only where there is one."""
+    for keyword, seconds in (("deadline_s", deadline_s), ("latency_slo_s", latency_slo_s)):
+        if seconds is not None and (
+            not isinstance(seconds, (int, float)) or not seconds > 0 or not math.isfinite(seconds)
+        ):
+            raise ValueError(f"{keyword} must be a positive number of seconds, got {seconds!r}")
+    if latency_slo_s is not None and settings.latency_slo_s is None:
+        raise ValueError(
+            f"{name}: a record's latency_slo_s needs a batcher with a latency target, "
+            "e.g. DynamicBatcher(..., latency_slo_s=60.0): the records' own targets then tighten it"
+        )

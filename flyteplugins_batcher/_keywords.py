@@ -56,6 +56,7 @@ class SubmitOptions(TypedDict, total=False):
     priority: int
     deadline_s: float | None
     wait_for_room: bool
+    latency_slo_s: float | None
 
 
 _TOKEN_NAME_OF = {setting: token_name for token_name, setting in TOKEN_KEYWORDS.items()}

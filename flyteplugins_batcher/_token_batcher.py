@@ -65,6 +65,7 @@ class TokenBatcher(DynamicBatcher[RecordT, ResultT]):
         priority: int = 0,
         deadline_s: float | None = None,
         wait_for_room: bool = True,
+        latency_slo_s: float | None = None,
     ) -> asyncio.Future[ResultT]:
         """Queue one record for batched inference; returns a future for its result (see `DynamicBatcher.submit`).
 
@@ -76,6 +77,7 @@ class TokenBatcher(DynamicBatcher[RecordT, ResultT]):
             priority=priority,
             deadline_s=deadline_s,
             wait_for_room=wait_for_room,
+            latency_slo_s=latency_slo_s,
         )
 
     async def submit_batch(
@@ -86,6 +88,7 @@ class TokenBatcher(DynamicBatcher[RecordT, ResultT]):
         estimated_cost: Sequence[int] | None = None,
         priority: int = 0,
         deadline_s: float | None = None,
+        latency_slo_s: float | None = None,
     ) -> list[asyncio.Future[ResultT]]:
         """Submit several records; their futures in order (see `DynamicBatcher.submit_batch`).
 
@@ -96,4 +99,5 @@ class TokenBatcher(DynamicBatcher[RecordT, ResultT]):
             estimated_cost=estimated_tokens if estimated_tokens is not None else estimated_cost,
             priority=priority,
             deadline_s=deadline_s,
+            latency_slo_s=latency_slo_s,
         )

@@ -50,9 +50,10 @@ class SloClassStats:
     """One priority's latency target and how its records fare.
 
     Attributes:
-        latency_slo_s: The priority's target, in seconds.
-        completed: Records of the priority that completed (they count against the target).
-        met: Those whose latency was within the target.
+        latency_slo_s: The priority's target, in seconds: its setting, or the tightest target its
+            records carried (`submit(latency_slo_s=...)`) when that is tighter.
+        completed: Records of the priority that completed with a target (they count against it).
+        met: Those whose latency was within their target (a record's own, else the priority's).
         recent_s: The `slo_quantile` of the latest completed records' latencies (up to 512 of them).
         predicted_s: The model's prediction of that quantile for the current choice and load.
         arrivals_per_s: Records submitted per second at this priority or above (they go before it).
@@ -177,24 +178,44 @@ class SloTally:
         self.sustainable_per_s = 0.0
         self.model: dict[str, float] = {}
 
-    def settled(self, now: float, priorities: Sequence[int], latencies: Sequence[float]) -> None:
-        """Records that completed: each one's priority and latency (seconds from submit to `now`)."""
-        for priority, latency in zip(priorities, latencies, strict=True):
-            tally = self.priority(priority)
-            if tally is None:
+    def settled(
+        self,
+        now: float,
+        priorities: Sequence[int],
+        latencies: Sequence[float],
+        own_targets: Sequence[float | None] | None = None,
+    ) -> None:
+        """Records that completed: each one's priority, latency (seconds from submit to `now`) and own target.
+
+        A record with its own target (`submit(latency_slo_s=...)`) counts against it; the others
+        against their priority's setting, and not at all when it has none.
+        """
+        targets = own_targets if own_targets is not None else [None] * len(priorities)
+        for priority, latency, own in zip(priorities, latencies, targets, strict=True):
+            tally = self.priority(priority, own)
+            slo_s = own if own is not None else self._slo_of(priority)
+            if tally is None or slo_s is None:
                 continue
             tally.completed += 1
-            tally.met += latency <= tally.slo_s
+            tally.met += latency <= slo_s
             tally.recent.append((now, latency))
 
-    def priority(self, priority: int) -> _Priority | None:
-        """The tally of a priority's records (`None`: they have no target)."""
+    def priority(self, priority: int, own_target: float | None = None) -> _Priority | None:
+        """The tally of a priority's records (`None`: they have no target).
+
+        A record's own target makes a tally for a priority without a setting, and the tally's target
+        is the tightest its records had.
+        """
         try:
-            return self._priorities[priority]
+            tally = self._priorities[priority]
         except KeyError:
             slo_s = self._slo_of(priority)
             tally = self._priorities[priority] = None if slo_s is None else _Priority(slo_s)
-            return tally
+        if own_target is not None:
+            if tally is None:
+                tally = self._priorities[priority] = _Priority(own_target)
+            tally.slo_s = min(tally.slo_s, own_target)
+        return tally
 
     def recent_quantile(self, priority: int, since: float, least: int) -> float | None:
         """The `quantile` of the latencies of `priority`'s latest records that arrived after `since`.

@@ -55,7 +55,7 @@ TRANSITIONS: dict[RecordState, frozenset[RecordState]] = {
 class Envelope:
     """A submitted record with its future and accounting; lives only until its record has ended."""
 
-    __slots__ = ("cost", "deadline", "future", "priority", "record", "seq", "state", "submitted_at")
+    __slots__ = ("cost", "deadline", "future", "priority", "record", "seq", "slo_s", "state", "submitted_at")
 
     def __init__(
         self,
@@ -66,6 +66,7 @@ class Envelope:
         seq: int,
         priority: int = 0,
         deadline: float | None = None,
+        slo_s: float | None = None,
     ) -> None:
         self.record = record
         self.cost = cost
@@ -74,6 +75,7 @@ class Envelope:
         self.seq = seq
         self.priority = priority
         self.deadline = deadline  # time.monotonic() after which it must not be dispatched
+        self.slo_s = slo_s  # its own latency target (`submit(latency_slo_s=...)`), if it has one
         self.state = QUEUED
 
     def describe(self) -> str:

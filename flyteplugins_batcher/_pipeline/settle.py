@@ -180,7 +180,8 @@ class Settler:
             self._stats.record_settled(now, latencies, end, failed=failed)
             slo = self._stats.slo
             if slo is not None and end is COMPLETED:  # a latency target counts the records that got their answer
-                slo.settled(now, [envelope.priority for envelope in envelopes], latencies)
+                targets = [envelope.slo_s for envelope in envelopes]
+                slo.settled(now, [envelope.priority for envelope in envelopes], latencies, targets)
 
     def _note_batch_error(self, error: BaseException, envelopes: Sequence[Envelope]) -> None:
         if len(envelopes) == 1:

@@ -77,6 +77,9 @@ LEAVE_OVERLOAD = 0.9
 """An overloaded priority is no longer so once its predicted latency is back under this share of its target."""
 RATE_MEMORY = 256
 """Arrivals the arrival rates are smoothed over (at least one target's time, at most five)."""
+OWN_TARGET_DECISIONS = 32
+"""Decisions over which a priority keeps the tightest target its records carried (`submit(latency_slo_s=...)`):
+about three targets' time, so that a priority whose records stop carrying one is soon back to its setting."""
 WARN_AGAIN_S = 60.0
 """Seconds without overload (at least a hundred targets' times) after which a new overload is warned of again."""
 
@@ -147,7 +150,7 @@ class SloStagingArea(StagingArea):
     def plan(self, now: float, envelope: Envelope | None = None) -> Plan | None:
         """Count `envelope` (if given), then plan as any staging area (`StagingArea.plan`)."""
         if envelope is not None:
-            self.controller.arrived(envelope.priority)
+            self.controller.arrived(envelope.priority, envelope.slo_s)
         return super().plan(now, envelope)
 
 
@@ -171,6 +174,8 @@ class SloController:
         self.model = LatencyModel()
         self._costs: deque[int] = deque(maxlen=COST_SAMPLE)
         self._arrived: dict[int, int] = {}  # records per priority since the last decision
+        self._own_arrived: dict[int, float] = {}  # the tightest own target per priority since the last decision
+        self._own_targets: dict[int, deque[float]] = {}  # per priority, that tightest at each of the latest decisions
         self._rates: dict[int, float] = {}  # records per second per priority, smoothed
         self._calibration: dict[int, float] = {}  # observed / predicted latency, per priority
         self._predicted: dict[int, float] = {}  # the model's latest prediction per priority, before calibration
@@ -191,10 +196,19 @@ class SloController:
 
     @property
     def tightest_s(self) -> float:
-        """The tightest target of any priority."""
+        """The tightest target of any priority, records' own targets of late included."""
         slo = self._settings.latency_slo_s
         assert slo is not None
-        return min(slo.values()) if isinstance(slo, dict) else float(slo)
+        tightest = min(slo.values()) if isinstance(slo, dict) else float(slo)
+        return min([tightest, *(min(targets) for targets in self._own_targets.values())])
+
+    def slo_of(self, priority: int) -> float | None:
+        """A priority's target: its setting, or the tightest its records carried lately, if tighter (`None`: none)."""
+        setting = self._settings.slo_of(priority)
+        own = self._own_targets.get(priority)
+        if own is None:
+            return setting
+        return min(own) if setting is None else min(setting, *own)
 
     # -- what happens -----------------------------------------------------------------------------
 
@@ -206,10 +220,13 @@ class SloController:
         elif self._tally.choice is not None:
             self._apply(self._tally.choice, staging)
 
-    def arrived(self, priority: int) -> None:
-        """A record of `priority` was submitted."""
+    def arrived(self, priority: int, own_target: float | None = None) -> None:
+        """A record of `priority` was submitted (with its own target, if it has one)."""
         arrived = self._arrived
         arrived[priority] = arrived.get(priority, 0) + 1
+        if own_target is not None:
+            tightest = self._own_arrived
+            tightest[priority] = min(tightest.get(priority, own_target), own_target)
 
     def batch_done(self, batch: Batch, loop: asyncio.AbstractEventLoop) -> None:
         """`batch` left the process function: learn its time, and decide again soon if it is time to."""
@@ -268,10 +285,20 @@ class SloController:
             self._rates[priority] = measured if previous is None else previous + weight * (measured - previous)
         self._arrived = {}
         self._counted_since = now
+        self._remember_own_targets()
+
+    def _remember_own_targets(self) -> None:
+        """Keep the tightest own target of each priority over the latest `OWN_TARGET_DECISIONS` decisions."""
+        arrived, self._own_arrived = self._own_arrived, {}
+        for priority in set(self._own_targets) | set(arrived):
+            targets = self._own_targets.setdefault(priority, deque(maxlen=OWN_TARGET_DECISIONS))
+            targets.append(arrived.get(priority, math.inf))  # none came: the targets before age out
+            if math.isinf(min(targets)):
+                del self._own_targets[priority]
 
     def _classes(self) -> list[tuple[int, float, float]]:
         """Each priority with a target that records came in at: (priority, target, records/s at or above it)."""
-        slo_of = self._settings.slo_of
+        slo_of = self.slo_of
         classes = []
         for priority in sorted(self._rates, reverse=True):
             slo_s = slo_of(priority)
@@ -282,7 +309,7 @@ class SloController:
 
     def _untargeted_rate(self) -> float:
         """Records per second of priorities without a target (they fill the device around the others)."""
-        slo_of = self._settings.slo_of
+        slo_of = self.slo_of
         return sum(rate for priority, rate in self._rates.items() if slo_of(priority) is None)
 
     def _candidates(self, costs: list[int]) -> list[float]:

@@ -44,6 +44,7 @@ class RecordStreams(Generic[RecordT, ResultT]):
         estimated_cost: Sequence[int] | None = None,
         priority: int = 0,
         deadline_s: float | None = None,
+        latency_slo_s: float | None = None,
     ) -> list[asyncio.Future[ResultT]]:
         """Submit several records; returns their futures in order.
 
@@ -52,6 +53,7 @@ class RecordStreams(Generic[RecordT, ResultT]):
             estimated_cost: Optional per-record costs, as long as `records`.
             priority: For every record (see `submit`).
             deadline_s: For every record, from now (see `submit`).
+            latency_slo_s: Every record's own latency target (see `submit`).
 
         Raises:
             ValueError: `estimated_cost` has a different length than `records`.
@@ -60,7 +62,9 @@ class RecordStreams(Generic[RecordT, ResultT]):
             raise ValueError(f"estimated_cost has {len(estimated_cost)} entries for {len(records)} records")
         costs: Sequence[int | None] = estimated_cost if estimated_cost is not None else [None] * len(records)
         return [
-            await self.submit(record, estimated_cost=cost, priority=priority, deadline_s=deadline_s)
+            await self.submit(
+                record, estimated_cost=cost, priority=priority, deadline_s=deadline_s, latency_slo_s=latency_slo_s
+            )
             for record, cost in zip(records, costs, strict=True)
         ]
 

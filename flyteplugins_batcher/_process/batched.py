@@ -71,7 +71,7 @@ class BatchedFunction(Generic[RecordT, ResultT]):
 
         Args:
             record: The record.
-            **options: `estimated_cost`, `priority`, `deadline_s` (see `DynamicBatcher.submit`).
+            **options: `estimated_cost`, `priority`, `deadline_s`, `latency_slo_s` (see `DynamicBatcher.submit`).
         """
         batcher = await self._shared.get()
         return await (await batcher.submit(record, **options))

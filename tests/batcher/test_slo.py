@@ -63,9 +63,17 @@ class Traffic:
 
 
 async def drive(
-    batcher: ours.DynamicBatcher[Doc, int], phases: list[tuple[float, float]], *, priority: int = 0, seed: int = 1
+    batcher: ours.DynamicBatcher[Doc, int],
+    phases: list[tuple[float, float]],
+    *,
+    priority: int = 0,
+    seed: int = 1,
+    **options: Any,
 ) -> Traffic:
-    """Offer `(records per second, seconds)` phases of Poisson arrivals to a running batcher; wait for every answer."""
+    """Offer `(records per second, seconds)` phases of Poisson arrivals to a running batcher; wait for every answer.
+
+    `options` go to every `submit` (a record's own `latency_slo_s`).
+    """
     loop = asyncio.get_running_loop()
     traffic = Traffic()
     watcher = asyncio.create_task(_watch(batcher, traffic))
@@ -76,7 +84,8 @@ async def drive(
         began = loop.time()
         for offset, doc in poisson_arrivals(rate, seconds, seed=seed + index):
             await asyncio.sleep(max(began + offset - loop.time(), 0.0))
-            futures.append(_timed(await batcher.submit(doc, estimated_cost=doc.tokens, priority=priority), traffic))
+            future = await batcher.submit(doc, estimated_cost=doc.tokens, priority=priority, **options)
+            futures.append(_timed(future, traffic))
             traffic.arrived_at.append(loop.time() - start)
             traffic.priorities.append(priority)
         await asyncio.sleep(max(began + seconds - loop.time(), 0.0))
@@ -290,11 +299,11 @@ def test_the_share_met_in_the_stats_is_the_share_of_latencies_within_the_target(
     assert stats.as_dict()["slo"]["met"] == within
 
 
-async def online_beside_a_flood(batcher: ours.DynamicBatcher[Doc, int]) -> Traffic:
+async def online_beside_a_flood(batcher: ours.DynamicBatcher[Doc, int], **online_options: Any) -> Traffic:
     """2000 batch records (priority 0) at once, and online records (priority 10) at 20/s for 10 s beside them."""
     flood = [doc for _, doc in poisson_arrivals(1000.0, 2.0, seed=7)]
     batch = await batcher.submit_batch(flood, estimated_cost=[doc.tokens for doc in flood])
-    online = await drive(batcher, [(20.0, 10.0)], priority=10, seed=11)
+    online = await drive(batcher, [(20.0, 10.0)], priority=10, seed=11, **online_options)
     await asyncio.gather(*batch)
     return online
 
@@ -312,6 +321,38 @@ def test_online_records_keep_their_target_beside_batch_work(clock: VirtualClock)
     assert stats.slo.choice is not None and stats.slo.choice.batch_time_s <= 0.05 + 1e-9  # a running batch fits it
     without_target, _ = clock.run(main())
     assert without_target.p99() > 0.1  # the same flood, batches of up to 256: online records wait behind them
+
+
+async def test_a_records_own_target_needs_a_batcher_with_a_target() -> None:
+    async with ours.DynamicBatcher(GPU) as batcher:
+        with pytest.raises(ValueError, match="needs a batcher with a latency target"):
+            await batcher.submit(Doc(8), latency_slo_s=1.0)
+        assert batcher.stats.total_submitted == 0  # refused before it was queued
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, math.inf, math.nan, "1s"])
+async def test_a_records_own_target_that_is_not_seconds_is_refused(bad: Any) -> None:
+    async with slo_batcher() as batcher:
+        with pytest.raises(ValueError, match="latency_slo_s must be a positive number"):
+            await batcher.submit(Doc(8), latency_slo_s=bad)
+
+
+def test_records_own_targets_steer_the_controller_and_count_against_their_own_target(clock: VirtualClock) -> None:
+    async def main(**online_options: Any) -> tuple[Traffic, ours.BatchStats]:
+        async with ours.DynamicBatcher(GPU, grouping="by_cost", latency_slo_s=60.0) as batcher:
+            online = await online_beside_a_flood(batcher, **online_options)
+        return online, batcher.stats
+
+    online, stats = clock.run(main(latency_slo_s=0.1))  # only the online records carry the tight target
+    assert online.p99() <= 0.1
+    assert stats.slo is not None and not stats.slo.overloaded
+    assert stats.slo.by_priority[10].latency_slo_s == 0.1 and stats.slo.by_priority[0].latency_slo_s == 60.0
+    assert stats.slo.by_priority[10].met == sum(latency <= 0.1 for latency in online.latencies)
+    assert stats.slo.by_priority[10].completed == len(online.latencies)
+    assert stats.slo.choice is not None and stats.slo.choice.batch_time_s <= 0.05 + 1e-9  # a running batch fits it
+    loose, loose_stats = clock.run(main())  # the same flood with every record at the batcher's 60 s
+    assert loose.p99() > 0.1  # the tight target is what kept the online records' latency down
+    assert loose_stats.slo is not None and loose_stats.slo.by_priority[10].latency_slo_s == 60.0
 
 
 def test_what_was_learned_survives_a_restart(clock: VirtualClock) -> None:

@@ -20,7 +20,7 @@ from flyteplugins_batcher.replica import EngineSettings
 class TableProcessor(TableOptions):
     """Batch LLM inference (or embeddings) over a table, in a Flyte task of your own: build it once, call it on tables.
 
-    What Ray Data LLM's `build_llm_processor(config, preprocess=..., postprocess=...)` makes, on
+    What Ray Data LLM's `build_processor(config, preprocess=..., postprocess=...)` makes, on
     Flyte's replicas: `await processor(table)` runs `run_table`'s driver in your task and returns
     the table with each row's answer, as a `flyte.io.DataFrame` (a Parquet dataset). The table is a
     `flyte.io.DataFrame`, a path or URI, or a pandas/polars DataFrame or pyarrow Table in memory.
