@@ -83,10 +83,18 @@ def server_admission(engine: Engine) -> dict[str, object]:
     more (enough to refill the slots freed at each step), and keeps the rest in the batcher, where
     `ONLINE_PRIORITY` puts a user's request ahead of batch lines.
     """
-    capacity = engine.stats.max_num_seqs
-    if not capacity or engine.batcher_defaults().max_batch_size != 1:  # an engine that takes whole batches
+    capacity = engine_slots(engine)
+    if capacity is None:
         return {}
     return {"max_concurrent_batches": math.ceil(capacity * (1 + ENGINE_QUEUE_SHARE))}
+
+
+def engine_slots(engine: Engine) -> int | None:
+    """The sequences an engine that schedules requests itself runs at once (`None`: one that takes whole batches)."""
+    capacity = engine.stats.max_num_seqs
+    if not capacity or engine.batcher_defaults().max_batch_size != 1:
+        return None
+    return capacity
 
 
 @dataclass(frozen=True)
@@ -215,6 +223,8 @@ class Inference:
         self.replica.install()
         await self.replica.shared.get(self.engine_settings)
         if self.slo is not None and self._judging is None:
+            engine = self.engine
+            self.slo.capacity = engine_slots(engine) if engine is not None else None
             self._judging = asyncio.create_task(self.slo.run(), name="online-slo")
         if self.embedding_replica is not None:
             self.embedding_replica.install()

@@ -47,8 +47,10 @@ TICK_S = 0.1
 LEAST = 4
 """Figures a judgment needs (times to first token, and times per output token of requests with `LEAST_PIECES`
 pieces under the current room), unless two requests already wait past the time to first token."""
-LEAST_PIECES = 8
-"""Pieces of text (engine steps) after the current room came that make a request's time per output token."""
+LEAST_PIECES = 16
+"""Pieces of text (engine steps) after the current room came that make a request's time per output token: enough
+that the one long step in which the lines let in have their prompts read weighs on it as little as on a whole answer
+(the target's figure), so that letting lines in does not by itself look like a miss."""
 GROW = 0.8
 """Below this share of the target, a room that lines wait for grows (by the share left, at most twofold)."""
 GROW_STEP = 32
@@ -62,6 +64,8 @@ QUIET_S = 5.0
 """Seconds without online requests (at least ten times the time to first token) before the room is given back."""
 MIN_ROOM = 1
 """Batch lines that may always run: a batch is slowed by online traffic, never stopped."""
+BURST_Z = 2.33
+"""Deviations of a Poisson count of online requests in flight the engine's slots keep free for (its p99)."""
 RECENT = 512
 """Latest online requests whose times are kept."""
 JUDGED = 64
@@ -308,6 +312,7 @@ class OnlineSlo:
         self._online_limit: int | None = None
         self._refused_since_judged = False
         self.refused = 0
+        self.capacity: int | None = None  # sequences the engine runs at once, once known (`None`: unknown)
 
     # -- online requests --------------------------------------------------------------------------
 
@@ -402,6 +407,9 @@ class OnlineSlo:
             pressure = self._quantile(ttfts + late) / target.ttft_s
         if target.tpot_s > 0 and tpots:
             pressure = max(pressure, self._quantile(tpots) / target.tpot_s)
+        unmeasured = (target.ttft_s > 0 and not (ttfts or late)) or (target.tpot_s > 0 and not tpots)
+        if unmeasured and pressure <= 1:
+            return None  # a bound not measured under this room yet: no reason to grow it (a miss is one)
         return pressure
 
     def _missed(self, pressure: float, now: float) -> None:
@@ -410,7 +418,7 @@ class OnlineSlo:
         room = self.room
         self._judged_from = now
         if room.in_flight > MIN_ROOM:
-            base = room.in_flight if room.limit is None else min(room.limit, room.in_flight)
+            base = min(room.in_flight, room.limit or room.in_flight, self.capacity or room.in_flight)
             room.set_limit(max(MIN_ROOM, math.floor(base * cut)))
             self._settling, self._misses = True, 0
             return
@@ -437,14 +445,26 @@ class OnlineSlo:
             return
         room = self.room
         if room.binding and room.limit is not None:
-            room.set_limit(min(max(room.limit + 1, math.floor(room.limit * grow)), room.limit + GROW_STEP))
-            self._judged_from = now
+            grown = self._at_most_slots(min(max(room.limit + 1, math.floor(room.limit * grow)), room.limit + GROW_STEP))
+            if grown > room.limit:
+                room.set_limit(grown)
+                self._judged_from = now
 
     def _wake_up(self, now: float) -> None:
         """Online requests come again after a quiet spell: no more lines go in until the target is judged (beyond
         the room it last held under, when fewer run)."""
-        self.room.set_limit(max(MIN_ROOM, self.room.in_flight, self._held_room or 0))
+        self.room.set_limit(self._at_most_slots(max(MIN_ROOM, self.room.in_flight, self._held_room or 0)))
         self._judged_from, self._settling, self._misses = now, False, 0
+
+    def _at_most_slots(self, room: int) -> int:
+        """`room`, but no more than the engine's slots less those online requests may need: the ones in flight and
+        a burst beyond them (`BURST_Z` deviations of a Poisson count, and one), so that the next online request
+        finds a slot instead of waiting for a line to end (`room` as it is while the slots are unknown)."""
+        if self.capacity is None:
+            return room
+        online = len(self._pending)
+        headroom = online + math.ceil(BURST_Z * math.sqrt(max(online, 1))) + 1
+        return max(MIN_ROOM, min(room, self.capacity - headroom))
 
     def _give_back(self, now: float) -> None:
         """No online request for a while: the batch may fill the engine, and nobody is refused."""
