@@ -282,6 +282,8 @@ def vllm_runs(args: argparse.Namespace, folder: Path) -> list[Run]:
             continue
         ttft_s, tpot_s = pair.split("/")
         ways[f"ours, target {ttft_s} s / {tpot_s} s"] = ["--online-ttft-slo-s", ttft_s, "--online-tpot-slo-s", tpot_s]
+    if args.ours_first:  # alternate the order across runs, so that the machine's drift favours neither
+        ways = dict(reversed(ways.items()))
     prompts = args.batch_prompts[: args.real_lines]
     runs = []
     for number, (way, target) in enumerate(ways.items()):
@@ -440,6 +442,7 @@ def parse_args() -> argparse.Namespace:
         default="1/0.15,3/0.3",
         help="our online targets on real vLLM, TTFT s / TPOT s, comma-separated ('none': ours without one)",
     )
+    parser.add_argument("--ours-first", action="store_true", help="on real vLLM, run ours before vLLM's own server")
     parser.add_argument("--real-max-num-seqs", type=int, default=32)
     parser.add_argument("--real-max-num-batched-tokens", type=int, default=2048)
     parser.add_argument("--real-max-model-len", type=int, default=2048)

@@ -7,10 +7,13 @@ target two ways, judged every `TICK_S` on the requests that ran wholly under the
 
 - **The batch's room.** Batch lines have no target; each waits for room (`BatchRoom`) before its
   record goes to the batcher, and holds it until its answer. While the target holds with room to
-  spare and lines wait, the room grows (by the share of the target left, by `GROW_STEP` lines at
-  most: lines that go in together have their prompts read in the same steps); when the target is
-  missed, it shrinks to a share of the lines running, and is judged again once they are down to
-  it. On an engine that schedules sequences itself (vLLM stream mode, the simulated GPU) that is
+  spare, every bound has been measured under the current room, and lines wait, the room grows (by
+  the share of the target left, by `GROW_STEP` lines at most: lines that go in together have their
+  prompts read in the same steps), never past the engine's slots less those online requests need
+  (the ones in flight and a burst beyond them); when the target is missed, it shrinks to a share
+  of the lines running, and is judged again once they are down to it. Time per output token is
+  judged over `LEAST_PIECES` steps at least, so that the one long step that reads new lines'
+  prompts weighs on it about as much as on a whole answer. On an engine that schedules sequences itself (vLLM stream mode, the simulated GPU) that is
   the batch's share of each step, whose time is every running sequence's time per token. When no
   online request has come for `QUIET_S` (or ten targets), the room is given back whole: the batch
   fills the engine again. A line that runs cannot be taken back, so the first online requests

@@ -1,8 +1,8 @@
 """The online target's controller (`OnlineSlo`) on a virtual engine: the batch's room against online requests' times.
 
 The engine here is a loop of steps on a virtual clock: each step gives every running online request a
-piece of text and every running batch line a token, and takes `step_s(sequences) + prefill_s x lines that
-came in since the last step`, the way a self-scheduling engine reads new prompts in the next step. The
+piece of text and every running batch line a token, and takes `step_s(sequences) + prefill_s x sequences
+that start in it`, the way a self-scheduling engine reads new prompts in the step that starts them. The
 batch lines are real `BatchRoom` holders (tasks that wait for room and hold it until their last token),
 so what is tested is the controller and its room, not a model of them.
 """
