@@ -224,7 +224,8 @@ class Inference:
         await self.replica.shared.get(self.engine_settings)
         if self.slo is not None and self._judging is None:
             engine = self.engine
-            self.slo.capacity = engine_slots(engine) if engine is not None else None
+            slots = engine_slots(engine) if engine is not None else None
+            self.slo.set_engine(slots, math.ceil(slots * (1 + ENGINE_QUEUE_SHARE)) if slots else None)
             self._judging = asyncio.create_task(self.slo.run(), name="online-slo")
         if self.embedding_replica is not None:
             self.embedding_replica.install()

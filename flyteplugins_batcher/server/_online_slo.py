@@ -13,12 +13,13 @@ target two ways, judged every `TICK_S` on the requests that ran wholly under the
   (the ones in flight and a burst beyond them); when the target is missed, it shrinks to a share
   of the lines running, and is judged again once they are down to it. Time per output token is
   judged over `LEAST_PIECES` steps at least, so that the one long step that reads new lines'
-  prompts weighs on it about as much as on a whole answer. On an engine that schedules sequences itself (vLLM stream mode, the simulated GPU) that is
-  the batch's share of each step, whose time is every running sequence's time per token. When no
-  online request has come for `QUIET_S` (or ten targets), the room is given back whole: the batch
-  fills the engine again. A line that runs cannot be taken back, so the first online requests
-  after a quiet spell share the engine with as many lines as it holds (or, when fewer run, with
-  the room the target last held under).
+  prompts weighs on it about as much as on a whole answer. On an engine that schedules sequences
+  itself (vLLM stream mode, the simulated GPU) that is the batch's share of each step, whose time
+  is every running sequence's time per token. When no online request has come for `QUIET_S` (or
+  ten targets), the room is given back whole: the batch fills the engine again, but no more lines
+  go in than the engine holds (`set_engine`). A line let in cannot be taken back, so the first
+  online requests after a quiet spell share the engine with as many lines as it holds (or, when
+  fewer run, with the room the target last held under).
 - **Honest refusals.** When the target is missed `PERSIST` judgments in a row with the batch at its
   floor (a line), online requests alone are more than the engine can serve within it: new ones
   beyond a bound on those in flight (cut to a share of the requests then running, and grown back
@@ -191,6 +192,7 @@ class BatchRoom:
 
     def __init__(self) -> None:
         self.limit: int | None = None
+        self.ceiling: int | None = None  # the most in flight whatever the limit: what the engine holds
         self.in_flight = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
 
@@ -231,7 +233,8 @@ class BatchRoom:
             self._release()
 
     def _has_room(self) -> bool:
-        return self.limit is None or self.in_flight < self.limit
+        limit, ceiling = self.limit, self.ceiling
+        return (limit is None or self.in_flight < limit) and (ceiling is None or self.in_flight < ceiling)
 
     def _release(self) -> None:
         self.in_flight -= 1
@@ -316,6 +319,17 @@ class OnlineSlo:
         self._refused_since_judged = False
         self.refused = 0
         self.capacity: int | None = None  # sequences the engine runs at once, once known (`None`: unknown)
+
+    def set_engine(self, slots: int | None, holds: int | None) -> None:
+        """The engine's `slots` (sequences it runs at once) and the lines it `holds` (its slots and its queue).
+
+        The room never takes the slots online requests need, and no more lines are let in than the
+        engine holds even while the room is given back whole: a line let in cannot be taken back, so
+        lines beyond would all run before a cut takes hold once online requests come.
+        """
+        self.capacity = slots
+        self.room.ceiling = holds
+        self.room.set_limit(self.room.limit)  # let in those the new ceiling allows
 
     # -- online requests --------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
@@ -46,6 +47,7 @@ class Seen:
     refused: list[int] = field(default_factory=list)  # the Retry-After of each refusal
     rooms: list[tuple[float, int | None]] = field(default_factory=list)  # (at, room) after each judgment
     lines_done: int = 0
+    most_in_flight: int = 0  # the most batch lines let in at once
 
     def rooms_between(self, since: float, until: float = math.inf) -> list[int | None]:
         return [room for at, room in self.rooms if since <= at < until]
@@ -94,6 +96,7 @@ class VirtualEngine:
             while next_tick <= self.clock.now:
                 self.slo.tick()
                 self.seen.rooms.append((self.clock.now, self.slo.room.limit))
+                self.seen.most_in_flight = max(self.seen.most_in_flight, self.slo.room.in_flight)
                 next_tick += TICK_S
         for holder in holders:
             holder.cancel()
@@ -168,14 +171,24 @@ def cpu_like(sequences: int) -> float:
 
 
 def drive(
-    target: OnlineTarget, seconds: float, arrivals: list[float], *, batch_lines: int, slots_known: bool = True, **engine
+    target: OnlineTarget,
+    seconds: float,
+    arrivals: list[float],
+    *,
+    batch_lines: int,
+    batch_at: float = 5.0,
+    slots_known: bool = True,
+    bounded: bool = True,
+    **engine: Any,
 ) -> Seen:
-    """A run on a fresh controller and engine; the controller knows the engine's slots, as a server tells it."""
+    """A run on a fresh controller and engine; the controller knows the engine's slots and what it holds (its slots
+    and a quarter more), as a server tells it, unless `slots_known` or `bounded` is false."""
     clock = Clock()
     slo = OnlineSlo(target, clock=clock)
     virtual = VirtualEngine(slo, clock, **engine)
-    slo.capacity = virtual.max_sequences if slots_known else None
-    return asyncio.run(virtual.run(seconds, arrivals, batch_lines=batch_lines))
+    slots = virtual.max_sequences if slots_known else None
+    slo.set_engine(slots, math.ceil(1.25 * virtual.max_sequences) if bounded else None)
+    return asyncio.run(virtual.run(seconds, arrivals, batch_lines=batch_lines, batch_at=batch_at))
 
 
 def room_cuts(seen: Seen) -> int:
@@ -203,6 +216,20 @@ def test_the_room_leaves_the_engine_slots_for_online_requests() -> None:
     assert max(rooms) <= 32 - 4  # at least the online requests in flight and a burst beyond them stay free
     unknown = drive(target, 120.0, poisson(0.5, 0.0, 120.0), batch_lines=400, slots_known=False, **engine)
     assert max(room for room in unknown.rooms_between(0.0) if room is not None) > 32 - 4  # the slots held it
+
+
+def test_no_more_lines_go_in_than_the_engine_holds_so_a_cut_takes_hold_soon() -> None:
+    # A 2,000-line batch fills the engine alone for 30 s; then online requests come and the room is cut. Lines
+    # let in cannot be taken back: the cut takes hold once those in flight are down to it.
+    target = OnlineTarget(ttft_s=3.0, tpot_s=0.3)
+    arrivals = poisson(0.5, 30.0, 150.0)
+    engine = {"step_s": cpu_like, "prefill_s": 0.01, "line_tokens": 60}
+    held = drive(target, 150.0, arrivals, batch_lines=2000, batch_at=0.0, **engine)
+    assert held.most_in_flight <= 40  # the engine's 32 slots and a quarter more
+    assert len(set(held.rooms_between(60.0))) > 1  # judged and moved again once the engine's lines were down to it
+    unbounded = drive(target, 150.0, arrivals, batch_lines=2000, batch_at=0.0, bounded=False, **engine)
+    assert unbounded.most_in_flight > 1000  # every line let in while no online request came
+    assert len(set(unbounded.rooms_between(60.0))) == 1  # still waiting for them to drain below its cut
 
 
 def test_the_room_shrinks_when_online_load_rises_and_the_target_holds_again() -> None:
