@@ -136,8 +136,9 @@ class FanOutStats:
 
     @property
     def load_time_s(self) -> float:
-        """Model loading in the run's wall time: the slowest load (a fresh one's: reused chunks load nothing) of each
-        phase, whose models load one phase after the other."""
+        """Model loading in the run's wall time: the slowest load of each phase, whose models load one phase after
+        the other. Only loads in this run count: reused chunks load nothing, and a warm replica (a reusable
+        container's, whose batcher started before the run) loaded in an earlier run."""
         return sum(max(models.values()) for models in self.loads.values())
 
     @property
@@ -186,8 +187,9 @@ class FanOutStats:
         self.first[lane] = _older(self.first.get(lane), snapshot)
         if self.reading:
             self.while_waiting[lane] = _newer(self.while_waiting.get(lane), snapshot)
-        models = self.loads.setdefault(phase, {})
-        models[snapshot.model] = max(models.get(snapshot.model, 0.0), snapshot.load_time_s)
+        if snapshot.timeline.origin_s >= started:  # loaded in this run; a warm replica loaded in an earlier one
+            models = self.loads.setdefault(phase, {})
+            models[snapshot.model] = max(models.get(snapshot.model, 0.0), snapshot.load_time_s)
 
     def occupancy(self, *, while_waiting: bool = False) -> float | None:
         """Running sequences per engine step over `max_num_seqs`, across the replicas, in this run.

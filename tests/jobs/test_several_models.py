@@ -19,6 +19,7 @@ import flyte.errors
 import pytest
 from flyte.io import File
 
+from flyteplugins_batcher import Timeline
 from flyteplugins_batcher.batch_api import BatchRequest, RequestLineError
 from flyteplugins_batcher.engines import EngineConfigError, GenerationConfig
 from flyteplugins_batcher.jobs import RunSummary, fan_out, run_batch_file
@@ -276,11 +277,14 @@ def test_a_runs_load_time_sums_its_phases_slowest_loads_and_a_swapping_replica_h
         (1, "r1", "b", 3.0),
         (None, "e", "m", 1),
     ]:
-        snapshot = ReplicaSnapshot(replica=replica, model=model, load_time_s=load, records=1)
+        loaded = Timeline(origin_s=1.5)  # its batcher started after the run did: its load is this run's
+        snapshot = ReplicaSnapshot(replica=replica, model=model, load_time_s=load, records=1, timeline=loaded)
         stats.record(ChunkOutcome(0, [], snapshot, finished_at=2.0), started=1.0, phase=phase)
+    warm = ReplicaSnapshot(replica="w", model="a", load_time_s=60.0, records=9, timeline=Timeline(origin_s=0.5))
+    stats.record(ChunkOutcome(1, [], warm, finished_at=2.0), started=1.0, phase=0)  # loaded before the run
 
     assert stats.load_time_s == 7.0 + 3.0 + 1.0 and stats.model_loads == {"a": 7.0, "b": 3.0, "m": 1.0}
-    assert [replica.replica for replica in stats.replicas] == ["e", "r1 a", "r1 b", "r2"]
+    assert [replica.replica for replica in stats.replicas] == ["e", "r1 a", "r1 b", "r2", "w"]
 
 
 # -- the job, through flyte's local runner -----------------------------------------------------------------------
