@@ -183,15 +183,14 @@ class SloTally:
         now: float,
         priorities: Sequence[int],
         latencies: Sequence[float],
-        own_targets: Sequence[float | None] | None = None,
+        own_targets: Sequence[float | None],
     ) -> None:
         """Records that completed: each one's priority, latency (seconds from submit to `now`) and own target.
 
         A record with its own target (`submit(latency_slo_s=...)`) counts against it; the others
         against their priority's setting, and not at all when it has none.
         """
-        targets = own_targets if own_targets is not None else [None] * len(priorities)
-        for priority, latency, own in zip(priorities, latencies, targets, strict=True):
+        for priority, latency, own in zip(priorities, latencies, own_targets, strict=True):
             tally = self.priority(priority, own)
             slo_s = own if own is not None else self._slo_of(priority)
             if tally is None or slo_s is None:

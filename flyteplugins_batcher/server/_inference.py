@@ -83,10 +83,8 @@ def server_admission(engine: Engine) -> dict[str, object]:
     more (enough to refill the slots freed at each step), and keeps the rest in the batcher, where
     `ONLINE_PRIORITY` puts a user's request ahead of batch lines.
     """
-    capacity = engine_slots(engine)
-    if capacity is None:
-        return {}
-    return {"max_concurrent_batches": math.ceil(capacity * (1 + ENGINE_QUEUE_SHARE))}
+    slots = engine_slots(engine)
+    return {} if slots is None else {"max_concurrent_batches": engine_holds(slots)}
 
 
 def engine_slots(engine: Engine) -> int | None:
@@ -95,6 +93,11 @@ def engine_slots(engine: Engine) -> int | None:
     if not capacity or engine.batcher_defaults().max_batch_size != 1:
         return None
     return capacity
+
+
+def engine_holds(slots: int) -> int:
+    """The records a server lets a self-scheduling engine hold: its slots and `ENGINE_QUEUE_SHARE` more."""
+    return math.ceil(slots * (1 + ENGINE_QUEUE_SHARE))
 
 
 @dataclass(frozen=True)
@@ -225,7 +228,7 @@ class Inference:
         if self.slo is not None and self._judging is None:
             engine = self.engine
             slots = engine_slots(engine) if engine is not None else None
-            self.slo.set_engine(slots, math.ceil(slots * (1 + ENGINE_QUEUE_SHARE)) if slots else None)
+            self.slo.set_engine(slots, engine_holds(slots) if slots is not None else None)
             self._judging = asyncio.create_task(self.slo.run(), name="online-slo")
         if self.embedding_replica is not None:
             self.embedding_replica.install()
