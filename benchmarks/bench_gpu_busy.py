@@ -23,11 +23,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import random
 import statistics
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import Executor, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +44,8 @@ from benchmarks._tables import markdown_table
 SETTINGS = {"target_batch_tokens": 4_096, "max_batch_size": 64, "batch_timeout_s": 0.05, "max_queue_size": 5_000}
 """Both batchers' settings; the serial loop fills its batches to the same token budget."""
 STREAMS = 16
+PROCESSES = ProcessPoolExecutor(8, mp_context=multiprocessing.get_context("fork"))
+"""Preparation off the event loop; forked before any CUDA work, and it never touches the device."""
 VOCAB = 32_000
 
 
@@ -147,13 +151,16 @@ def serial(device: MlpDevice, records: list[Record], cpu_s: float) -> tuple[list
 
 
 def through_batcher(
-    kind: str, device: MlpDevice, records: list[Record], cpu_s: float
+    kind: str, device: MlpDevice, records: list[Record], cpu_s: float, pool: Executor | None = None
 ) -> tuple[list[float], dict[str, float]]:
     async def stream(batcher: Any, mine: list[Record]) -> list[tuple[int, float]]:
         futures = []
         for record in mine:
-            await asyncio.sleep(0)
-            burn_cpu(cpu_s)
+            if pool is None:
+                await asyncio.sleep(0)
+                burn_cpu(cpu_s)
+            else:  # the preparation in another process: the event loop only waits for it
+                await asyncio.get_running_loop().run_in_executor(pool, burn_cpu, cpu_s)
             futures.append(await batcher.submit(record))
         return list(zip((record.index for record in mine), await asyncio.gather(*futures), strict=True))
 
@@ -182,7 +189,24 @@ WAYS: dict[str, Callable[[MlpDevice, list[Record], float], tuple[list[float], di
     "serial": serial,
     "flyte.extras": lambda device, records, cpu_s: through_batcher("flyte.extras", device, records, cpu_s),
     "ours": lambda device, records, cpu_s: through_batcher("ours", device, records, cpu_s),
+    "ours + preparation in 8 processes": lambda device, records, cpu_s: through_batcher(
+        "ours", device, records, cpu_s, PROCESSES
+    ),
 }
+
+
+def with_switch_interval(seconds: float) -> Callable[[MlpDevice, list[Record], float], Any]:
+    """Ours with the interpreter's GIL switch interval set to `seconds` for the run (5 ms by default)."""
+
+    def run(device: MlpDevice, records: list[Record], cpu_s: float) -> tuple[list[float], dict[str, float]]:
+        before = sys.getswitchinterval()
+        sys.setswitchinterval(seconds)
+        try:
+            return through_batcher("ours", device, records, cpu_s)
+        finally:
+            sys.setswitchinterval(before)
+
+    return run
 
 
 def measure(way: str, device: MlpDevice, records: list[Record], cpu_s: float, reference: list[float]) -> dict:
@@ -284,12 +308,20 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=4_096)
     parser.add_argument("--intermediate", type=int, default=14_336)
     parser.add_argument("--ratios", default="0,0.25,0.5,1,2", help="CPU time per record, as multiples of the device's")
+    parser.add_argument("--switch-intervals", default="", help="ours again with these GIL switch intervals (ms)")
+    parser.add_argument("--ways", default="", help="only these ways (comma-separated), serial first")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="toy sizes, for a smoke run on the CPU")
     parser.add_argument("--json", default="", help="also write the rows here")
     args = parser.parse_args()
+    if args.ways:
+        for way in set(WAYS) - set(args.ways.split(",")):
+            del WAYS[way]
+    for milliseconds in filter(None, args.switch_intervals.split(",")):
+        WAYS[f"ours + GIL switch {milliseconds} ms"] = with_switch_interval(float(milliseconds) / 1e3)
     if args.quick:
         args.records, args.layers, args.hidden, args.intermediate, args.rounds = 300, 2, 256, 512, 1
+    list(PROCESSES.map(burn_cpu, [0.0] * 8))  # start the workers now, before CUDA and the clock
     device = "cuda" if torch.cuda.is_available() else "cpu"
     name = torch.cuda.get_device_name() if device == "cuda" else "CPU"
     print(
@@ -305,6 +337,7 @@ def main() -> None:
     print(table(rows))
     if args.json:
         Path(args.json).write_text(json.dumps({"device": name, "args": vars(args), "rows": rows}, indent=2))
+    PROCESSES.shutdown()
 
 
 if __name__ == "__main__":

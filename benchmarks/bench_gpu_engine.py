@@ -162,11 +162,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--tokenizer", type=Path, required=True, help="a folder of SmolLM2's tokenizer files")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="gsm8k test.jsonl")
     parser.add_argument("--questions", type=int, default=128)
-    parser.add_argument("--single", type=int, default=8, help="questions run one at a time (mode 1)")
+    parser.add_argument("--single", type=int, default=4, help="questions run one at a time (mode 1)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--producers", type=int, default=4)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="a tiny model and few questions, for a CPU smoke run")
     parser.add_argument("--json", default="", help="also write the rows here")
     return parser.parse_args()
@@ -188,7 +188,7 @@ def main() -> None:
         started = time.perf_counter()
         engine.load()
     print(f"{name}: loaded in {time.perf_counter() - started:.1f} s; {len(questions)} questions", flush=True)
-    texts(engine, questions[:4])  # warm-up: kernels, allocator, the chat template
+    texts(engine, questions[: args.batch_size])  # warm-up at full size: kernels, the allocator's pools, the template
     rows = run_all(engine, questions, args)
     engine.close()
     print(f"\n{name}, Llama-3.2-1B shapes, bf16, greedy, {args.max_new_tokens} new tokens, {args.producers} producers")
