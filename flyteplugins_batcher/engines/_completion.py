@@ -73,6 +73,8 @@ class Completion:
         finish_reason: `"stop"` when EOS or a stop string ended the (first) sample, `"length"` when
             `max_new_tokens` did.
         samples: Every sample, in order; one built from the fields above when not given.
+        cached_tokens: Prompt tokens the engine found already computed in its prefix cache (vLLM's
+            `num_cached_tokens`), so it did not compute them again; 0 where the engine has no such cache.
 
     Example:
         ```python
@@ -88,8 +90,11 @@ class Completion:
     completion_tokens: int
     finish_reason: FinishReason
     samples: tuple[Sample, ...] = ()
+    cached_tokens: int = 0
 
     def __post_init__(self) -> None:
+        if not 0 <= self.cached_tokens <= self.prompt_tokens:
+            raise ValueError(f"cached_tokens must lie in 0..prompt_tokens, got {self.cached_tokens}")
         if not self.samples:
             object.__setattr__(self, "samples", (Sample(self.text, self.completion_tokens, self.finish_reason),))
             return
@@ -101,8 +106,8 @@ class Completion:
             raise ValueError("a completion's completion_tokens must count every sample's tokens")
 
     @classmethod
-    def from_samples(cls, prompt_tokens: int, samples: Sequence[Sample]) -> Completion:
-        """A completion of one or more samples (at least one).
+    def from_samples(cls, prompt_tokens: int, samples: Sequence[Sample], cached_tokens: int = 0) -> Completion:
+        """A completion of one or more samples (at least one), `cached_tokens` of its prompt found in a prefix cache.
 
         Raises:
             ValueError: `samples` is empty.
@@ -111,7 +116,7 @@ class Completion:
             raise ValueError("a completion needs at least one sample")
         first = samples[0]
         total = sum(sample.completion_tokens for sample in samples)
-        return cls(first.text, prompt_tokens, total, first.finish_reason, tuple(samples))
+        return cls(first.text, prompt_tokens, total, first.finish_reason, tuple(samples), cached_tokens)
 
 
 def trim_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
