@@ -35,7 +35,7 @@ from flyteplugins_batcher.jobs._environments import ReplicaPool
 from flyteplugins_batcher.jobs._outputs import PublishError, WorkFolder
 from flyteplugins_batcher.jobs._report import Progress, final_html, print_report_location
 from flyteplugins_batcher.jobs._summary import ModelRun, RunSummary
-from flyteplugins_batcher.replica import ReplicaSnapshot
+from flyteplugins_batcher.replica import ChunkCutter, ReplicaSnapshot
 
 logger = logging.getLogger("flyteplugins_batcher.jobs._driver")
 
@@ -84,6 +84,12 @@ class RunOptions:
         output_dir: Where the output goes (the results and errors files; a table's Parquet dataset): a local
             folder, a file:// URI or a remote URI (s3://, gs://, abfs://, abfss://), checked before any
             inference; empty: the run's own Flyte storage.
+        order: How requests (a table's rows) are cut into chunks: "prefix" puts those that share a prompt
+            prefix (a document, a system prompt with few-shot examples) in the same chunks, so that the replica
+            that runs a chunk computes the prefix once and its cache stays warm; "file" keeps the input's
+            order. The answers are the same either way, and a table's output keeps its rows' order.
+        order_window: Requests (rows) grouped together at most in "prefix" order: the driver holds this many
+            at once, and requests further apart than this are placed apart.
     """
 
     chunk_size: int = 8
@@ -91,8 +97,14 @@ class RunOptions:
     max_failed_fraction: float = 0.0
     resume: bool = True
     output_dir: str = ""
+    order: str = "prefix"
+    order_window: int = ChunkCutter.WINDOW
 
     def __post_init__(self) -> None:
+        if self.order not in ChunkCutter.ORDERS:
+            raise ValueError(f"order must be one of {', '.join(ChunkCutter.ORDERS)}, got {self.order!r}")
+        if self.order_window < 1:
+            raise ValueError(f"order_window must be >= 1, got {self.order_window}")
         if self.chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {self.chunk_size}")
         if self.max_chunks_in_flight < 0:

@@ -7,7 +7,8 @@ and the same per-line errors through either:
 - `LineRules.read` turns each line of a file into a request (`flyteplugins_batcher.batch_api`), checking
   its settings against the run's defaults and failing duplicate `custom_id`s;
 - `ChunkCutter` cuts the requests into chunks of one kind: `RequestChunk`s for the LLM replica,
-  `EmbeddingChunk`s for the embedding replica;
+  `EmbeddingChunk`s for the embedding replica; requests that share a prompt prefix share a chunk
+  (`_placement.py`), unless the run keeps the file's order;
 - `LineRules.answers` turns a finished chunk's outcome into each line's `FinishedLine`: its result
   line, or its error line naming its code.
 """
@@ -18,7 +19,7 @@ import array
 import base64
 import json
 import sys
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +49,7 @@ from flyteplugins_batcher.replica._chunks import (
     RequestItem,
 )
 from flyteplugins_batcher.replica._models import ServedModel
+from flyteplugins_batcher.replica._placement import ORDERS, PLACEMENT_WINDOW, Order, check_order, place, prefix_text
 
 LineOutcome = tuple[int, "ParsedRequest | RequestLineError"]
 """A line's number, and its request or the error that fails it."""
@@ -252,46 +254,85 @@ class LineRules:
 
 
 class ChunkCutter:
-    """Cuts a stream of parsed requests into chunks of one kind each, numbered in the order they fill up.
+    """Cuts a stream of parsed requests into chunks of one kind each, numbered in the order they are made.
 
     Chat and completion requests may come in lanes (a run's base models): a chunk holds one lane's.
+    In `"prefix"` order (the default), a lane's requests are held until `window` of them wait, then
+    placed so that those sharing a prompt prefix share a chunk (`place`); in `"file"` order, each
+    chunk takes the next `chunk_size` requests as they come. Embedding requests come in file order.
+
+    `ORDERS` are the orders it knows, `WINDOW` the default window; `placed` cuts any list of items the
+    same way (the table job's rows).
 
     Args:
-        chunk_size: Chat and completion requests per `RequestChunk`.
+        chunk_size: Chat and completion requests per `RequestChunk` (at most).
         embedding_chunk_texts: Texts per `EmbeddingChunk`: it closes once it holds at least this many
             (a request's texts stay together).
+        order: `"prefix"` or `"file"`.
+        window: Requests of a lane placed together, in `"prefix"` order.
+
+    Example:
+        ```python
+        cutter = ChunkCutter(chunk_size=8, embedding_chunk_texts=128)
+        chunks = [chunk for request in requests for chunk in cutter.add(request)] + cutter.rest()
+        ```
     """
 
-    def __init__(self, chunk_size: int, embedding_chunk_texts: int) -> None:
+    ORDERS = ORDERS
+    WINDOW = PLACEMENT_WINDOW
+
+    def __init__(
+        self, chunk_size: int, embedding_chunk_texts: int, order: Order = "prefix", window: int = PLACEMENT_WINDOW
+    ) -> None:
         if chunk_size < 1 or embedding_chunk_texts < 1:
             raise ValueError(f"chunk sizes must be >= 1, got {chunk_size} and {embedding_chunk_texts}")
+        if window < 1:
+            raise ValueError(f"the placement window must be >= 1, got {window}")
         self.chunk_size = chunk_size
         self.embedding_chunk_texts = embedding_chunk_texts
+        self.held = window if check_order(order) == "prefix" else chunk_size
+        """Requests a lane holds before they are cut: the placement window, or one chunk in file order."""
+        self.order = order
         self._number = 0
         self._generation: dict[str, list[RequestItem]] = {}
         self._embedding: list[EmbeddingItem] = []
         self._texts = 0
 
-    def add(self, request: ParsedRequest, lane: str = "") -> JobChunk | None:
-        """Take a request (a chat or completion request into `lane`); returns the chunk it completed, if it did."""
+    def add(self, request: ParsedRequest, lane: str = "") -> list[JobChunk]:
+        """Take a request (a chat or completion request into `lane`); returns the chunks it completed, if any."""
         if isinstance(request, EmbeddingRequest):
             self._embedding.append(EmbeddingItem(request.custom_id, list(request.inputs)))
             self._texts += len(request.inputs)
-            return self._embedding_chunk() if self._texts >= self.embedding_chunk_texts else None
+            return [self._embedding_chunk()] if self._texts >= self.embedding_chunk_texts else []
         items = self._generation.setdefault(lane, [])
         items.append(RequestItem.of(request))
-        return self._generation_chunk(lane) if len(items) == self.chunk_size else None
+        return self._generation_chunks(lane) if len(items) == self.held else []
 
     def rest(self, lane: str | None = None) -> list[JobChunk]:
         """The unfinished chunks, once the input is read (of one lane only, when given: no embedding chunk)."""
         lanes = list(self._generation) if lane is None else [lane]
-        chunks: list[JobChunk] = [self._generation_chunk(name) for name in lanes if self._generation.get(name)]
+        chunks: list[JobChunk] = [
+            chunk for name in lanes if self._generation.get(name) for chunk in self._generation_chunks(name)
+        ]
         if self._embedding and lane is None:
             chunks.append(self._embedding_chunk())
         return chunks
 
-    def _generation_chunk(self, lane: str) -> RequestChunk:
-        return RequestChunk(self._next_number(), self._generation.pop(lane))
+    @staticmethod
+    def placed(items: Sequence[RequestItem], chunk_size: int, order: Order = "prefix") -> list[list[int]]:
+        """The positions of `items` cut into chunks of at most `chunk_size`: by shared prefix, or in order."""
+        if check_order(order) == "file":
+            return [
+                list(range(start, min(start + chunk_size, len(items)))) for start in range(0, len(items), chunk_size)
+            ]
+        return place([prefix_text(item) for item in items], chunk_size)
+
+    def _generation_chunks(self, lane: str) -> list[JobChunk]:
+        items = self._generation.pop(lane)
+        return [
+            RequestChunk(self._next_number(), [items[position] for position in chunk])
+            for chunk in self.placed(items, self.chunk_size, self.order)
+        ]
 
     def _embedding_chunk(self) -> EmbeddingChunk:
         chunk = EmbeddingChunk(self._next_number(), self._embedding)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flyteplugins_batcher.replica import EngineSettings
+from flyteplugins_batcher.replica import ChunkCutter, EngineSettings
 
 PREFIX = "BATCH_SERVE_"
 
@@ -49,6 +49,9 @@ class ServerSettings:
             larger is refused as it arrives, so no client makes the server hold more.
         batch_chunk_size: Requests per chunk of a batch job (a chunk is what is recorded at once).
         batch_chunks_in_flight: Chunks of one batch job outstanding at once (0: enough to fill the engine).
+        batch_order: How a batch job's requests are cut into chunks: "prefix" puts those that share a prompt
+            prefix in the same chunks, so that the engine's prefix cache computes it once; "file" keeps the
+            input file's order (`RunOptions.order`).
         api_key: When set, every `/v1` request must send `Authorization: Bearer <api_key>`.
         allowed_hosts: More `Host` headers to answer, comma-separated (`gpu-box.lan,10.0.0.5:8000`; `*`
             for any). The server answers only the address it binds (and 127.0.0.1, localhost and [::1]),
@@ -116,6 +119,7 @@ class ServerSettings:
     max_request_mb: int = 16
     batch_chunk_size: int = 8
     batch_chunks_in_flight: int = 0
+    batch_order: str = "prefix"
     api_key: str = ""
     allowed_hosts: str = ""
     cors_origins: str = ""
@@ -132,6 +136,8 @@ class ServerSettings:
     stream_keepalive_s: float = 15.0
 
     def __post_init__(self) -> None:
+        if self.batch_order not in ChunkCutter.ORDERS:
+            raise ValueError(f"batch_order must be one of {', '.join(ChunkCutter.ORDERS)}, got {self.batch_order!r}")
         declared = self.engine.base_models()
         if len(declared) > 1:
             raise ValueError(

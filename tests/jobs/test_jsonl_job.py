@@ -92,7 +92,7 @@ def test_every_sample_survives_the_result_and_comes_back_as_one_completion():
 
 
 def test_a_mixed_stream_is_cut_into_chunks_of_one_kind_numbered_as_they_fill():
-    cutter = ChunkCutter(chunk_size=2, embedding_chunk_texts=3)
+    cutter = ChunkCutter(chunk_size=2, embedding_chunk_texts=3, order="file")
     texts = {"e1": ["a", "b"], "e2": ["c"], "e3": ["d"]}
     order = ["g1", "e1", "g2", "e2", "g3", "e3"]
     full = []
@@ -101,8 +101,7 @@ def test_a_mixed_stream_is_cut_into_chunks_of_one_kind_numbered_as_they_fill():
             line = {"custom_id": key, "method": "POST", "url": "/v1/embeddings", "body": {"input": texts[key]}}
         else:
             line = {"custom_id": key, "prompt": key}
-        chunk = cutter.add(parse_request_line(json.dumps(line), number, endpoints=ENDPOINTS))
-        full += [chunk] if chunk is not None else []
+        full += cutter.add(parse_request_line(json.dumps(line), number, endpoints=ENDPOINTS))
     rest = cutter.rest()
 
     assert [(type(chunk).__name__, chunk.index, [item.key for item in chunk.items]) for chunk in full + rest] == [

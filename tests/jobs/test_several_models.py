@@ -162,14 +162,13 @@ def test_a_line_naming_no_declared_model_fails_alone_listing_them_unless_told_to
 
 def test_a_chunk_holds_one_models_lines_numbered_across_models() -> None:
     line_rules = rules(EngineSettings(model=TWO))
-    cutter = ChunkCutter(2, 8)
-    made = []
+    cutter = ChunkCutter(2, 8, order="file")
+    full = []
     for number, model in enumerate(["sim-a", "sim-b", "sim-a", "sim-b", "sim-b"], start=1):
         request = line_rules.parse(json.dumps(chat(f"q{number}", model)), number)
-        made.append(cutter.add(request, model))
+        full += cutter.add(request, model)
     rest = cutter.rest()
 
-    full = [chunk for chunk in made if chunk is not None]
     assert [(chunk.index, [item.key for item in chunk.items]) for chunk in full] == [
         (0, ["q1", "q3"]),
         (1, ["q2", "q4"]),

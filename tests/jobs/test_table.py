@@ -56,7 +56,7 @@ def test_each_row_comes_back_in_order_with_its_columns_its_answer_and_its_own_er
 
     summary: TableSummary = run_locally(
         run_table, input=str(tmp_path / "questions.parquet"), prompt="Answer briefly: {question}",
-        output_dir=str(tmp_path / "out"), chunk_size=3, max_failed_fraction=0.5, **SIMULATED,
+        output_dir=str(tmp_path / "out"), chunk_size=3, max_failed_fraction=0.5, order="file", **SIMULATED,
     )  # fmt: skip
 
     out = pq.read_table(tmp_path / "out")
@@ -114,6 +114,7 @@ def test_a_rows_own_settings_win_and_bad_ones_fail_that_row_alone(run_locally, t
 def test_a_rerun_after_a_crash_sends_only_the_unfinished_chunks(cached_run, tmp_path: Path):
     table, path = questions(tmp_path, 12)
     job = {"input": path, "prompt": "{question}", "chunk_size": 3, "output_dir": str(tmp_path / "out"), **SIMULATED}
+    job["order"] = "file"  # the chunks are row ranges: the last one holds the row that crashed
     crashing = CountingBatcher(fail_when=lambda text: "Question 10 " in text)
     cached_run(run_table, crashing, fails="3 of 12 rows failed", **job)
 
@@ -250,17 +251,23 @@ def test_the_driver_reads_the_table_as_chunks_are_taken_not_all_at_once(tmp_path
     options = TableOptions(prompt="{question}")
     source = TableSource("counted", pa.schema([("question", pa.string())]), None, batches)
     requests = RowRequests(options, None, GenerationConfig())
-    job = TableJob(source, requests, TableParts(tmp_path, options, ["question"], None), chunk_size=4)
+    parts = TableParts(tmp_path, options, ["question"], None)
+    job = TableJob(source, requests, parts, chunk_size=4, order="file")
 
-    async def take(count: int) -> list:
+    async def take(job: TableJob, count: int) -> list:
         chunks = job.chunks()
         taken = [await anext(chunks) for _ in range(count)]
         await chunks.aclose()
         return taken
 
-    taken = asyncio.run(take(3))
+    taken = asyncio.run(take(job, 3))
     assert [[item.key for item in chunk.items] for chunk in taken][2] == ["row-8", "row-9", "row-10", "row-11"]
     assert read == [0, 1] and job.progress.total == 12  # two batches read for three chunks, not the table
+
+    read.clear()
+    placed = TableJob(source, requests, parts, chunk_size=4, order="prefix", window=16)
+    asyncio.run(take(placed, 3))
+    assert read == [0, 1] and placed.progress.total == 16  # one window of 16 rows read, not the table
 
 
 def test_a_column_only_later_chunks_add_is_null_in_the_earlier_rows_and_the_parts_read_as_one(
@@ -270,7 +277,7 @@ def test_a_column_only_later_chunks_add_is_null_in_the_earlier_rows_and_the_part
 
     run_locally(
         run_table, input=path, prompt="{question}", output_dir=str(tmp_path / "out"), chunk_size=3,
-        postprocess="tests.jobs.table_hooks:late_column", **SIMULATED,
+        postprocess="tests.jobs.table_hooks:late_column", order="file", **SIMULATED,
     )  # fmt: skip
 
     out = pq.read_table(tmp_path / "out")

@@ -42,6 +42,8 @@ class Job:
         model_mismatch: What to do with a line naming another model ("error" or "ignore").
         journal: Also write every finished line, with its line number, to this run journal (for a follower
             such as the Batch API server; `flyteplugins_batcher/jobs/_journal.py`).
+        order: How requests are cut into chunks (`RunOptions.order`: "prefix" or "file").
+        window: Requests placed together in "prefix" order (`RunOptions.order_window`).
 
     Example:
         ```python
@@ -61,8 +63,11 @@ class Job:
         model_mismatch: ModelMismatch,
         served_model_name: str = "",
         journal: JournalWriter | None = None,
+        order: str = "prefix",
+        window: int = ChunkCutter.WINDOW,
     ) -> None:
         self.input_path = input_path
+        self.order, self.window = order, window
         models = settings.served_models(served_model_name)
         self.rules = LineRules(
             models[0].name,
@@ -100,14 +105,13 @@ class Job:
             chunk_size: Chat and completion requests per LLM chunk.
             embedding_chunk_texts: Texts per embedding chunk (a request is never split, so a chunk may hold more).
         """
-        cutter = ChunkCutter(chunk_size, embedding_chunk_texts)
+        cutter = ChunkCutter(chunk_size, embedding_chunk_texts, self.order, self.window)
         for request in self._requests():
             lane = self.lanes.lane(request)
             if self.lanes.waits(lane):
                 self._spool.add(lane or "", request)
                 continue
-            chunk = self._add(cutter, request, lane)
-            if chunk is not None:
+            for chunk in self._add(cutter, request, lane):
                 yield chunk
                 await asyncio.sleep(0)  # let finished chunks write out between reads
         self.progress.total_known = True
@@ -115,17 +119,15 @@ class Job:
             yield self._made(chunk)
         for lane in self._spool.lanes:
             for request in self._spool.take(lane):
-                chunk = self._add(cutter, request, lane)
-                if chunk is not None:
+                for chunk in self._add(cutter, request, lane):
                     yield chunk
             for chunk in cutter.rest(lane):
                 yield self._made(chunk)
 
-    def _add(self, cutter: ChunkCutter, request: ParsedRequest, lane: str | None) -> JobChunk | None:
-        """Take a request into the cutter; the chunk it completed, if it did."""
+    def _add(self, cutter: ChunkCutter, request: ParsedRequest, lane: str | None) -> list[JobChunk]:
+        """Take a request into the cutter; the chunks it completed, if any."""
         self._in_flight[request.custom_id] = request
-        chunk = cutter.add(request, lane or "")
-        return self._made(chunk) if chunk is not None else None
+        return [self._made(chunk) for chunk in cutter.add(request, lane or "")]
 
     def _made(self, chunk: JobChunk) -> JobChunk:
         """A chunk about to be sent, its model noted (from its first request's)."""

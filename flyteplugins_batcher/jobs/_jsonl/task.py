@@ -72,7 +72,7 @@ async def run_batch_file(
     destination = Destination.check(run.output_dir, BATCH_OUTPUT_FILES)  # before any inference
     local_input = Path(await input.download())
     work = WorkFolder("batch-jsonl-", destination)
-    job = _job(local_input, work.path, settings, served_model_name, model_mismatch, journal)
+    job = _job(local_input, work.path, settings, served_model_name, model_mismatch, journal, run)
     fanned = None
     try:
         fanned = await fan_out(
@@ -104,7 +104,13 @@ async def run_batch_file(
 
 
 def _job(
-    local_input: Path, folder: Path, settings: EngineSettings, served_model_name: str, model_mismatch: str, journal: str
+    local_input: Path,
+    folder: Path,
+    settings: EngineSettings,
+    served_model_name: str,
+    model_mismatch: str,
+    journal: str,
+    run: RunOptions,
 ) -> Job:
     """The job over a local copy of the file, its first model answering to `served_model_name` too."""
     return Job(
@@ -115,6 +121,8 @@ def _job(
         served_embedding_model=EmbeddingModel().name,
         model_mismatch=model_mismatch,  # type: ignore[arg-type]
         journal=JournalWriter(journal) if journal else None,
+        order=run.order,
+        window=run.order_window,
     )
 
 

@@ -114,7 +114,16 @@ async def _start(table: Any, plan: TableRun) -> tuple[TableJob, WorkFolder]:
         )
     work = WorkFolder("table-", destination)
     parts = TableParts(work.path, options, source.schema.names, postprocess)
-    return TableJob(source, requests, parts, chunk_size=plan.chunk_size, noun=plan.noun), work
+    job = TableJob(
+        source,
+        requests,
+        parts,
+        chunk_size=plan.chunk_size,
+        noun=plan.noun,
+        order=plan.run.order,
+        window=plan.run.order_window,
+    )
+    return job, work
 
 
 def _sender(plan: TableRun, started: float) -> Callable[[JobChunk], Awaitable[JobOutcome]]:

@@ -1,10 +1,10 @@
-"""The table job on the driver: rows read a batch at a time, cut into chunks, each chunk's part written as it finishes.
+"""The table job on the driver: rows read a part at a time, placed in chunks, each part written once it is answered.
 
 `TableJob` knows where rows come from and where their answers go, and nothing of where chunks
-run: `fan_out(job.chunks(), infer, job.on_chunk, ...)` runs them. A chunk is a range of rows: its
-input rows wait here (as Arrow) while its requests run, so the driver holds at most the chunks in
-flight and the one being cut, whatever the table's size. A row that cannot make its request fails
-at once, in its chunk's part; a chunk whose rows all failed so is written without being sent.
+run: `fan_out(job.chunks(), infer, job.on_chunk, ...)` runs them. A part is a range of rows: its
+input rows wait here (as Arrow) while its chunks run, so the driver holds at most the parts whose
+chunks are in flight and the one being cut, whatever the table's size. A row that cannot make its
+request fails at once, in its part; a part whose rows all failed so is written without being sent.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 
 import pyarrow as pa
 
@@ -20,21 +21,44 @@ from flyteplugins_batcher.jobs._report import Progress
 from flyteplugins_batcher.jobs._table.parts import ChunkRows, RowAnswer, TableParts
 from flyteplugins_batcher.jobs._table.requests import RowError, RowItem, RowRequests
 from flyteplugins_batcher.jobs._table.source import TableSource
-from flyteplugins_batcher.replica import EmbeddingChunk, EmbeddingItem, JobChunk, JobOutcome, RequestChunk, RequestItem
+from flyteplugins_batcher.replica import (
+    ChunkCutter,
+    EmbeddingChunk,
+    EmbeddingItem,
+    JobChunk,
+    JobOutcome,
+    RequestChunk,
+    RequestItem,
+)
 
 READ_ROWS = 4096
-"""Rows per record batch read from the table (a chunk takes rows from one or more of them)."""
+"""Rows per record batch read from the table (a part takes rows from one or more of them)."""
+
+
+@dataclass
+class _Part:
+    """A part being answered: its rows, each row's answer so far, and its chunks still out."""
+
+    rows: ChunkRows
+    answers: list[RowAnswer | None]
+    outstanding: int = 0
 
 
 class TableJob:
-    """One table job on the driver: reads rows lazily, writes each finished chunk's part, counts and shows progress.
+    """One table job on the driver: reads rows lazily, writes each part once its rows are answered, counts them.
+
+    The rows are read a part at a time: `chunk_size` rows in "file" order (a part is a chunk), or
+    `window` rows in "prefix" order, whose requests are placed in chunks by shared prompt prefix
+    (`ChunkCutter.placed`) and whose part is written when its last chunk finishes.
 
     Args:
         source: The table.
         requests: How a row becomes its request.
-        parts: Where the finished chunks' parts are written.
-        chunk_size: Rows per chunk.
+        parts: Where the finished parts are written.
+        chunk_size: Rows per chunk (at most).
         noun: What a row is, for the progress line and messages ("rows", "documents").
+        order: "prefix" or "file" (`RunOptions.order`); embeddings always run in file order.
+        window: Rows placed together in "prefix" order (`RunOptions.order_window`).
 
     Example:
         ```python
@@ -44,12 +68,22 @@ class TableJob:
     """
 
     def __init__(
-        self, source: TableSource, requests: RowRequests, parts: TableParts, *, chunk_size: int, noun: str = "rows"
+        self,
+        source: TableSource,
+        requests: RowRequests,
+        parts: TableParts,
+        *,
+        chunk_size: int,
+        noun: str = "rows",
+        order: str = "prefix",
+        window: int = ChunkCutter.WINDOW,
     ) -> None:
         self.source = source
         self.requests = requests
         self.parts = parts
         self.chunk_size = chunk_size
+        self.order = "file" if requests.options.task_type == "embed" else order
+        self.part_rows = max(window, chunk_size) if self.order == "prefix" else chunk_size
         self.counts = Counts()
         self.truncated = 0
         self.first_failure = ""
@@ -58,56 +92,95 @@ class TableJob:
         self.progress = Progress(f"Table {source.description}", total or 0, noun=noun, total_known=total is not None)
         self.started = time.time()
         """When the job started (epoch seconds): a chunk that finished before was reused from an earlier run."""
-        self._waiting: dict[int, ChunkRows] = {}
+        self._parts: dict[int, _Part] = {}
+        self._chunks: dict[int, tuple[int, list[int]]] = {}  # chunk -> its part, and the items of the part it holds
 
     async def chunks(self) -> AsyncIterator[JobChunk]:
         """Each chunk of rows as its requests, read from the table as they are needed (in a worker thread)."""
         prepared = self._prepared()
-        while (chunk := await asyncio.to_thread(next, prepared, None)) is not None:
-            yield chunk
+        while (made := await asyncio.to_thread(next, prepared, None)) is not None:
+            part, chunks = made
+            for position, error in part.rows.errors.items():
+                self._count(part.rows, position, RowAnswer(error=error), fresh=True, retried=False)
+            if not chunks:  # every row failed before it could be sent
+                await self._finish(part)
+            for chunk in chunks:
+                yield chunk
         self.progress.total_known = True
 
-    def _prepared(self) -> Iterator[JobChunk]:
-        """Read and cut the table, and make each row's request: blocking work, kept off the event loop."""
-        for rows in self._chunk_rows():
+    def _prepared(self) -> Iterator[tuple[_Part, list[JobChunk]]]:
+        """Read and cut the table, make each row's request and place them: blocking work, kept off the event loop."""
+        number = 0
+        for rows in self._part_rows():
             items = self._items(rows)
-            self._waiting[rows.index] = rows
-            if self.requests.options.task_type == "embed":
-                yield EmbeddingChunk(rows.index, [item for item in items if isinstance(item, EmbeddingItem)])
-            else:
-                yield RequestChunk(rows.index, [item for item in items if isinstance(item, RequestItem)])
+            part = _Part(
+                rows,
+                [RowAnswer(error=rows.errors[p]) if p in rows.errors else None for p in range(rows.table.num_rows)],
+            )
+            self._parts[rows.index] = part
+            chunks: list[JobChunk] = []
+            for members in ChunkCutter.placed(items, self.chunk_size, self.order):  # type: ignore[arg-type]
+                chosen = [items[member] for member in members]
+                if self.requests.options.task_type == "embed":
+                    chunks.append(EmbeddingChunk(number, [item for item in chosen if isinstance(item, EmbeddingItem)]))
+                else:
+                    chunks.append(RequestChunk(number, [item for item in chosen if isinstance(item, RequestItem)]))
+                self._chunks[number] = (rows.index, members)
+                number += 1
+            part.outstanding = len(chunks)
+            yield part, chunks
 
     async def on_chunk(self, chunk: JobChunk, outcome: JobOutcome | None, reason: str) -> None:
-        """Write a finished chunk's part (`None`: the chunk failed, for `reason`), and count its rows."""
-        rows = self._waiting.pop(chunk.index)
-        answers = await asyncio.to_thread(self._write, rows, outcome, reason)
-        sent = {position: item for item, position in enumerate(rows.sent)}
-        for position, answer in enumerate(answers):
-            item = sent.get(position)
-            failed = answer.error is not None
-            fresh = item is None or outcome is None or failed or outcome.computed_since(item, self.started)
-            retried = item is not None and outcome is not None and outcome.was_retried(item)
-            self.counts.count(failed=failed, completion_tokens=answer.output_tokens or 0, fresh=fresh, retried=retried)
-            self.truncated += answer.truncated
-            if answer.error is not None and not self.first_failure:
-                self.first_failure = f"row {rows.start + position}: {answer.error}"
+        """Answer a finished chunk's rows (`None`: the chunk failed, for `reason`), and write their part once
+        its last chunk is in."""
+        part_index, members = self._chunks.pop(chunk.index)
+        part = self._parts[part_index]
+        answers = await asyncio.to_thread(self._answers, part.rows, members, outcome, reason)
+        for item, (member, answer) in enumerate(zip(members, answers, strict=True)):
+            position = part.rows.sent[member]
+            part.answers[position] = answer
+            fresh = outcome is None or answer.error is not None or outcome.computed_since(item, self.started)
+            self._count(
+                part.rows, position, answer, fresh=fresh, retried=outcome is not None and outcome.was_retried(item)
+            )
+        part.outstanding -= 1
+        if not part.outstanding:
+            await self._finish(part)
         await self.progress.update(self.counts.done, self.counts.failed)
 
-    def _write(self, rows: ChunkRows, outcome: JobOutcome | None, reason: str) -> list[RowAnswer]:
-        answers = self.parts.answers(rows, outcome, reason)
-        self.parts.write(rows, answers)
+    def _answers(self, rows: ChunkRows, members: list[int], outcome: JobOutcome | None, reason: str) -> list[RowAnswer]:
+        """The answers of a chunk's rows (your `postprocess` runs here, off the event loop)."""
+        answers = []
+        for item, member in enumerate(members):
+            result = outcome.results[item] if outcome is not None else None
+            row = rows.table.slice(rows.sent[member], 1).to_pylist()[0] if self.parts.postprocess else None
+            answers.append(self.parts.answer(row, result, reason))
         return answers
 
-    def _chunk_rows(self) -> Iterator[ChunkRows]:
+    def _count(self, rows: ChunkRows, position: int, answer: RowAnswer, *, fresh: bool, retried: bool) -> None:
+        failed = answer.error is not None
+        self.counts.count(failed=failed, completion_tokens=answer.output_tokens or 0, fresh=fresh, retried=retried)
+        self.truncated += answer.truncated
+        if failed and not self.first_failure:
+            self.first_failure = f"row {rows.start + position}: {answer.error}"
+
+    async def _finish(self, part: _Part) -> None:
+        """Write a part whose rows all have their answers."""
+        del self._parts[part.rows.index]
+        answers = [answer if answer is not None else RowAnswer(error="unanswered") for answer in part.answers]
+        await asyncio.to_thread(self.parts.write, part.rows, answers)
+
+    def _part_rows(self) -> Iterator[ChunkRows]:
         start = 0
-        for index, table in enumerate(cut(self.source.batches(max(READ_ROWS, self.chunk_size)), self.chunk_size)):
+        batches = self.source.batches(max(READ_ROWS, self.part_rows))
+        for index, table in enumerate(cut(batches, self.part_rows)):
             if not self.progress.total_known:
                 self.progress.total += table.num_rows
             yield ChunkRows(index, start, table)
             start += table.num_rows
 
     def _items(self, rows: ChunkRows) -> list[RowItem]:
-        """The requests of the chunk's rows; a row that cannot make one fails now."""
+        """The requests of the part's rows; a row that cannot make one fails now."""
         items = []
         for position, row in enumerate(rows.table.to_pylist()):
             try:

@@ -4,8 +4,9 @@ A part holds its chunk's input rows as they were read (every column, nested type
 order), then the answer column (text; a struct built from the JSON schema; or a fixed-size list of
 float32 for embeddings), the token counts (`num_input_tokens`, `num_generated_tokens`, as Ray Data
 LLM names them), the columns your `postprocess` adds, and `error`: null where the row succeeded,
-`code: reason` where it failed. Parts are named by chunk (`part-000000000.parquet`, ...), so reading
-the folder reads the rows in input order.
+`code: reason` where it failed. A part holds a run of consecutive rows (one chunk's, or a placement
+window's whose rows ran in several chunks) and parts are numbered in row order (`part-000000000.parquet`,
+...), so reading the folder reads the rows in input order.
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from flyteplugins_batcher.jobs._table.options import RowFunction, TableOptions
+from flyteplugins_batcher.jobs._table.options import Row, RowFunction, TableOptions
 from flyteplugins_batcher.jobs._table.requests import RowError
 from flyteplugins_batcher.jobs._table.schema import arrow_type, structured_value
-from flyteplugins_batcher.replica import EmbeddingResult, ItemResult, JobOutcome
+from flyteplugins_batcher.replica import EmbeddingResult, ItemResult
 
 ERROR_COLUMN = "error"
 INPUT_TOKENS = "num_input_tokens"
@@ -34,14 +35,15 @@ PART_NAME = "part-{:09d}.parquet"
 
 @dataclass
 class ChunkRows:
-    """One chunk's input rows, held while its requests run, and what became of each before it was sent.
+    """One part's input rows, held while their requests run (in one chunk, or several), and what became of each
+    before it was sent.
 
     Attributes:
-        index: The chunk's number (its part's name).
+        index: The part's number (its name).
         start: The number of its first row in the table (from 0).
         table: Its input rows, as read.
-        errors: The rows that failed before they were sent, by position in the chunk.
-        sent: The positions of the rows that were sent, in the order of the chunk's items.
+        errors: The rows that failed before they were sent, by position in the part.
+        sent: The positions of the rows that were sent, in the order of their items.
     """
 
     index: int
@@ -64,7 +66,7 @@ class RowAnswer:
 
 
 class TableParts:
-    """Writes the output dataset's parts, one per finished chunk, in a folder.
+    """Writes the output dataset's parts, each once all of its rows have their answers, in a folder.
 
     Args:
         folder: Where the parts go.
@@ -75,7 +77,7 @@ class TableParts:
     Example:
         ```python
         parts = TableParts(work, TableOptions(prompt="{q}"), ["q"], None)
-        answers = parts.answers(rows, outcome, reason="")
+        answers = [parts.answer(row, result, reason="") for row, result in zip(rows_read, results)]
         parts.write(rows, answers)
         ```
     """
@@ -91,17 +93,14 @@ class TableParts:
         self.dimensions = 0
         self.paths: list[Path] = []
 
-    def answers(self, rows: ChunkRows, outcome: JobOutcome | None, reason: str) -> list[RowAnswer]:
-        """Each row's answer, in the chunk's order (your `postprocess` runs here, on the rows that succeeded)."""
-        answers = [RowAnswer(error=rows.errors.get(position)) for position in range(rows.table.num_rows)]
-        for item_position, position in enumerate(rows.sent):
-            result = outcome.results[item_position] if outcome is not None else None
-            answers[position] = self._answer(result, reason)
-        if self.postprocess is not None:
-            for row, answer in zip(rows.table.to_pylist(), answers, strict=True):
-                if answer.error is None:
-                    self._postprocess(row, answer)
-        return answers
+    def answer(self, row: Row | None, result: ItemResult | EmbeddingResult | None, reason: str) -> RowAnswer:
+        """A sent row's answer from its result (`None`: its chunk failed, for `reason`); your `postprocess` runs here,
+        on `row` (its input columns), when the row succeeded."""
+        answer = self._answer(result, reason)
+        if self.postprocess is not None and answer.error is None:
+            assert row is not None
+            self._postprocess(row, answer)
+        return answer
 
     def write(self, rows: ChunkRows, answers: list[RowAnswer]) -> Path:
         """Write the chunk's part: its input rows, then the answers' columns."""

@@ -85,6 +85,7 @@ class BatchLines:
         store: Where answered lines are recorded.
         inference: What runs the chunks.
         chunk_size: Requests per chunk.
+        order: How the requests are cut into chunks ("prefix" or "file", `ChunkCutter`).
         chunks_in_flight: Chunks outstanding at once.
         should_stop: Asked between lines: true once the batch is cancelled or its window has passed.
         cancelled: Set when the batch is cancelled: the lines in flight stop too (queued ones never
@@ -101,6 +102,7 @@ class BatchLines:
         store: Store,
         inference: Inference,
         chunk_size: int,
+        order: str = "prefix",
         chunks_in_flight: int,
         should_stop: Callable[[], bool],
         cancelled: asyncio.Event | None = None,
@@ -111,6 +113,7 @@ class BatchLines:
         self.store = store
         self.inference = inference
         self.chunk_size = chunk_size
+        self.order = order
         self.chunks_in_flight = chunks_in_flight
         self.should_stop = should_stop
         self.cancelled = cancelled
@@ -126,7 +129,7 @@ class BatchLines:
         await fan_out(self._chunks(answered), self._run, self._record, max_in_flight=self.chunks_in_flight)
 
     async def _chunks(self, answered: set[int]) -> AsyncIterator[JobChunk]:
-        cutter = ChunkCutter(self.chunk_size, EMBEDDING_CHUNK_TEXTS)
+        cutter = ChunkCutter(self.chunk_size, EMBEDDING_CHUNK_TEXTS, self.order)  # type: ignore[arg-type]
         with self.path.open("rb") as lines, SeenIds() as seen:
             for number, request in self.rules.read(lines, seen):
                 if self.should_stop():
@@ -137,8 +140,7 @@ class BatchLines:
                     self.store.record_lines(self.batch_id, [FinishedLine.failed(request)])
                     continue
                 self._requests[request.custom_id] = request
-                chunk = cutter.add(request)
-                if chunk is not None:
+                for chunk in cutter.add(request):
                     yield chunk
                     await asyncio.sleep(0)  # let finished chunks record between reads
         for chunk in cutter.rest():

@@ -180,6 +180,7 @@ class FlyteExecutor:
             max_chunks_in_flight=self.settings.batch_chunks_in_flight,
             max_failed_fraction=1.0,  # a batch's bad lines go to its error file; the run itself succeeds
             output_dir=f"{folder}/out",
+            order=self.settings.batch_order,
         )
         return {
             "input": await self.launcher.input_file(path, batch["id"]),

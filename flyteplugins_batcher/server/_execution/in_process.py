@@ -56,6 +56,7 @@ class InProcessExecutor:
             store=self.store,
             inference=self.inference,
             chunk_size=self.settings.batch_chunk_size,
+            order=self.settings.batch_order,
             chunks_in_flight=self._chunks_in_flight(),
             should_stop=lambda: cancelled.is_set() or seconds_left(batch) <= 0,
             cancelled=cancelled,
