@@ -1,0 +1,300 @@
+"""Shared prefixes computed once: run-batch with prefix-aware placement beside file order, vLLM's and Ray's programs.
+
+Three workloads, each an OpenAI batch file of chat lines that every contender reads:
+
+- **documents**: `--documents` documents of about 550 tokens (gsm8k questions run together), each
+  asked `--questions` questions, listed question by question (a document's questions lie
+  `--documents` lines apart), with a KV cache too small to hold every document at once;
+- **few-shot**: one long prefix (8 worked gsm8k examples, about 1,100 tokens) before each of
+  `--few-shot-lines` gsm8k questions;
+- **plain**: `--plain-lines` gsm8k questions with the gsm8k system prompt: nothing shared beyond it.
+
+Contenders, each a fresh process timed whole as a user waits (loading included), with the same
+model (the bundled SmolLM2 unless `--model`), the same engine arguments and prefix caching on:
+`ours, prefix` (`run-batch`, placement on: the default), `ours, file` (`run-batch --order file`),
+`vllm run-batch`, `LLM.chat` (vLLM's offline `LLM.chat` over every line at once) and
+`Ray Data LLM` (its vLLM processor, in its own virtualenv: `make ray-env`). Rounds alternate the
+order. Printed per workload: each contender's median seconds and rounds, the prompt tokens vLLM
+found in its cache where the contender says (ours: `cached_tokens` in each answer's usage), and
+how many answers equal `ours, file`'s.
+
+    python benchmarks/bench_prefix.py                                   # the three workloads, 1 round
+    python benchmarks/bench_prefix.py --workloads documents --documents 8 --questions 4 --ways "ours, prefix,ours, file"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from benchmarks import bench_table  # noqa: E402
+from benchmarks._charts import add_chart_flag, write_chart_data  # noqa: E402
+from benchmarks._tables import markdown_table  # noqa: E402
+from flyteplugins_batcher.engines import bundled_smollm2_path  # noqa: E402
+from flyteplugins_batcher.jobs._gsm8k.prompt import SYSTEM_PROMPT  # noqa: E402
+
+WAYS = ("ours, prefix", "ours, file", "vllm run-batch", "LLM.chat", "Ray Data LLM")
+WORKLOADS = ("documents", "few-shot", "plain")
+DOCUMENT_SYSTEM = "Answer the question about the document in one short sentence."
+GOALS = (
+    ("documents", "ours, prefix", "vllm run-batch", 0.5),
+    ("documents", "ours, prefix", "ours, file", 0.6),
+    ("few-shot", "ours, prefix", "vllm run-batch", 1.0),
+    ("plain", "ours, prefix", "vllm run-batch", 1.0),
+    ("documents", "ours, prefix", "Ray Data LLM", 1.0),
+    ("few-shot", "ours, prefix", "Ray Data LLM", 1.0),
+    ("plain", "ours, prefix", "Ray Data LLM", 1.0),
+)
+"""(workload, contender, reference, most the contender's median may take of the reference's): issue 40's goals."""
+
+
+@dataclass(frozen=True)
+class Result:
+    """One contender's run on one workload: seconds until its answers were written, its answers, cached tokens."""
+
+    workload: str
+    way: str
+    round: int
+    seconds: float
+    answers: dict[str, str]
+    cached_tokens: int | None
+
+
+def gsm8k(data: Path) -> list[dict[str, str]]:
+    return [json.loads(line) for line in data.read_text().splitlines() if line.strip()]
+
+
+def chat_line(custom_id: str, messages: list[dict[str, str]], args: argparse.Namespace) -> str:
+    body = {"model": args.model, "messages": messages, "max_tokens": args.max_tokens, "temperature": 0}
+    return json.dumps({"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body})
+
+
+def documents_lines(rows: list[dict[str, str]], args: argparse.Namespace) -> list[str]:
+    """Each document asked each question, question by question: a document's questions `--documents` lines apart."""
+    documents = [
+        " ".join(row["question"] for row in rows[number * 8 : number * 8 + 8]) for number in range(args.documents)
+    ]
+    lines = []
+    for asked in range(args.questions):
+        for number, document in enumerate(documents):
+            question = f"How many numbers does sentence {asked + 1} of the document mention?"
+            messages = [
+                {"role": "system", "content": DOCUMENT_SYSTEM},
+                {"role": "user", "content": f"Document:\n{document}\n\nQuestion: {question}"},
+            ]
+            lines.append(chat_line(f"doc{number}-q{asked}", messages, args))
+    return lines
+
+
+def few_shot_lines(rows: list[dict[str, str]], args: argparse.Namespace) -> list[str]:
+    """Eight worked examples, then the question: one long prefix on every line."""
+    examples = "\n\n".join(f"Question: {row['question']}\nAnswer: {row['answer']}" for row in rows[-8:])
+    system = f"{SYSTEM_PROMPT}\n\nWorked examples:\n\n{examples}"
+    return [
+        chat_line(
+            f"q{number}", [{"role": "system", "content": system}, {"role": "user", "content": row["question"]}], args
+        )
+        for number, row in enumerate(rows[: args.few_shot_lines])
+    ]
+
+
+def plain_lines(rows: list[dict[str, str]], args: argparse.Namespace) -> list[str]:
+    return [
+        chat_line(
+            f"q{number}",
+            [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": row["question"]}],
+            args,
+        )
+        for number, row in enumerate(rows[: args.plain_lines])
+    ]
+
+
+MAKERS = {"documents": documents_lines, "few-shot": few_shot_lines, "plain": plain_lines}
+
+
+def command(way: str, args: argparse.Namespace, inputs: bench_table.Inputs, out: Path) -> list[str]:
+    """A contender's command line: bench_table's, with prefix caching on and our placement chosen."""
+    if way.startswith("ours"):
+        line = bench_table.command("run-batch", args, inputs, out)
+        return [
+            *line,
+            "--order",
+            way.removeprefix("ours, "),
+            "--engine-args",
+            json.dumps({"enable_prefix_caching": True}),
+        ]
+    line = bench_table.command(way, args, inputs, out)
+    return [*line, "--enable-prefix-caching"] if way == "vllm run-batch" else line
+
+
+def as_table_way(way: str) -> str:
+    """The name bench_table knows the contender by (ours are its `run-batch`)."""
+    return "run-batch" if way.startswith("ours") else way
+
+
+def cached_tokens(way: str, out: Path) -> int | None:
+    """The prompt tokens the contender's answers say vLLM found cached (None: it does not say)."""
+    if as_table_way(way) not in ("run-batch", "vllm run-batch"):
+        return None
+    bodies = [json.loads(line)["response"]["body"] for line in (out / "results.jsonl").open() if '"body"' in line]
+    details = [(body["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") for body in bodies]
+    return None if not details or any(value is None for value in details) else sum(details)
+
+
+def run_once(
+    workload: str, way: str, number: int, args: argparse.Namespace, inputs: bench_table.Inputs
+) -> Result | None:
+    """One contender on one workload, a fresh process timed whole; None (its error shown) if it failed."""
+    out = Path(tempfile.mkdtemp(dir=inputs.scratch))
+    launched, started = time.time(), time.perf_counter()
+    finished = subprocess.run(command(way, args, inputs, out), capture_output=True, text=True, cwd=inputs.scratch)
+    exit_s = time.perf_counter() - started
+    if finished.returncode != 0:
+        print(f"{workload}, round {number + 1}, {way} failed ({finished.returncode}):\n{finished.stderr[-3000:]}")
+        return None
+    marks = [line for line in finished.stderr.splitlines() if line.startswith("phases: ")]
+    phases = json.loads(marks[-1].removeprefix("phases: ")) if marks else {}
+    seconds = phases["written_at"] - launched if "written_at" in phases else exit_s
+    answers, _ = bench_table.read_answers(as_table_way(way), out)
+    cached = cached_tokens(way, out)
+    print(
+        f"{workload}, round {number + 1}, {way}: {seconds:.1f} s, {len(answers)} answers, cached {cached}", flush=True
+    )
+    return Result(workload, way, number, seconds, answers, cached)
+
+
+def medians(results: list[Result]) -> dict[tuple[str, str], float]:
+    keys = dict.fromkeys((result.workload, result.way) for result in results)
+    return {key: statistics.median(r.seconds for r in results if (r.workload, r.way) == key) for key in keys}
+
+
+def contenders_table(results: list[Result], lines: dict[str, int]) -> str:
+    median = medians(results)
+    rows = []
+    for workload, way in median:
+        mine = [result for result in results if (result.workload, result.way) == (workload, way)]
+        base = next((r for r in results if (r.workload, r.way) == (workload, "ours, file")), None)
+        same = (
+            "-"
+            if base is None
+            else f"{sum(mine[0].answers.get(k) == v for k, v in base.answers.items())}/{len(base.answers)}"
+        )
+        rounds = " / ".join(f"{result.seconds:.1f}" for result in mine)
+        cached = "" if mine[0].cached_tokens is None else f"{mine[0].cached_tokens:,}"
+        rows.append(
+            [
+                workload,
+                way,
+                f"{len(mine[0].answers)}/{lines[workload]}",
+                f"{median[workload, way]:.1f}",
+                rounds,
+                cached,
+                same,
+            ]
+        )
+    headers = ["workload", "contender", "answered", "median s", "rounds (s)", "cached prompt tokens", "= ours, file"]
+    return markdown_table(headers, rows)
+
+
+def goals_table(results: list[Result]) -> str:
+    median = medians(results)
+    rows = []
+    for workload, way, reference, limit in GOALS:
+        if (workload, way) in median and (workload, reference) in median:
+            ratio = median[workload, way] / median[workload, reference]
+            rows.append(
+                [
+                    workload,
+                    f"{way} / {reference}",
+                    f"{ratio:.2f}x",
+                    f"{limit:.2f}x",
+                    "met" if ratio <= limit else "not met",
+                ]
+            )
+    return markdown_table(["workload", "goal", "ratio of medians", "at most", ""], rows)
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, default=bench_table.DEFAULT_DATA)
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--ways", default="|".join(WAYS), help="the contenders, separated by |")
+    parser.add_argument("--documents", type=int, default=16)
+    parser.add_argument("--questions", type=int, default=4)
+    parser.add_argument("--few-shot-lines", type=int, default=128)
+    parser.add_argument("--plain-lines", type=int, default=128)
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--model", default="")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument(
+        "--kv-cache-gb", type=float, default=0.25, help="0.25: about 5,800 tokens, fewer than the documents"
+    )
+    parser.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--ray-python", type=Path, default=bench_table.RAY_PYTHON)
+    add_chart_flag(parser)
+    args = parser.parse_args()
+    args.ways = tuple(way.strip() for way in args.ways.split("|"))
+    args.workloads = tuple(name.strip() for name in args.workloads.split(","))
+    if set(args.ways) - set(WAYS) or set(args.workloads) - set(WORKLOADS):
+        parser.error(f"contenders among {WAYS}, workloads among {WORKLOADS}")
+    if "Ray Data LLM" in args.ways and not args.ray_python.exists():
+        print(f"no {args.ray_python}: Ray Data LLM is left out (make ray-env)", file=sys.stderr)
+        args.ways = tuple(way for way in args.ways if way != "Ray Data LLM")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    args.model = args.model or str(bundled_smollm2_path())
+    rows = gsm8k(args.data)
+    results: list[Result] = []
+    lines: dict[str, int] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-prefix-") as folder:
+        for workload in args.workloads:
+            made = MAKERS[workload](rows, args)
+            lines[workload] = len(made)
+            inputs = bench_table.Inputs(
+                Path(folder) / "unused.parquet", Path(folder) / f"{workload}.jsonl", Path(folder)
+            )
+            inputs.jsonl.write_text("\n".join(made) + "\n")
+            for number in range(args.rounds):
+                for way in bench_table.round_order(number, args.ways):
+                    result = run_once(workload, way, number, args, inputs)
+                    results += [result] if result is not None else []
+    print(
+        f"\nSmolLM2 on vLLM's CPU build, {args.dtype}, KV cache {args.kv_cache_gb:g} GiB, prefix caching on, "
+        f"at most {args.max_tokens} new tokens; seconds until the answers are written, loading included\n"
+    )
+    print(contenders_table(results, lines))
+    print()
+    print(goals_table(results))
+    write_chart_data(
+        args.chart_data,
+        title="Shared prefixes: wall time by workload and contender, loading included",
+        unit="seconds until the answers are written, lower is better",
+        rows=[(f"{workload}: {way}", seconds) for (workload, way), seconds in medians(results).items()],
+        note=f"SmolLM2, vLLM's CPU build, KV cache {args.kv_cache_gb:g} GiB, prefix caching on "
+        "(benchmarks/bench_prefix.py)",
+        digits=1,
+    )
+
+
+if __name__ == "__main__":
+    main()
