@@ -87,7 +87,14 @@ class TableJob:
             failed = answer.error is not None
             fresh = item is None or outcome is None or failed or outcome.computed_since(item, self.started)
             retried = item is not None and outcome is not None and outcome.was_retried(item)
-            self.counts.count(failed=failed, completion_tokens=answer.output_tokens or 0, fresh=fresh, retried=retried)
+            self.counts.count(
+                failed=failed,
+                completion_tokens=answer.output_tokens or 0,
+                prompt_tokens=answer.input_tokens or 0,
+                cached_tokens=answer.cached_tokens,
+                fresh=fresh,
+                retried=retried,
+            )
             self.truncated += answer.truncated
             if answer.error is not None and not self.first_failure:
                 self.first_failure = f"row {rows.start + position}: {answer.error}"
