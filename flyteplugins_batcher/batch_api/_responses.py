@@ -40,7 +40,9 @@ def completion_body(request: BatchRequest, completion: Completion, *, model: str
     tool calls (`choices[i].message.tool_calls`, `content` then what is left of the text or null;
     `finish_reason` `"tool_calls"`, or `"stop"` for a named tool choice, as vLLM answers).
     `model` is the request's LoRA adapter when it named one, else `model`. `usage` counts the
-    prompt once and every sample's tokens.
+    prompt once and every sample's tokens, and in `prompt_tokens_details.cached_tokens` the prompt
+    tokens the engine found in its prefix cache (as OpenAI and vLLM write them). The server's online
+    answers and the usage event that ends a stream are this body's too.
     """
     chat = request.endpoint == "/v1/chat/completions"
     choices = [_choice(request, sample, index, response_id) for index, sample in enumerate(completion.samples)]
@@ -54,6 +56,7 @@ def completion_body(request: BatchRequest, completion: Completion, *, model: str
             "prompt_tokens": completion.prompt_tokens,
             "completion_tokens": completion.completion_tokens,
             "total_tokens": completion.prompt_tokens + completion.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": completion.cached_tokens},
         },
     }
 

@@ -27,6 +27,8 @@ class EngineStats:
         cancelled_records: Records their caller cancelled (`RequestCancelledError`): stopped while
             they ran, or never run.
         prompt_tokens: Real prompt tokens across all completions.
+        cached_tokens: Of those, the tokens the engine found in its prefix cache and did not compute
+            again (vLLM's `num_cached_tokens`); 0 for an engine without a prefix cache.
         completion_tokens: Generated tokens across all completions, and those that cancelled records
             got before the engine stopped them: every token the engine made.
         real_tokens: Non-padding token positions the engine computed over (prompt + generated).
@@ -46,6 +48,7 @@ class EngineStats:
     failed_records: int = 0
     cancelled_records: int = 0
     prompt_tokens: int = 0
+    cached_tokens: int = 0
     completion_tokens: int = 0
     real_tokens: int = 0
     padded_tokens: int = 0
@@ -164,6 +167,7 @@ class EngineCounters:
         completions = [outcome for outcome in outcomes if isinstance(outcome, Completion)]
         cancelled = [outcome for outcome in outcomes if isinstance(outcome, RequestCancelledError)]
         prompt_tokens = sum(completion.prompt_tokens for completion in completions)
+        cached_tokens = sum(completion.cached_tokens for completion in completions)
         completion_tokens = sum(completion.completion_tokens for completion in completions)
         cancelled_tokens = sum(outcome.completion_tokens for outcome in cancelled)
         with self._lock:
@@ -173,6 +177,7 @@ class EngineCounters:
             stats.failed_records += len(outcomes) - len(completions) - len(cancelled)
             stats.cancelled_records += len(cancelled)
             stats.prompt_tokens += prompt_tokens
+            stats.cached_tokens += cached_tokens
             stats.completion_tokens += completion_tokens + cancelled_tokens
             stats.real_tokens += prompt_tokens + completion_tokens
             stats.padded_tokens += prompt_tokens + completion_tokens

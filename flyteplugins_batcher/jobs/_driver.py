@@ -34,7 +34,7 @@ from flyteplugins_batcher import size_in_flight
 from flyteplugins_batcher.jobs._environments import ReplicaPool
 from flyteplugins_batcher.jobs._outputs import PublishError, WorkFolder
 from flyteplugins_batcher.jobs._report import Progress, final_html, print_report_location
-from flyteplugins_batcher.jobs._summary import ModelRun, RunSummary
+from flyteplugins_batcher.jobs._summary import ModelRun, RunSummary, prompt_tokens_text
 from flyteplugins_batcher.replica import ChunkCutter, ReplicaSnapshot
 
 logger = logging.getLogger("flyteplugins_batcher.jobs._driver")
@@ -229,17 +229,33 @@ def _older(known: ReplicaSnapshot | None, seen: ReplicaSnapshot) -> ReplicaSnaps
 
 
 class Counts:
-    """Running counts of a run's requests, for its summary and live report."""
+    """Running counts of a run's requests, for its summary and live report.
+
+    The token counts (`fresh_tokens` generated, `fresh_prompt_tokens` read, `fresh_cached_tokens` of
+    those found in the engines' prefix caches) are the answers' that this run computed.
+    """
 
     def __init__(self) -> None:
         self.done = self.failed = self.fresh_answers = self.fresh_tokens = self.reused = self.retried = 0
+        self.fresh_prompt_tokens = self.fresh_cached_tokens = 0
 
-    def count(self, *, failed: bool, completion_tokens: int, fresh: bool = True, retried: bool = False) -> None:
+    def count(
+        self,
+        *,
+        failed: bool,
+        completion_tokens: int,
+        prompt_tokens: int = 0,
+        cached_tokens: int = 0,
+        fresh: bool = True,
+        retried: bool = False,
+    ) -> None:
         """One request finished.
 
         Args:
             failed: It failed.
             completion_tokens: The tokens it generated.
+            prompt_tokens: The prompt tokens the engine read for it.
+            cached_tokens: Of those, the ones its engine found in its prefix cache.
             fresh: This run computed it (else its answer was reused from an earlier run).
             retried: An earlier run had failed it, and this run sent it to the engine again.
         """
@@ -250,6 +266,8 @@ class Counts:
         if fresh and not failed:
             self.fresh_answers += 1
             self.fresh_tokens += completion_tokens
+            self.fresh_prompt_tokens += prompt_tokens
+            self.fresh_cached_tokens += cached_tokens
 
 
 async def fan_out(
@@ -449,6 +467,8 @@ async def finish_run(
         inference_s=fanned.inference_s,
         requests_per_s=fanned.per_second(counts.fresh_answers),
         output_tokens_per_s=fanned.per_second(counts.fresh_tokens),
+        prompt_tokens=counts.fresh_prompt_tokens,
+        cached_tokens=counts.fresh_cached_tokens,
         results=File(path=str(results)),
         errors=File(path=str(errors)),
         occupancy=fanned.occupancy(),
@@ -489,6 +509,7 @@ def summary_line(summary: RunSummary, noun: str) -> str:
         f"{accuracy}answered {summary.answered}/{summary.requests} {noun}, {summary.failed} failed{reused} | "
         f"{summary.requests_per_s:.2f} {noun}/s, {summary.output_tokens_per_s:.0f} output tokens/s{occupancy} "
         f"(inference {summary.inference_s:.1f} s, model load {summary.load_time_s:.1f} s) | "
+        f"{prompt_tokens_text(summary.prompt_tokens, summary.cached_tokens)} | "
         f"results: {summary.results.path} | errors: {summary.errors.path}"
     )
 

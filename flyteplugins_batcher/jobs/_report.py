@@ -13,7 +13,7 @@ import flyte.report
 from flyteplugins_batcher.jobs._progress import ProgressLine, format_duration
 from flyteplugins_batcher.jobs._report_charts import timeline_section
 from flyteplugins_batcher.jobs._report_svg import CHART_WIDTH, PLOT_LEFT, svg, text
-from flyteplugins_batcher.jobs._summary import ModelRun, RunSummary
+from flyteplugins_batcher.jobs._summary import ModelRun, RunSummary, cached_share
 from flyteplugins_batcher.replica import ReplicaSnapshot
 
 logger = logging.getLogger("flyteplugins_batcher.jobs._report")
@@ -131,6 +131,7 @@ def final_html(
     cards = [
         *headline_cards(result.answered, result.requests, result.failed, result.requests_per_s),
         ("output tokens/s", f"{result.output_tokens_per_s:.0f}"),
+        *prompt_cards(result.prompt_tokens, result.cached_tokens),
         ("model load", f"{result.load_time_s:.1f}s"),
         ("inference", f"{result.inference_s:.1f}s"),
     ]
@@ -170,6 +171,15 @@ def headline_cards(answered: int, total: int, failed: int, per_second: float) ->
         ("answered", f"{answered}/{total}"),
         ("failed", str(failed)),
         ("per second (inference)", f"{per_second:.2f}"),
+    ]
+
+
+def prompt_cards(prompt_tokens: int, cached_tokens: int) -> list[tuple[str, str]]:
+    """The cards of the prompt tokens a run computed answers for: all, the share found cached, those computed."""
+    return [
+        ("prompt tokens", f"{prompt_tokens:,}"),
+        ("found in prefix cache", f"{cached_share(prompt_tokens, cached_tokens):.0%}"),
+        ("prefill tokens computed", f"{prompt_tokens - cached_tokens:,}"),
     ]
 
 

@@ -1,4 +1,8 @@
-"""`RunSummary`: what a batch LLM run prints and returns; `ModelRun`: one base model's part of it."""
+"""`RunSummary`: what a batch LLM run prints and returns; `ModelRun`: one base model's part of it.
+
+`prompt_tokens_text` says a run's prompt tokens: how many, the share its engines found in their
+prefix caches, and the prefill tokens they computed.
+"""
 
 from __future__ import annotations
 
@@ -46,6 +50,9 @@ class RunSummary:
     `max_num_seqs`, across the replicas; `None` for engines without continuous batching (Transformers),
     which have no occupancy. `models`: each base model's part (its lines, load and share of the run)
     when the run named several; empty otherwise.
+    `prompt_tokens`: prompt tokens of the answers this run computed; `cached_tokens`: of those, the
+    ones the engines found in their prefix caches, so that they computed `prompt_tokens - cached_tokens`
+    (`prompt_tokens_text` says it).
     """
 
     source: str
@@ -64,3 +71,22 @@ class RunSummary:
     occupancy: float | None = None
     retried: int = 0
     models: list[ModelRun] = field(default_factory=list)
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+
+
+def cached_share(prompt_tokens: int, cached_tokens: int) -> float:
+    """The share of the prompt tokens an engine found in its prefix cache (0.0 with no prompt tokens)."""
+    return cached_tokens / prompt_tokens if prompt_tokens else 0.0
+
+
+def prompt_tokens_text(prompt_tokens: int, cached_tokens: int) -> str:
+    """A run's prompt tokens, the share found in the prefix caches, and the prefill tokens computed.
+
+    Example:
+        ```python
+        assert prompt_tokens_text(73888, 52388) == "73,888 prompt tokens, 71% cached, 21,500 computed"
+        ```
+    """
+    share = cached_share(prompt_tokens, cached_tokens)
+    return f"{prompt_tokens:,} prompt tokens, {share:.0%} cached, {prompt_tokens - cached_tokens:,} computed"

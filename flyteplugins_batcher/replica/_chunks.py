@@ -243,7 +243,8 @@ class ItemResult:
 
     `text` and `finish_reason` are the first sample's and `completion_tokens` counts every sample, as
     in `Completion`; `samples` holds every sample when the request asked for more than one, or for
-    logprobs (which only a sample carries).
+    logprobs (which only a sample carries). `cached_tokens`: prompt tokens the engine found in its
+    prefix cache (0 in outcomes written before it was kept).
     """
 
     key: str
@@ -254,6 +255,7 @@ class ItemResult:
     error_code: str = ""
     error_message: str = ""
     samples: list[SampleResult] = field(default_factory=list)
+    cached_tokens: int = 0
 
     @classmethod
     def of(cls, key: str, completion: Completion) -> ItemResult:
@@ -267,6 +269,7 @@ class ItemResult:
             completion.prompt_tokens,
             completion.completion_tokens,
             samples=samples if kept else [],
+            cached_tokens=completion.cached_tokens,
         )
 
     @classmethod
@@ -281,9 +284,9 @@ class ItemResult:
 
     def completion(self) -> Completion:
         """The completion this result carries, every sample included."""
-        if not self.samples:
-            return Completion(self.text, self.prompt_tokens, self.completion_tokens, self.finish_reason)  # type: ignore[arg-type]
-        return Completion.from_samples(self.prompt_tokens, [sample.sample() for sample in self.samples])
+        only = Sample(self.text, self.completion_tokens, self.finish_reason)  # type: ignore[arg-type]
+        samples = [sample.sample() for sample in self.samples] or [only]
+        return Completion.from_samples(self.prompt_tokens, samples, cached_tokens=self.cached_tokens)
 
 
 class ItemOutcomes:

@@ -68,6 +68,7 @@ class FinishedLine:
         output: Its result line or error line, in OpenAI's batch format.
         input_tokens: Tokens the model read for it (0 when it failed).
         output_tokens: Tokens it generated (0 for embeddings and failures).
+        cached_tokens: Of `input_tokens`, those the engine found in its prefix cache (not computed again).
 
     Example:
         ```python
@@ -80,6 +81,7 @@ class FinishedLine:
     output: dict[str, Any]
     input_tokens: int = 0
     output_tokens: int = 0
+    cached_tokens: int = 0
 
     @classmethod
     def failed(cls, error: RequestLineError) -> FinishedLine:
@@ -87,16 +89,17 @@ class FinishedLine:
         return cls(error.line, False, error_line(error, request_number=error.line))
 
     def to_json(self) -> str:
-        """One line of JSON (`from_json` reads it back)."""
-        tokens = [self.input_tokens, self.output_tokens]
+        """One line of JSON (`from_json` reads it back): `tokens` is `[input, output, cached]`."""
+        tokens = [self.input_tokens, self.output_tokens, self.cached_tokens]
         return json.dumps({"line": self.line, "ok": self.ok, "output": self.output, "tokens": tokens})
 
     @classmethod
     def from_json(cls, text: str) -> FinishedLine:
-        """The line `to_json` wrote."""
+        """The line `to_json` wrote, or an older one (its `tokens` without `cached`, which reads as 0)."""
         data = json.loads(text)
-        input_tokens, output_tokens = data.get("tokens", (0, 0))
-        return cls(int(data["line"]), bool(data["ok"]), data["output"], int(input_tokens), int(output_tokens))
+        tokens = [*data.get("tokens", ()), 0, 0, 0]  # journals written before cached tokens hold [input, output]
+        input_tokens, output_tokens, cached_tokens = (int(count) for count in tokens[:3])
+        return cls(int(data["line"]), bool(data["ok"]), data["output"], input_tokens, output_tokens, cached_tokens)
 
 
 @dataclass(frozen=True)
@@ -231,9 +234,11 @@ class LineRules:
                 result.error_code, result.error_message, line=request.line, custom_id=request.custom_id
             )
             return FinishedLine.failed(failure)
-        completion_tokens = result.completion_tokens if isinstance(result, ItemResult) else 0
+        output = self._result_line(request, result)
+        if isinstance(result, EmbeddingResult):
+            return FinishedLine(request.line, True, output, result.prompt_tokens)
         return FinishedLine(
-            request.line, True, self._result_line(request, result), result.prompt_tokens, completion_tokens
+            request.line, True, output, result.prompt_tokens, result.completion_tokens, result.cached_tokens
         )
 
     def _result_line(self, request: ParsedRequest, result: ItemResult | EmbeddingResult) -> dict[str, Any]:

@@ -18,6 +18,7 @@ the engine. Every batcher metric carries a `batcher` label (`llm`, `embeddings`)
 | `batcher_engine_steps_total`, `batcher_engine_running_sequences_total` | counters | vLLM `iteration_tokens_total` |
 | `batcher_engine_max_num_seqs`, `batcher_engine_occupancy_ratio` | gauges | vLLM `num_requests_running` |
 | `batcher_engine_prompt_tokens_total`, `batcher_engine_generation_tokens_total` | counters | vLLM's, same names |
+| `batcher_engine_prompt_tokens_cached_total` | counter | vLLM's, same name: prompt tokens found in the prefix cache |
 | `batcher_http_requests_total{endpoint,outcome}` | counter | |
 | `batcher_http_request_duration_seconds{endpoint}` | histogram | |
 | `batcher_batch_jobs{status}` | gauge | Batch API jobs by status |
@@ -311,6 +312,7 @@ def _engine_metrics(stats: EngineStats) -> Iterator[Metric]:
             stats.running_seqs,
         ),
         "batcher_engine_prompt_tokens": ("Prompt tokens read", stats.prompt_tokens),
+        "batcher_engine_prompt_tokens_cached": ("Prompt tokens found in the prefix cache", stats.cached_tokens),
         "batcher_engine_generation_tokens": ("Tokens generated", stats.completion_tokens),
     }
     for name, (documentation, value) in counters.items():

@@ -27,12 +27,28 @@ def parsed(url: str, **body: object) -> BatchRequest:
 def test_n_samples_are_choices_0_to_n_minus_1_and_usage_counts_them_all():
     request = parsed("/v1/chat/completions", messages=[{"role": "user", "content": "color?"}], n=3, temperature=1)
     samples = [Sample("red", 2, "stop"), Sample("a deep blue", 4, "length"), Sample("green", 1, "stop")]
-    completion = Completion.from_samples(11, samples)
+    completion = Completion.from_samples(11, samples, cached_tokens=8)
     body = response_line(request, completion, model="m", request_number=9)["response"]["body"]
     assert [choice["index"] for choice in body["choices"]] == [0, 1, 2]
     assert [choice["message"]["content"] for choice in body["choices"]] == ["red", "a deep blue", "green"]
     assert [choice["finish_reason"] for choice in body["choices"]] == ["stop", "length", "stop"]
-    assert body["usage"] == {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
+    assert body["usage"] == {
+        "prompt_tokens": 11,
+        "completion_tokens": 7,
+        "total_tokens": 18,
+        "prompt_tokens_details": {"cached_tokens": 8},  # the prompt's cached part, once for all samples
+    }
+
+
+def test_usage_says_the_prompt_tokens_found_in_the_prefix_cache_as_openai_and_vllm_write_it():
+    request = parsed("/v1/completions", prompt="Once")
+    for cached in (0, 1, 40):
+        completion = Completion(
+            "upon", prompt_tokens=40, completion_tokens=1, finish_reason="stop", cached_tokens=cached
+        )
+        body = response_line(request, completion, model="m", request_number=1)["response"]["body"]
+        assert body["usage"]["prompt_tokens_details"] == {"cached_tokens": cached}
+        assert body["usage"]["prompt_tokens"] == 40 and body["usage"]["total_tokens"] == 41  # cached still counted
 
 
 def test_completion_lines_carry_text_choices():

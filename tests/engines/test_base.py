@@ -7,6 +7,7 @@ loading anything; the real engines run through the same code in their own tests.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 
@@ -113,6 +114,35 @@ def test_stats_are_a_snapshot_and_can_be_reset():
     assert engine.stats.load_time_s >= 0 and engine.stats.generate_time_s > 0
     engine.reset_stats()
     assert engine.stats.records == 0
+
+
+class PrefixCachingEchoEngine(EchoEngine):
+    """Echoes, and says it found each prompt but its last token in a prefix cache (as vLLM's `num_cached_tokens`)."""
+
+    def _run(self, prompts: list[PreparedPrompt]) -> list[Completion | Exception]:
+        answers = super()._run(prompts)
+        return [replace(answer, cached_tokens=answer.prompt_tokens - 1) for answer in answers]
+
+
+def test_stats_count_the_prompt_tokens_found_in_a_prefix_cache_as_they_count_prompt_tokens():
+    engine = PrefixCachingEchoEngine(generation=GenerationConfig(max_new_tokens=8))
+    engine.load()
+    results = engine.generate(["abc", "", "hello"])  # BOS + the characters; the empty prompt fails, uncounted
+    assert [(result.prompt_tokens, result.cached_tokens) for result in results if isinstance(result, Completion)] == [
+        (4, 3),
+        (6, 5),
+    ]
+    before = engine.stats
+    assert (before.prompt_tokens, before.cached_tokens) == (10, 8) and before.as_dict()["cached_tokens"] == 8
+    engine.generate(["xy"])
+    assert (engine.stats.since(before).prompt_tokens, engine.stats.since(before).cached_tokens) == (3, 2)
+    engine.reset_stats()
+    assert engine.stats.cached_tokens == 0
+
+    plain = EchoEngine(generation=GenerationConfig(max_new_tokens=8))  # without a prefix cache: 0
+    plain.load()
+    plain.generate(["abc"])
+    assert (plain.stats.prompt_tokens, plain.stats.cached_tokens) == (4, 0)
 
 
 def test_batcher_settings_come_from_the_engine_and_a_misspelt_override_fails_at_once():

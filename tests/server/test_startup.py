@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -29,7 +30,8 @@ def test_vllm_serves_concurrent_clients_and_batches_in_stream_mode(start) -> Non
         answers = list(
             pool.map(lambda m: client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=m), messages)
         )
-    lines = [chat_line(f"r{n}", f"Name the number {n}.") for n in range(6)]
+    document = " ".join(f"Fact {n}: item {n} weighs {n * 7 % 97} grams." for n in range(40))  # a prefix they share
+    lines = [chat_line(f"r{n}", f"{document}\nName the number {n}.") for n in range(6)]
     input_id = client.files.create(file=("r.jsonl", io.BytesIO(jsonl(lines))), purpose="batch").id
     batch = wait_for_batch(
         client,
@@ -43,6 +45,11 @@ def test_vllm_serves_concurrent_clients_and_batches_in_stream_mode(start) -> Non
     assert 0 < metrics["batcher_engine_occupancy_ratio{}"] <= 1  # vLLM's own scheduler statistics
     generated = sum(answer.usage.completion_tokens for answer in answers) + batch.usage.output_tokens
     assert metrics["batcher_engine_generation_tokens_total{}"] == generated
+    results = [json.loads(line) for line in client.files.content(batch.output_file_id).text.splitlines()]
+    cached = [line["response"]["body"]["usage"]["prompt_tokens_details"]["cached_tokens"] for line in results]
+    assert batch.usage.input_tokens_details.cached_tokens == sum(cached) > 0  # vLLM computed the document once
+    online_cached = sum(answer.usage.prompt_tokens_details.cached_tokens for answer in answers)
+    assert metrics["batcher_engine_prompt_tokens_cached_total{}"] == online_cached + sum(cached)
 
 
 def test_a_server_whose_model_cannot_load_exits_at_once_saying_why(tmp_path: Path) -> None:

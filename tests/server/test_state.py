@@ -132,17 +132,19 @@ async def test_a_batch_whose_every_line_was_answered_is_completed_even_once_its_
 def test_a_line_recorded_twice_is_kept_and_counted_once(tmp_path: Path) -> None:
     store = Store(tmp_path / "server.db")
     store.insert_batch(batch_of() | {"id": "b1"})
-    first = [FinishedLine(1, True, {"n": 1}, 5, 7), FinishedLine(2, False, {"n": 2})]
+    first = [FinishedLine(1, True, {"n": 1}, 5, 7, cached_tokens=4), FinishedLine(2, False, {"n": 2})]
 
     store.record_lines("b1", first)
     batch = store.record_lines("b1", [*first, FinishedLine(3, True, {"n": 3}, 1, 1)])  # a chunk run again, and one more
 
     assert batch is not None and batch["request_counts"] == {"total": 0, "completed": 2, "failed": 1}
-    assert (batch["usage"]["input_tokens"], batch["usage"]["output_tokens"], batch["usage"]["total_tokens"]) == (
-        6,
-        8,
-        14,
-    )
+    assert batch["usage"] == {
+        "input_tokens": 6,
+        "input_tokens_details": {"cached_tokens": 4},  # the engine's prefix-cache hits, summed as the lines come
+        "output_tokens": 8,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": 14,
+    }
     assert [json.loads(line)["n"] for line in store.outputs("b1", ok=True)] == [1, 3]
     assert store.answered_lines("b1") == {1, 2, 3}
     reopened = Store(tmp_path / "server.db")  # what a restarted server reads

@@ -6,6 +6,8 @@ import asyncio
 import json
 import threading
 
+from flyteplugins_batcher.batch_api import BatchRequest, completion_body, parse_request_line
+from flyteplugins_batcher.engines import Completion
 from flyteplugins_batcher.server._http.deltas import TextDeltas
 from flyteplugins_batcher.server._http.streaming import ChunkEvents, stream_events
 
@@ -54,6 +56,22 @@ def test_the_closing_events_send_only_what_was_not_streamed_then_each_finish_the
         [],
     ]
     assert closing[-1]["usage"] == body["usage"] and {event["id"] for event in closing} == {"chatcmpl-1"}
+
+
+def test_the_usage_event_that_ends_a_stream_is_the_answers_usage_with_its_cached_prompt_tokens() -> None:
+    line = {"custom_id": "o", "url": "/v1/chat/completions", "body": {"messages": [{"role": "user", "content": "Hi"}]}}
+    request = parse_request_line(json.dumps(line), 1)
+    assert isinstance(request, BatchRequest)
+    body = completion_body(request, Completion("Hello", 30, 2, "stop", cached_tokens=16), model="m", response_id="c-1")
+
+    usage = parsed(list(stream_events(body, include_usage=True)))[-1]["usage"]
+
+    assert usage == {
+        "prompt_tokens": 30,
+        "completion_tokens": 2,
+        "total_tokens": 32,
+        "prompt_tokens_details": {"cached_tokens": 16},
+    }
 
 
 async def test_text_from_another_thread_arrives_in_order_and_wakes_the_loop() -> None:

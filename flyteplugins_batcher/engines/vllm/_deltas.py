@@ -41,6 +41,7 @@ class _Final:
 
     request_id: str
     outputs: list[_Sample]
+    num_cached_tokens: int | None = None
 
 
 class StreamedSamples:
@@ -65,6 +66,7 @@ class StreamedSamples:
         self.request_id = request_id
         self.tokenizer = tokenizer
         self.finished = False
+        self.num_cached_tokens: int | None = None  # vLLM's, known once the prompt is prefilled; each output has it
         self._samples: dict[int, _Sample] = {}
 
     def add(self, output: Any) -> None:
@@ -83,6 +85,7 @@ class StreamedSamples:
             shaped = token_logprobs(piece.token_ids, new_logprobs, top, self.tokenizer) if new_logprobs else ()
             self.prompt.stream(piece.index, piece.text, shaped)
         self.finished = output.finished
+        self.num_cached_tokens = output.num_cached_tokens
 
     @property
     def aborted(self) -> bool:
@@ -96,7 +99,8 @@ class StreamedSamples:
 
     def final(self) -> _Final:
         """Everything so far, shaped as vLLM's final `RequestOutput` (for `completion()`)."""
-        return _Final(self.request_id, sorted(self._samples.values(), key=lambda sample: sample.index))
+        samples = sorted(self._samples.values(), key=lambda sample: sample.index)
+        return _Final(self.request_id, samples, self.num_cached_tokens)
 
 
 def abort_when_cancelled(loop: EngineLoop, llm: Any, prompt: PreparedPrompt, request_id: str) -> asyncio.Event:

@@ -477,7 +477,8 @@ def completion(output: Any, prompt_tokens: int, config: GenerationConfig, tokeni
     """A `Completion` of `config.n` samples from vLLM's final `RequestOutput`, or the error for an aborted request.
 
     A greedy request decodes one sample (see `sampling_params`), which is repeated `n` times. Its
-    tokens' logprobs come along when `config.logprobs` asked for them (`token_logprobs`).
+    tokens' logprobs come along when `config.logprobs` asked for them (`token_logprobs`). Its
+    `cached_tokens` are vLLM's `num_cached_tokens`: prompt tokens found in its prefix cache (`None`: 0).
     """
     samples = []
     n = config.n
@@ -493,7 +494,7 @@ def completion(output: Any, prompt_tokens: int, config: GenerationConfig, tokeni
         samples *= n
     if len(samples) != n:
         return RuntimeError(f"vllm: request {output.request_id} returned {len(samples)} samples, not {n}")
-    return Completion.from_samples(prompt_tokens, samples)
+    return Completion.from_samples(prompt_tokens, samples, cached_tokens=output.num_cached_tokens or 0)
 
 
 def token_logprobs(token_ids: Any, steps: Any, top: int, tokenizer: Any) -> tuple[TokenLogprob, ...]:

@@ -35,6 +35,9 @@ logger = logging.getLogger("batch_llm")
 
 OUTPUT_FILES = ("answers.jsonl", "failed.jsonl")
 
+_TOKEN_COUNTS = ("completion_tokens", "prompt_tokens", "cached_tokens")
+"""A row's token counts: generated, read, and read from the engine's prefix cache."""
+
 gsm8k_driver_env = driver_environment("batch_llm_driver", gpu_env)
 
 
@@ -121,8 +124,15 @@ class Tally(Counts):
         self.correct = self.scored = 0
 
     def add(self, row: dict[str, object], *, fresh: bool, retried: bool) -> None:
-        tokens = int(row["completion_tokens"])  # type: ignore[call-overload]
-        self.count(failed=bool(row["error"]), completion_tokens=tokens, fresh=fresh, retried=retried)
+        completion, prompt, cached = (int(row[name]) for name in _TOKEN_COUNTS)  # type: ignore[call-overload]
+        self.count(
+            failed=bool(row["error"]),
+            completion_tokens=completion,
+            prompt_tokens=prompt,
+            cached_tokens=cached,
+            fresh=fresh,
+            retried=retried,
+        )
         if not row["error"] and row["gold"] is not None:
             self.scored += 1
             self.correct += bool(row["correct"])
@@ -152,6 +162,8 @@ def _rows(chunk: RequestChunk, outcome: ChunkOutcome | None, reason: str) -> Ite
                 "completion": "",
                 "predicted": None,
                 "completion_tokens": 0,
+                "prompt_tokens": 0,
+                "cached_tokens": 0,
                 "error": error,
             }
             continue
@@ -162,6 +174,8 @@ def _rows(chunk: RequestChunk, outcome: ChunkOutcome | None, reason: str) -> Ite
             "completion": result.text,
             "predicted": predicted,
             "completion_tokens": result.completion_tokens,
+            "prompt_tokens": result.prompt_tokens,
+            "cached_tokens": result.cached_tokens,
             "error": "",
         }
 

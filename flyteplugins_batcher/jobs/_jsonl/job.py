@@ -162,7 +162,12 @@ class Job:
         if self.journal is not None:
             self.journal.add(finished)
         self.counts.count(
-            failed=not finished.ok, completion_tokens=finished.output_tokens, fresh=fresh, retried=retried
+            failed=not finished.ok,
+            completion_tokens=finished.output_tokens,
+            prompt_tokens=finished.input_tokens,
+            cached_tokens=finished.cached_tokens,
+            fresh=fresh,
+            retried=retried,
         )
 
     async def close_journal(self) -> None:

@@ -189,6 +189,8 @@ def _summary(job: TableJob, fanned: FanOutStats, where: str) -> TableSummary:
         inference_s=fanned.inference_s,
         rows_per_s=fanned.per_second(counts.fresh_answers),
         output_tokens_per_s=fanned.per_second(counts.fresh_tokens),
+        prompt_tokens=counts.fresh_prompt_tokens,
+        cached_tokens=counts.fresh_cached_tokens,
         output=DataFrame.from_existing_remote(where, format="parquet"),
         occupancy=None if embedded else fanned.occupancy(),
         dimensions=job.parts.dimensions,

@@ -159,7 +159,14 @@ class TableJob:
 
     def _count(self, rows: ChunkRows, position: int, answer: RowAnswer, *, fresh: bool, retried: bool) -> None:
         failed = answer.error is not None
-        self.counts.count(failed=failed, completion_tokens=answer.output_tokens or 0, fresh=fresh, retried=retried)
+        self.counts.count(
+            failed=failed,
+            completion_tokens=answer.output_tokens or 0,
+            prompt_tokens=answer.input_tokens or 0,
+            cached_tokens=answer.cached_tokens,
+            fresh=fresh,
+            retried=retried,
+        )
         self.truncated += answer.truncated
         if failed and not self.first_failure:
             self.first_failure = f"row {rows.start + position}: {answer.error}"

@@ -55,7 +55,11 @@ class ChunkRows:
 
 @dataclass
 class RowAnswer:
-    """One row's answer: its value for the answer column, its token counts, and its error (None: it succeeded)."""
+    """One row's answer: its value for the answer column, its token counts, and its error (None: it succeeded).
+
+    `cached_tokens` (of `input_tokens`, those the engine found in its prefix cache) is counted in the
+    run's summary, not written as a column.
+    """
 
     value: Any = None
     input_tokens: int | None = None
@@ -63,6 +67,7 @@ class RowAnswer:
     error: str | None = None
     truncated: int = 0
     added: dict[str, Any] = field(default_factory=dict)
+    cached_tokens: int = 0
 
 
 class TableParts:
@@ -121,7 +126,9 @@ class TableParts:
             vector = _floats(result.vectors[0])
             self.dimensions = self.dimensions or len(vector)
             return RowAnswer(vector, result.prompt_tokens, truncated=result.truncated)
-        answer = RowAnswer(result.text, result.prompt_tokens, result.completion_tokens)
+        answer = RowAnswer(
+            result.text, result.prompt_tokens, result.completion_tokens, cached_tokens=result.cached_tokens
+        )
         if self.schema is not None:
             try:
                 answer.value = structured_value(result.text, self.schema, result.finish_reason)

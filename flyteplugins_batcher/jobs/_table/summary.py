@@ -8,8 +8,9 @@ from dataclasses import dataclass
 
 from flyte.io import DataFrame
 
-from flyteplugins_batcher.jobs._report import STYLE, cards_html, headline_cards, replicas_html
+from flyteplugins_batcher.jobs._report import STYLE, cards_html, headline_cards, prompt_cards, replicas_html
 from flyteplugins_batcher.jobs._report_charts import timeline_section
+from flyteplugins_batcher.jobs._summary import prompt_tokens_text
 from flyteplugins_batcher.replica import ReplicaSnapshot
 
 
@@ -22,6 +23,8 @@ class TableSummary:
     engines were (None for engines without continuous batching, and for embeddings). For
     embeddings, `dimensions` is the vectors' size, `truncated` counts texts cut at the model's
     `max_seq_length`, and `padding_efficiency` and `avg_batch_size` are the busiest replica's.
+    `prompt_tokens` and `cached_tokens`: as `RunSummary`'s (the LLM's prompt tokens for the rows this
+    run computed, and those its engines found in their prefix caches).
 
     Example:
         ```python
@@ -47,6 +50,8 @@ class TableSummary:
     truncated: int = 0
     padding_efficiency: float = 0.0
     avg_batch_size: float = 0.0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
 
 
 def summary_line(summary: TableSummary, noun: str = "rows") -> str:
@@ -59,11 +64,12 @@ def summary_line(summary: TableSummary, noun: str = "rows") -> str:
     else:
         occupancy = f", engines {summary.occupancy:.0%} full" if summary.occupancy is not None else ""
         model = f"{summary.output_tokens_per_s:.0f} output tokens/s{occupancy}"
+    prompts = "" if summary.dimensions else f"{prompt_tokens_text(summary.prompt_tokens, summary.cached_tokens)} | "
     return (
         f"answered {summary.answered}/{summary.rows} {noun}, {summary.failed} failed{reused} | "
         f"{summary.rows_per_s:.2f} {noun}/s, {model} "
         f"(inference {summary.inference_s:.1f} s, model load {summary.load_time_s:.1f} s) | "
-        f"output: {summary.output.uri}"
+        f"{prompts}output: {summary.output.uri}"
     )
 
 
@@ -79,7 +85,8 @@ def report_html(
     if summary.dimensions:
         cards += [("dimensions", str(summary.dimensions)), ("padding efficiency", f"{summary.padding_efficiency:.0%}")]
     else:
-        cards.append(("output tokens/s", f"{summary.output_tokens_per_s:.0f}"))
+        cards += [("output tokens/s", f"{summary.output_tokens_per_s:.0f}")]
+        cards += prompt_cards(summary.prompt_tokens, summary.cached_tokens)
     if summary.occupancy is not None:
         cards.append(("engine occupancy", f"{summary.occupancy:.0%}"))
     reused = f"<p>{summary.reused} rows were answered by an earlier run.</p>" if summary.reused else ""

@@ -107,7 +107,7 @@ def new_batch(creation: BatchCreation, *, input_file: dict[str, Any], model: str
         "expires_at": math.ceil(now + creation.window_s),  # never shorter than asked: `created_at` is rounded down
         **dict.fromkeys(TIMESTAMP_OF.values()),
         "request_counts": {"total": 0, "completed": 0, "failed": 0},
-        "usage": {
+        "usage": {  # summed as lines are answered (`Store.record_lines`)
             "input_tokens": 0,
             "input_tokens_details": {"cached_tokens": 0},
             "output_tokens": 0,

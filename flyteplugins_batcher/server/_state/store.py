@@ -289,12 +289,14 @@ class Store:
                 return None
             inserted = _insert_lines(db, batch_id, records)
             counts, usage = batch["request_counts"], batch["usage"]
+            details = usage.setdefault("input_tokens_details", {"cached_tokens": 0})
             for record in records:
                 if record.line in inserted:
                     inserted.discard(record.line)  # the first of two records for one line is the one kept
                     counts["completed" if record.ok else "failed"] += 1
                     usage["input_tokens"] += record.input_tokens
                     usage["output_tokens"] += record.output_tokens
+                    details["cached_tokens"] += record.cached_tokens
             usage["total_tokens"] = usage["input_tokens"] + usage["output_tokens"]
             _write_batch(db, batch)
         return batch
