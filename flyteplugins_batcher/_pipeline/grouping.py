@@ -22,7 +22,6 @@ the latency limit) ends the batch, as in `fifo`: the next batch starts from what
 from __future__ import annotations
 
 import bisect
-from collections import deque
 from typing import TYPE_CHECKING
 
 from flyteplugins_batcher._pipeline.envelope import QUEUED, Envelope
@@ -158,16 +157,19 @@ class PrefixGroups:
     __slots__ = ("groups", "keys")
 
     def __init__(self) -> None:
-        self.groups: dict[str, deque[Envelope]] = {}  # each in arrival order; records that left go lazily
+        # Each in arrival order, a list (a queue holds many groups of one record: a deque weighs ten times
+        # more); records dropped meanwhile leave lazily, when a batch reaches them.
+        self.groups: dict[str, list[Envelope]] = {}
         self.keys: list[str] = []  # the keys of `groups`, sorted
 
     def push(self, envelope: Envelope, key: str) -> None:
         """Queue a record under its key; once per record (a new key costs a sorted insertion)."""
         group = self.groups.get(key)
         if group is None:
-            group = self.groups[key] = deque()
+            self.groups[key] = [envelope]
             bisect.insort(self.keys, key)
-        group.append(envelope)
+        else:
+            group.append(envelope)
 
     def discard(self, envelope: Envelope) -> None:
         """Take one record out of its group at once (a rare event: its deadline passed)."""
@@ -181,7 +183,7 @@ class PrefixGroups:
     def purge(self) -> None:
         """Drop the records that left from every group, and the groups left empty."""
         for key in list(self.groups):
-            kept = deque(envelope for envelope in self.groups[key] if envelope.state is QUEUED)
+            kept = [envelope for envelope in self.groups[key] if envelope.state is QUEUED]
             if kept:
                 self.groups[key] = kept
             else:
@@ -209,32 +211,33 @@ class PrefixGroups:
         below = common_prefix_length(keys[low - 1], key) if low > 0 else 0
         above = common_prefix_length(keys[high], key) if high < len(keys) else 0
         while not batch.full and (below or above):
-            take_above = above > below or (above == below and groups[keys[high]][0].seq < groups[keys[low - 1]][0].seq)
+            take_above = above >= below
             if not self._take_group(groups[keys[high] if take_above else keys[low - 1]], batch):
                 break
+            # Walking away from the anchor's key, the beginning shared never grows: the last one bounds the next.
             if take_above:
                 high += 1
-                above = common_prefix_length(keys[high], key) if high < len(keys) else 0
+                above = common_prefix_length(keys[high], key, above) if high < len(keys) else 0
             else:
                 low -= 1
-                below = common_prefix_length(keys[low - 1], key) if low > 0 else 0
+                below = common_prefix_length(keys[low - 1], key, below) if low > 0 else 0
         for taken in keys[low:high]:
             del groups[taken]
         del keys[low:high]
 
-    def _take_group(self, group: deque[Envelope], batch: BatchBuilder) -> bool:
-        """Add `group`'s records in arrival order while they fit; whether it was taken whole."""
-        while group:
-            envelope = group[0]
+    def _take_group(self, group: list[Envelope], batch: BatchBuilder) -> bool:
+        """Add `group`'s records in arrival order while they fit; whether it was taken whole (else the rest stays)."""
+        for passed, envelope in enumerate(group):  # those before `passed` left: taken now, or dropped now or before
             if envelope.state is not QUEUED:
-                group.popleft()  # it left already (dropped); already counted out
-            elif not envelope.is_live(batch.now):
-                batch.drop(group.popleft())
+                continue
+            if not envelope.is_live(batch.now):
+                batch.drop(envelope)
             elif batch.full or not batch.fits(envelope):
                 batch.closed = True
+                del group[:passed]
                 return False
             else:
-                batch.add(group.popleft())
+                batch.add(envelope)
         return True
 
     def _forget(self, key: str) -> None:
@@ -243,14 +246,19 @@ class PrefixGroups:
         del keys[bisect.bisect_left(keys, key)]
 
 
-def common_prefix_length(first: str, second: str) -> int:
-    """How many characters `first` and `second` share from their beginning.
+def common_prefix_length(first: str, second: str, at_most: int | None = None) -> int:
+    """How many characters `first` and `second` share from their beginning (`at_most`: known to be no more).
 
     Compares slices of doubling length, then halves the one that differs: each comparison runs in
     C, so a long key (a prompt's text) costs a few dozen comparisons, not a Python loop over its
-    characters, and copies about twice the part shared.
+    characters, and copies about twice the part shared. With `at_most`, one comparison settles the
+    common case of a neighbour that shares as much as the last one did.
     """
     end = min(len(first), len(second))
+    if at_most is not None and at_most <= end:
+        end = at_most
+        if first.startswith(second[:end]):
+            return end
     low, step = 0, 64  # `low` characters are shared
     while True:
         high = min(low + step, end)

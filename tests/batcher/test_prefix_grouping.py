@@ -285,21 +285,24 @@ def test_the_latency_limit_bounds_a_batch_as_the_budget_does():
 
 
 def forming_seconds_per_record(waiting: int) -> float:
-    """Push `waiting` keyed records (a question each on 1,000 long documents), then time taking them all."""
-    document = "You are given a long document to answer questions about. " * 10
-    keys = [f"{document}{index % 1000:04d} question {index}" for index in range(waiting)]
+    """Push `waiting` keyed records (a question each on one of 1,000 long documents), then time taking them all."""
+    document = "You are given a document to answer questions about. "
+    rng = random.Random(waiting)
+    keys = [f"{document}{rng.randrange(1000):04d} question {index}" for index in range(waiting)]
     best = float("inf")
     for _ in range(3):
         queue, _ = queued([(key, 1) for key in keys])
-        started = time.perf_counter()
+        started = time.process_time()  # this process's own time: others on the machine count less
         take_all(queue, max_size=64)
-        best = min(best, time.perf_counter() - started)
+        best = min(best, time.process_time() - started)
     return best / waiting
 
 
 def test_forming_a_batch_costs_the_same_per_record_whatever_the_queues_length():
-    # Quadratic work in the queue's length would cost ten times more per record at ten times the length.
-    assert forming_seconds_per_record(40_000) < 3 * forming_seconds_per_record(4_000)
+    # Work per batch that grows with the queue's length, done in Python, would cost ten times more per record
+    # at ten times the length. What does grow (taking the batch's keys out of the sorted keys, a move of memory
+    # in C; the caches' misses) costs about 1.8 times more per record here.
+    assert forming_seconds_per_record(40_000) < 4 * forming_seconds_per_record(4_000)
 
 
 def test_common_prefix_length_is_what_the_two_texts_share():
@@ -311,3 +314,4 @@ def test_common_prefix_length_is_what_the_two_texts_share():
         while shared < min(len(first), len(second)) and first[shared] == second[shared]:
             shared += 1
         assert common_prefix_length(first, second) == common_prefix_length(second, first) == shared
+        assert common_prefix_length(first, second, shared + rng.randint(0, 3)) == shared  # a bound it may be given
