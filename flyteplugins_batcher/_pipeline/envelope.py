@@ -76,7 +76,7 @@ class Envelope:
         self.priority = priority
         self.deadline = deadline  # time.monotonic() after which it must not be dispatched
         self.slo_s = slo_s  # its own latency target (`submit(latency_slo_s=...)`), if it has one
-        self.prefix: str | None = None  # its prefix key, with `grouping="by_prefix"` (set by `submit`)
+        # `prefix`, its prefix key (`None`: it has none): `submit` sets it, and only `grouping="by_prefix"` reads it.
         self.state = QUEUED
 
     def describe(self) -> str:

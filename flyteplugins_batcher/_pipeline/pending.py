@@ -60,6 +60,7 @@ class PendingQueue:
         self._sorted: dict[int, list[tuple[int, int, Envelope]]] = {0: []}
         # by_prefix only: per level, the records with a key, by key.
         self._prefixes: dict[int, PrefixGroups] | None = {0: PrefixGroups()} if grouping == "by_prefix" else None
+        self._grouped = grouping != "fifo"
 
     def __len__(self) -> int:
         return self.size
@@ -74,10 +75,8 @@ class PendingQueue:
         except KeyError:  # the first record of its priority
             queue = self._add_level(envelope.priority)
         queue.append(envelope)
-        if self._by_cost:
-            bisect.insort(self._sorted[envelope.priority], (envelope.cost, envelope.seq, envelope))
-        elif self._prefixes is not None:
-            if envelope.prefix is None:
+        if self._grouped:
+            if self._prefixes is None or envelope.prefix is None:  # by cost
                 bisect.insort(self._sorted[envelope.priority], (envelope.cost, envelope.seq, envelope))
             else:
                 self._prefixes[envelope.priority].push(envelope, envelope.prefix)
