@@ -5,7 +5,7 @@ The way of a record, one module per step:
 1. `submit` (here) costs it (`_cost`) and puts it in an envelope (`_envelope`, which also holds
    the record's one state); producers wait while the queue is full (`_backpressure`).
 2. The waiting room (`_pending`) orders records by priority, then by submission (or by similar
-   cost, with `grouping="by_cost"`).
+   cost, with `grouping="by_cost"`, or by shared prefix, with `grouping="by_prefix"`: `_grouping`).
 3. The staging area (`_staging`) forms batches within the cost budget and stages full ones ahead
    (`prefetch_batches`), where the runners take them.
 4. The runners (`_runners`) run batches through the process function, in a worker thread for a
@@ -39,10 +39,11 @@ from flyteplugins_batcher._pipeline.dispatch import Dispatcher
 from flyteplugins_batcher._pipeline.envelope import Envelope
 from flyteplugins_batcher._pipeline.invoke import is_async_callable
 from flyteplugins_batcher._pipeline.lifecycle import ACTIVE, BatcherState, Lifecycle
+from flyteplugins_batcher._pipeline.prefix import KeyFn, PrefixResolver
 from flyteplugins_batcher._pipeline.settle import Settler
 from flyteplugins_batcher._pipeline.slo import SloController
 from flyteplugins_batcher._pipeline.streams import RecordStreams
-from flyteplugins_batcher._settings import BatcherSettings
+from flyteplugins_batcher._settings import BatcherOptions, BatcherSettings
 from flyteplugins_batcher._types import CostEstimatorFn, ProcessFn, RecordT, ResultT
 
 logger = logging.getLogger("flyteplugins_batcher")
@@ -70,11 +71,11 @@ class DynamicBatcher(RecordStreams[RecordT, ResultT]):
         cost_estimator: `f(record) -> int`. Cost precedence: explicit `estimated_cost` >
             `cost_estimator` > `record.estimate_cost()` > `default_cost`.
         name: Used in logs, warnings and thread names.
+        prefix_key: `f(record) -> str | bytes | None`, what a record's prompt begins with, for
+            `grouping="by_prefix"`: it wins over `record.prefix_key()` and a `str` record's text.
         **settings: The fields of `BatcherSettings`, which gives their defaults and meaning:
-            flyte.extras' `target_batch_cost`, `max_batch_size`, `min_batch_size`,
-            `batch_timeout_s`, `max_queue_size`, `prefetch_batches`, `default_cost`, and ours:
-            `max_concurrent_batches`, `max_in_flight_cost`, `on_error`, `oversized`, `grouping`,
-            `priority_aging_s`, and a latency target instead of knobs: `latency_slo_s`, `slo_quantile`.
+            flyte.extras' (`target_batch_cost`, `max_batch_size`, `batch_timeout_s`, ...) and ours
+            (`max_concurrent_batches`, `on_error`, `grouping`, a latency target: `latency_slo_s`, ...).
 
     Raises:
         TypeError: A keyword is not a setting (the message names the closest one).
@@ -100,9 +101,11 @@ class DynamicBatcher(RecordStreams[RecordT, ResultT]):
         *,
         cost_estimator: CostEstimatorFn[RecordT] | None = None,
         name: str | None = None,
+        prefix_key: KeyFn | None = None,
         **settings: Unpack[SettingsKeywords],
     ) -> None:
-        self._setup(process_fn, BatcherSettings.from_keywords(**settings), cost_estimator, name)
+        options = BatcherOptions(BatcherSettings.from_keywords(**settings), cost_estimator, name, prefix_key)
+        self._setup(process_fn, options)
 
     @classmethod
     def from_settings(
@@ -112,6 +115,7 @@ class DynamicBatcher(RecordStreams[RecordT, ResultT]):
         *,
         cost_estimator: CostEstimatorFn[Any] | None = None,
         name: str | None = None,
+        prefix_key: KeyFn | None = None,
     ) -> BatcherT:
         """A batcher built from a `BatcherSettings` value.
 
@@ -122,22 +126,17 @@ class DynamicBatcher(RecordStreams[RecordT, ResultT]):
             ```
         """
         batcher = cls.__new__(cls)
-        batcher._setup(process_fn, settings, cost_estimator, name)
+        batcher._setup(process_fn, BatcherOptions(settings, cost_estimator, name, prefix_key))
         return batcher
 
-    def _setup(
-        self,
-        process_fn: ProcessFn[RecordT, ResultT],
-        settings: BatcherSettings,
-        cost_estimator: CostEstimatorFn[RecordT] | None,
-        name: str | None,
-    ) -> None:
+    def _setup(self, process_fn: ProcessFn[RecordT, ResultT], options: BatcherOptions) -> None:
         if not callable(process_fn):
             raise ValueError(f"process_fn must be callable, got {type(process_fn).__name__}")
-        self.name = name or type(self).__name__
-        self._settings = settings
+        self.name = options.name or type(self).__name__
+        self._settings = settings = options.settings
         self._is_async = is_async_callable(process_fn)
-        self._costs = CostResolver(self.name, cost_estimator, settings.default_cost, self._cost_protocols)
+        self._costs = CostResolver(self.name, options.cost_estimator, settings.default_cost, self._cost_protocols)
+        self._prefixes = PrefixResolver.of(settings, self.name, options.prefix_key)
         self._reject_above = settings.batch_budget if settings.oversized == "reject" else math.inf
         slo = SloController.of(settings, self.name)  # learns, as the statistics count, across restarts
         self._stats = StatsRecorder(slo.tally if slo is not None else None)  # the batcher's whole life
@@ -293,8 +292,8 @@ class DynamicBatcher(RecordStreams[RecordT, ResultT]):
             CostBudgetExceededError: The record costs more than the budget and `oversized="reject"`.
             QueueFullError: The queue is full and `wait_for_room=False`.
             ValueError: `deadline_s` or `latency_slo_s` is not seconds > 0 (or the batcher has no
-                target for `latency_slo_s` to tighten), or `priority` is not an integer.
-            Exception: Whatever the cost estimator raised, with a note naming the record.
+                target for `latency_slo_s` to tighten), `priority` is not an integer, or its prefix key is not text.
+            Exception: Whatever the cost estimator or `prefix_key` raised, with a note naming the record.
         """
         # This runs once per record: local names, module-level names, and a short common path.
         run = self._lifecycle.accepting
@@ -313,6 +312,7 @@ class DynamicBatcher(RecordStreams[RecordT, ResultT]):
             _check_priority(priority)
         if deadline_s is not None or latency_slo_s is not None:
             _check_seconds(self.name, self._settings, deadline_s, latency_slo_s)
+        prefix = self._prefixes.resolve(record) if self._prefixes is not None else None
         backpressure = run.backpressure
         if run.pending.size >= backpressure.capacity or (backpressure.waiters and not wait_for_room):
             if not wait_for_room:
@@ -321,6 +321,7 @@ class DynamicBatcher(RecordStreams[RecordT, ResultT]):
         now = _monotonic()
         future: asyncio.Future[ResultT] = loop.create_future()
         envelope = Envelope(record, cost, future, now, self._stats.record_submit(now), priority, slo_s=latency_slo_s)
+        envelope.prefix = prefix
         if deadline_s is not None:
             envelope.deadline = now + deadline_s
             run.deadlines.watch(envelope)

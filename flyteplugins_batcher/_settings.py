@@ -12,6 +12,7 @@ import difflib
 import functools
 import math
 import sys
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -21,7 +22,8 @@ from flyteplugins_batcher._deprecation import warn_deprecated
 
 OnError = Literal["raise", "split"]
 Oversized = Literal["run_alone", "reject"]
-Grouping = Literal["fifo", "by_cost"]
+Grouping = Literal["fifo", "by_cost", "by_prefix"]
+GROUPINGS: tuple[str, ...] = typing.get_args(Grouping)
 LENGTH: Literal["length"] = "length"
 """`default_cost="length"`: a record that has a length costs it (a text: its words and punctuation marks)."""
 
@@ -97,7 +99,12 @@ class BatcherSettings:
         oversized: A record costlier than the budget: `"run_alone"` or `"reject"` at submit.
         grouping: `"fifo"` forms batches in submission order; `"by_cost"` puts records of similar
             cost together (always including the oldest waiting record), so that padded batches
-            waste little.
+            waste little; `"by_prefix"` puts records that share a prompt prefix together (the
+            oldest waiting record, the records of its prefix key, then those whose keys share the
+            longest prefix with it), so that an engine with a prefix cache (vLLM) computes a shared
+            prefix once. A record's key: the batcher's `prefix_key` function, else its own
+            `prefix_key()` method, else a `str` record's text (`bytes`: its bytes); records without
+            one are grouped among themselves as `"by_cost"` groups them.
         priority_aging_s: A waiting record gains one priority level per this many seconds, so low
             priorities cannot starve; `None` means strict priorities.
         latency_slo_s: The latency target: seconds from `submit` to the result that `slo_quantile` of
@@ -166,7 +173,10 @@ class BatcherSettings:
             self.oversized in ("run_alone", "reject"),
             f"oversized must be 'run_alone' or 'reject', got {self.oversized!r}",
         )
-        _require(self.grouping in ("fifo", "by_cost"), f"grouping must be 'fifo' or 'by_cost', got {self.grouping!r}")
+        _require(
+            self.grouping in GROUPINGS,
+            f"grouping must be one of {', '.join(map(repr, GROUPINGS))}, got {self.grouping!r}",
+        )
         _require(
             self.priority_aging_s is None or self.priority_aging_s > 0,
             f"priority_aging_s must be > 0 or None, got {self.priority_aging_s}",
@@ -186,6 +196,15 @@ class BatcherSettings:
         """The latency target of a record of `priority`, in seconds (`None`: it has none)."""
         slo = self.latency_slo_s
         return slo.get(priority) if isinstance(slo, Mapping) else slo
+
+    @property
+    def chooses_from_waiting(self) -> bool:
+        """Whether batches are chosen from everything waiting (`by_cost`, `by_prefix`), not cut in arrival order.
+
+        Such batches are best formed when a runner takes one, from the most records: a batch staged
+        ahead would be chosen from fewer.
+        """
+        return self.grouping != "fifo"
 
     @property
     def in_flight_cost_limit(self) -> int:
@@ -293,7 +312,7 @@ def _current_names(keywords: Mapping[str, Any]) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class BatcherOptions:
-    """Everything that builds a batcher besides its process function: settings, estimator and name.
+    """Everything that builds a batcher besides its process function: settings, functions of a record, and name.
 
     `parse` takes the keywords of `DynamicBatcher` or `TokenBatcher` (cost or token names), so
     that callers like `@batched` and `Engine.batcher()` validate them once, where they are written.
@@ -302,17 +321,18 @@ class BatcherOptions:
     settings: BatcherSettings
     cost_estimator: Callable[[Any], Any] | None = None
     name: str | None = None
+    prefix_key: Callable[[Any], Any] | None = None
 
     @classmethod
     def parse(cls, keywords: Mapping[str, Any], base: BatcherSettings | None = None) -> BatcherOptions:
-        """Split batcher keywords into settings (applied over `base`), the cost estimator and the name.
+        """Split batcher keywords into settings (applied over `base`), the cost estimator, the name and the prefix key.
 
         Raises:
             TypeError: An unknown keyword, or the estimator given under both of its names.
             ValueError: An invalid setting.
         """
-        settings, estimator, name = _split_options(keywords)
-        return cls((base or BatcherSettings()).replace(**settings), estimator, name)
+        settings, estimator, name, prefix_key = _split_options(keywords)
+        return cls((base or BatcherSettings()).replace(**settings), estimator, name, prefix_key)
 
     @classmethod
     def for_batched(cls, keywords: Mapping[str, Any], *, length_costs: bool = True) -> BatcherOptions:
@@ -327,25 +347,35 @@ class BatcherOptions:
             TypeError: As `parse`.
             ValueError: As `parse`.
         """
-        settings, estimator, name = _split_options(keywords)
+        settings, estimator, name, prefix_key = _split_options(keywords)
         defaults = dict(BATCHED_DEFAULTS)
         if estimator is None and length_costs:
             defaults.update(LENGTH_COST_DEFAULTS)
-        return cls(BatcherSettings(**defaults).replace(**settings), estimator, name)
+        return cls(BatcherSettings(**defaults).replace(**settings), estimator, name, prefix_key)
 
 
-def _split_options(keywords: Mapping[str, Any]) -> tuple[dict[str, Any], Callable[[Any], Any] | None, str | None]:
-    """Batcher keywords as (settings keywords, cost estimator, name)."""
+_RecordFn = Callable[[Any], Any]
+OPTION_NAMES = frozenset({"cost_estimator", "token_estimator", "name", "prefix_key"})
+"""The batchers' keywords that are not settings: functions of a record, and the name."""
+
+
+def _split_options(
+    keywords: Mapping[str, Any],
+) -> tuple[dict[str, Any], _RecordFn | None, str | None, _RecordFn | None]:
+    """Batcher keywords as (settings keywords, cost estimator, name, prefix key function)."""
     remaining = dict(keywords)
     estimators = [remaining.pop(key) for key in ("cost_estimator", "token_estimator") if key in remaining]
     if len(estimators) > 1:
         raise TypeError("give 'cost_estimator' or 'token_estimator', not both")
     name = remaining.pop("name", None)
-    return remaining, estimators[0] if estimators else None, name
+    prefix_key = remaining.pop("prefix_key", None)
+    if prefix_key is not None and not callable(prefix_key):
+        raise ValueError(f"prefix_key must be a function of a record, got {type(prefix_key).__name__}")
+    return remaining, estimators[0] if estimators else None, name, prefix_key
 
 
 def _suggestion(name: str) -> str:
-    candidates = sorted((SETTING_NAMES | set(TOKEN_KEYWORDS) | {"cost_estimator", "token_estimator", "name"}) - {name})
+    candidates = sorted((SETTING_NAMES | set(TOKEN_KEYWORDS) | OPTION_NAMES) - {name})
     close = difflib.get_close_matches(name, candidates, n=1)
     return f"; did you mean {close[0]!r}?" if close else f"; valid settings: {', '.join(candidates)}"
 

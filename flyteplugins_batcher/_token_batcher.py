@@ -9,7 +9,8 @@ from typing_extensions import Unpack
 
 from flyteplugins_batcher._batcher import DynamicBatcher
 from flyteplugins_batcher._keywords import TokenSettingsKeywords, with_settings_signature
-from flyteplugins_batcher._settings import BatcherSettings, normalize_keywords
+from flyteplugins_batcher._pipeline.prefix import KeyFn
+from flyteplugins_batcher._settings import BatcherOptions, BatcherSettings, normalize_keywords
 from flyteplugins_batcher._types import CostEstimatorFn, ProcessFn, RecordT, ResultT
 
 
@@ -22,7 +23,9 @@ class TokenBatcher(DynamicBatcher[RecordT, ResultT]):
     `max_in_flight_tokens` (or `max_in_flight_cost`); as in flyte.extras, a token name given
     (not `None`) wins over its cost name. Records are costed by an explicit
     `estimated_tokens`/`estimated_cost`, then the estimator function, then
-    `record.estimate_tokens()`, then `record.estimate_cost()`, then the default.
+    `record.estimate_tokens()`, then `record.estimate_cost()`, then the default. With
+    `grouping="by_prefix"`, `prefix_key` (or `record.prefix_key()`, or a `str` record's text) says
+    which records share a prompt prefix (see `DynamicBatcher`); `engine.batcher()` gives the engine's.
 
     Example:
         ```python
@@ -48,13 +51,14 @@ class TokenBatcher(DynamicBatcher[RecordT, ResultT]):
         token_estimator: CostEstimatorFn[RecordT] | None = None,
         cost_estimator: CostEstimatorFn[RecordT] | None = None,
         name: str | None = None,
+        prefix_key: KeyFn | None = None,
         **settings: Unpack[TokenSettingsKeywords],
     ) -> None:
         fn = inference_fn or process_fn
         if fn is None:
             raise TypeError("TokenBatcher requires either 'inference_fn' or 'process_fn'")
         values = normalize_keywords(settings, token_names_win=True)
-        self._setup(fn, BatcherSettings(**values), token_estimator or cost_estimator, name)
+        self._setup(fn, BatcherOptions(BatcherSettings(**values), token_estimator or cost_estimator, name, prefix_key))
 
     async def submit(
         self,

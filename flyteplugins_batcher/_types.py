@@ -133,6 +133,10 @@ class Prompt:
         """Rough token estimate (~4 characters per token)."""
         return len(self.text) // 4 + 1
 
+    def prefix_key(self) -> str:
+        """Its text: with `grouping="by_prefix"`, prompts that begin alike go to the model together."""
+        return self.text
+
 
 ProcessFn = Callable[[list[RecordT]], Awaitable[Sequence[ResultT]] | Sequence[ResultT]]
 """`f(batch) -> results`, results in input order. An `async def` is awaited on the event loop;

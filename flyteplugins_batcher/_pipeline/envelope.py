@@ -55,7 +55,7 @@ TRANSITIONS: dict[RecordState, frozenset[RecordState]] = {
 class Envelope:
     """A submitted record with its future and accounting; lives only until its record has ended."""
 
-    __slots__ = ("cost", "deadline", "future", "priority", "record", "seq", "slo_s", "state", "submitted_at")
+    __slots__ = ("cost", "deadline", "future", "prefix", "priority", "record", "seq", "slo_s", "state", "submitted_at")
 
     def __init__(
         self,
@@ -76,6 +76,7 @@ class Envelope:
         self.priority = priority
         self.deadline = deadline  # time.monotonic() after which it must not be dispatched
         self.slo_s = slo_s  # its own latency target (`submit(latency_slo_s=...)`), if it has one
+        # `prefix`, its prefix key (`None`: it has none): `submit` sets it, and only `grouping="by_prefix"` reads it.
         self.state = QUEUED
 
     def describe(self) -> str:

@@ -7,7 +7,8 @@ it with its lock, because a runner forms batches from it while the loop appends.
 Order: the record to go next is the head of the highest priority level, where a waiting record
 gains one level per `priority_aging_s` seconds (so low priorities cannot starve). Within a level,
 records go in submission order (`grouping="fifo"`), or, with `grouping="by_cost"`, the head goes
-with records of that level close to it in cost.
+with records of that level close to it in cost, or, with `grouping="by_prefix"`, with records of that
+level whose prefix keys share the most with its own (`_pipeline/grouping.py` forms both).
 
 How `by_cost` picks them: the level's records sorted by cost are cut into blocks of
 `max_batch_size` from the cheapest up, and the head goes with its own block. When everything
@@ -16,6 +17,8 @@ whole block leaves the other blocks whole, where growing a batch outward from th
 leave fragments on both sides that later end up in batches of mixed cost. Within the block,
 records closest in cost to the head go first, so a budget that binds still keeps the batch tight.
 A batch never leaves its block: the costliest block may be a partial one, as in the offline ideal.
+
+With `by_prefix`, the records without a prefix key are grouped among themselves that way.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from flyteplugins_batcher._pipeline.envelope import QUEUED, STAGED, Envelope, move, take_live
+from flyteplugins_batcher._pipeline.grouping import BatchBuilder, PrefixGroups, take_similar_cost
 from flyteplugins_batcher._settings import Grouping
 from flyteplugins_batcher._types import RecordState
 
@@ -38,7 +42,7 @@ class PendingQueue:
     """Records waiting for a batch.
 
     Args:
-        grouping: `"fifo"` or `"by_cost"` (see the module notes).
+        grouping: `"fifo"`, `"by_cost"` or `"by_prefix"` (see the module notes).
         priority_aging_s: Seconds of waiting worth one priority level; `None`: strict priorities.
     """
 
@@ -50,9 +54,13 @@ class PendingQueue:
         self._aging_s = priority_aging_s
         self._queues: dict[int, deque[Envelope]] = {0: deque()}
         self._levels: list[int] = [0]  # priority levels with a queue, highest first
-        # by_cost only: per level, (cost, seq, envelope) in ascending order; taken entries leave it
-        # at once, while the FIFO deques drop them lazily from their heads.
+        # by_cost (and by_prefix's records without a key): per level, (cost, seq, envelope) in
+        # ascending order; taken entries leave it at once, while the FIFO deques drop them lazily
+        # from their heads.
         self._sorted: dict[int, list[tuple[int, int, Envelope]]] = {0: []}
+        # by_prefix only: per level, the records with a key, by key.
+        self._prefixes: dict[int, PrefixGroups] | None = {0: PrefixGroups()} if grouping == "by_prefix" else None
+        self._grouped = grouping != "fifo"
 
     def __len__(self) -> int:
         return self.size
@@ -67,8 +75,11 @@ class PendingQueue:
         except KeyError:  # the first record of its priority
             queue = self._add_level(envelope.priority)
         queue.append(envelope)
-        if self._by_cost:
-            bisect.insort(self._sorted[envelope.priority], (envelope.cost, envelope.seq, envelope))
+        if self._grouped:
+            if self._prefixes is None or envelope.prefix is None:  # by cost
+                bisect.insort(self._sorted[envelope.priority], (envelope.cost, envelope.seq, envelope))
+            else:
+                self._prefixes[envelope.priority].push(envelope, envelope.prefix)
         self.size += 1
         self.cost += envelope.cost
 
@@ -105,13 +116,20 @@ class PendingQueue:
         if level is None:
             return [], 0
         if self._by_cost:
-            return self._take_similar_cost(level, budget, max_size, now, skipped, to)
+            batch = BatchBuilder(budget, max_size, self.limit, now, skipped, to)
+            take_similar_cost(self._sorted[level], self._queues[level][0], batch)
+            return self._taken(batch)
+        if self._prefixes is not None:
+            batch = BatchBuilder(budget, max_size, self.limit, now, skipped, to)
+            return self._take_by_prefix(level, self._prefixes[level], batch)
         return self._take_in_order(level, budget, max_size, now, skipped, to)
 
     def remove(self, envelope: Envelope) -> None:
         """Drop one queued record (its deadline passed); a scan in FIFO mode, for rare events such as this."""
         self._drop(envelope)
-        if not self._by_cost:
+        if self._prefixes is not None and envelope.prefix is not None:
+            self._prefixes[envelope.priority].discard(envelope)
+        elif not self._by_cost and self._prefixes is None:
             self._queues[envelope.priority].remove(envelope)
 
     def remove_dead(self, now: float) -> list[Envelope]:
@@ -126,6 +144,8 @@ class PendingQueue:
             self._queues[level] = kept
         for envelope in removed:
             self._drop(envelope)
+        for groups in (self._prefixes or {}).values():
+            groups.purge()
         return removed
 
     def remove_all(self) -> list[Envelope]:
@@ -135,6 +155,8 @@ class PendingQueue:
             queue.clear()
         for entries in self._sorted.values():
             entries.clear()
+        for groups in (self._prefixes or {}).values():
+            groups.clear()
         self.size = 0
         self.cost = 0
         return removed
@@ -145,6 +167,8 @@ class PendingQueue:
         queue: deque[Envelope] = deque()
         self._queues[priority] = queue
         self._sorted[priority] = []
+        if self._prefixes is not None:
+            self._prefixes[priority] = PrefixGroups()
         bisect.insort(self._levels, priority, key=lambda level: -level)
         return queue
 
@@ -158,7 +182,7 @@ class PendingQueue:
         while queue:
             head = queue[0]
             if head.state is not QUEUED:
-                queue.popleft()  # taken by a `by_cost` batch, or removed: already discounted
+                queue.popleft()  # taken by a `by_cost` or `by_prefix` batch, or removed: already discounted
             elif not head.is_live(now):
                 queue.popleft()
                 self._drop(head)
@@ -209,53 +233,42 @@ class PendingQueue:
         live = take_live(taken, now, to, skipped)
         return live, cost if len(live) == count else sum(envelope.cost for envelope in live)
 
-    def _take_similar_cost(
-        self, level: int, budget: int, max_size: int, now: float, skipped: list[Envelope], to: RecordState
-    ) -> tuple[list[Envelope], int]:
-        entries = self._sorted[level]
-        anchor = self._queues[level][0]  # the live head, as `_next_level` left it
-        position = bisect.bisect_left(entries, (anchor.cost, anchor.seq))
-        low, high = position, position + 1  # the batch is a run of neighbours in cost order
-        block_low = position - position % max_size  # the head's block (see the module notes)
-        block_high = block_low + max_size
-        batch = [anchor]
-        cost = anchor.cost
-        limit = self.limit
-        can_grow_up = True
-        while len(batch) < max_size:
-            below = entries[low - 1][2] if low > block_low else None
-            above = entries[high][2] if can_grow_up and high < min(block_high, len(entries)) else None
-            if below is None and above is None:
+    def _take_by_prefix(self, level: int, groups: PrefixGroups, batch: BatchBuilder) -> tuple[list[Envelope], int]:
+        """The head with the records nearest it by prefix key; then, with room left, the next oldest's, and so on."""
+        costs = self._sorted[level]  # the records without a key
+        # The level's records in arrival order, from its head: the anchors, oldest first.
+        later = iter(self._queues[level])
+        anchor: Envelope | None = next(later)  # the live head, as `_next_level` left it
+        while anchor is not None:
+            if anchor.prefix is None:
+                take_similar_cost(costs, anchor, batch)
+            else:
+                groups.take_near(anchor, batch)
+            if batch.full:
                 break
-            take_above = below is None or (above is not None and above.cost - anchor.cost < anchor.cost - below.cost)
-            candidate = above if take_above else below
-            assert candidate is not None
-            if candidate.is_live(now):
-                if cost + candidate.cost > budget or (
-                    # the costliest record is the range's top, or the candidate when it is above the range
-                    limit is not None
-                    and not limit.fits(
-                        len(batch) + 1, cost + candidate.cost, candidate.cost if take_above else entries[high - 1][0]
-                    )
-                ):
-                    if take_above:
-                        can_grow_up = False  # a cheaper record below may still fit; costlier ones never will
-                        continue
-                    break  # the cheapest record left does not fit
-                batch.append(candidate)
-                cost += candidate.cost
-            else:
-                candidate.drop()
-                skipped.append(candidate)
-            if take_above:
-                high += 1
-            else:
-                low -= 1
-        removed = entries[low:high]
-        del entries[low:high]
-        self.size -= len(removed)
-        self.cost -= sum(entry[0] for entry in removed)
-        return move(batch, to), cost
+            anchor = self._next_anchor(later, batch.now, batch.skipped)
+        return self._taken(batch)
+
+    def _next_anchor(self, later: Iterator[Envelope], now: float, skipped: list[Envelope]) -> Envelope | None:
+        """The oldest record still queued after those `later` went past (dropping the dead on the way).
+
+        Everything it goes past has left the queue, so the next `_live_head` pops it all: the walk
+        costs each record once.
+        """
+        for envelope in later:
+            if envelope.state is not QUEUED:
+                continue
+            if envelope.is_live(now):
+                return envelope
+            self._drop(envelope)
+            skipped.append(envelope)
+        return None
+
+    def _taken(self, batch: BatchBuilder) -> tuple[list[Envelope], int]:
+        """Count out what left the queue for `batch` (its records, and those dropped on the way)."""
+        self.size -= len(batch.records) + batch.dropped
+        self.cost -= batch.cost + batch.dropped_cost
+        return batch.records, batch.cost
 
     def _drop(self, envelope: Envelope) -> None:
         """Take a record that must not run (cancelled, or past its deadline) out of the counts and the cost order.
@@ -265,7 +278,7 @@ class PendingQueue:
         envelope.drop()
         self.size -= 1
         self.cost -= envelope.cost
-        if self._by_cost:
+        if self._by_cost or (self._prefixes is not None and envelope.prefix is None):
             entries = self._sorted[envelope.priority]
             index = bisect.bisect_left(entries, (envelope.cost, envelope.seq))
             with contextlib.suppress(IndexError):

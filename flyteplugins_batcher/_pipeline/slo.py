@@ -393,9 +393,9 @@ class SloController:
             full_cost=max(1, math.ceil(choice.batch_cost)),
             wait_s=choice.wait_s,
             in_flight_cost=choice.in_flight_cost,
-            # Grouping by cost chooses from what waits when a runner takes a batch: a batch staged
-            # ahead would be cut from fewer records, and pad more.
-            prefetch=0 if self._by_cost else None,
+            # Grouping by cost (or by prefix) chooses from what waits when a runner takes a batch: a
+            # batch staged ahead would be cut from fewer records, and pad more (or share less).
+            prefetch=0 if self._settings.chooses_from_waiting else None,
         )
 
     # -- judging ----------------------------------------------------------------------------------

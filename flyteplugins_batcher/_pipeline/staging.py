@@ -83,9 +83,9 @@ class StagingArea:
         self._full_cost = self._budget  # waiting cost that makes a full batch
         self._wait = settings.batch_timeout_s
         self._max_runners = settings.max_concurrent_batches
-        # Grouping by cost chooses among everything waiting, so it stages batches when the device
-        # takes one (from the largest pool) rather than as soon as a batch's worth has arrived.
-        self._stage_late = settings.grouping == "by_cost"
+        # Grouping by cost or by prefix chooses among everything waiting, so it stages batches when
+        # the device takes one (from the largest pool) rather than as soon as a batch's worth has arrived.
+        self._stage_late = settings.chooses_from_waiting
 
     # -- the event loop's side -----------------------------------------------------------------
 

@@ -42,7 +42,11 @@ class BatchedFunction(Generic[RecordT, ResultT]):
 
         def make_batcher(batch_fn: ProcessFn[RecordT, ResultT], _key: object) -> DynamicBatcher[RecordT, ResultT]:
             batcher = batcher_class.from_settings(
-                batch_fn, options.settings, cost_estimator=options.cost_estimator, name=name
+                batch_fn,
+                options.settings,
+                cost_estimator=options.cost_estimator,
+                name=name,
+                prefix_key=options.prefix_key,
             )
             for observer in self._observers:
                 batcher.add_observer(observer)
@@ -148,14 +152,16 @@ def batched(
     unless set), as in `DynamicBatcher`. `grouping="fifo"` keeps submission order. These are
     `@batched`'s defaults alone: `DynamicBatcher` and `TokenBatcher` keep flyte.extras' (FIFO,
     `default_cost=1`), and with `batcher_class=TokenBatcher` costs stay tokens (its estimator,
-    `record.estimate_tokens()`, or `default_token_estimate`) against its budget.
+    `record.estimate_tokens()`, or `default_token_estimate`) against its budget. For an LLM with a
+    prefix cache, `grouping="by_prefix"` batches prompts that begin alike together (a `str` prompt
+    by its text; other records by `prefix_key=f` or their own `prefix_key()`).
 
     Args:
         fn: The batch function (when used without parentheses).
         batcher_class: `DynamicBatcher` (default) or `TokenBatcher`.
         **batcher_options: Any keyword of the batcher class (`max_batch_size`,
-            `target_batch_cost`, `batch_timeout_s`, `cost_estimator`, `grouping`, `on_error`,
-            ...), validated at decoration time; any given wins over the defaults above.
+            `target_batch_cost`, `batch_timeout_s`, `cost_estimator`, `grouping`, `prefix_key`,
+            `on_error`, ...), validated at decoration time; any given wins over the defaults above.
 
     Example:
         ```python

@@ -41,6 +41,7 @@ from flyteplugins_batcher.engines._prompts import (
     approximate_tokens,
     describe,
     normalize_record,
+    prompt_prefix_key,
 )
 from flyteplugins_batcher.engines._structured import check_generation
 
@@ -359,9 +360,12 @@ class Engine(abc.ABC):
     def batcher(self, **overrides: Any) -> TokenBatcher[PromptRecord, Completion]:
         """A `TokenBatcher` that feeds this engine, budgeted with the engine's own token counts.
 
+        With `grouping="by_prefix"`, prompts that begin alike go together (`prompt_prefix_key`).
+
         Args:
-            **overrides: Any `TokenBatcher` keyword (for example `target_batch_tokens`), applied
-                over `batcher_defaults()`; a misspelt one raises `TypeError` here.
+            **overrides: Any `TokenBatcher` keyword (for example `target_batch_tokens`,
+                `grouping="by_prefix"`), applied over `batcher_defaults()`; a misspelt one raises
+                `TypeError` here.
         """
         from flyteplugins_batcher import TokenBatcher
 
@@ -371,6 +375,7 @@ class Engine(abc.ABC):
             options.settings,
             cost_estimator=options.cost_estimator or self.estimate_tokens,
             name=options.name,
+            prefix_key=options.prefix_key or prompt_prefix_key,
         )
 
 

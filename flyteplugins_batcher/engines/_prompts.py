@@ -12,6 +12,10 @@ from flyteplugins_batcher.engines._config import GenerationConfig
 from flyteplugins_batcher.engines._engine_errors import InvalidPromptError, shown
 from flyteplugins_batcher.engines._live import CancellationToken, DeltaListener
 
+_ADAPTER = "\x1d"  # around a LoRA adapter's name, at the start of a key
+_MESSAGE = "\x1e"  # before each chat message in a key
+_ROLE = "\x1f"  # between a message's role and its content in a key
+
 ChatMessages = Sequence[Mapping[str, Any]]
 """A chat conversation: `[{"role": "user", "content": "..."}, ...]`; an assistant message may carry
 `tool_calls` (OpenAI's shape, `arguments` as a JSON object or its text) and a tool message its `tool_call_id`."""
@@ -78,6 +82,17 @@ class Request:
         """About 4 characters per token plus `max_new_tokens` per decoded sample, when no engine tokenizer can count."""
         extra = self.generation.generated_tokens if self.generation is not None else 0
         return approximate_tokens(self.prompt) + extra
+
+    def prefix_key(self) -> str | None:
+        """What its prompt begins with, as the engine will see it, for a batcher's `grouping="by_prefix"`.
+
+        Its adapter's name first (another adapter's cached prefix is of no use), then its prompt's
+        `prompt_prefix_key`; `None` when the prompt is not one an engine takes.
+        """
+        body = prompt_prefix_key(self.prompt)
+        if body is None or self.adapter is None:
+            return body
+        return f"{_ADAPTER}{self.adapter}{_ADAPTER}{body}"
 
 
 PromptRecord = str | Prompt | ChatMessages | Request
@@ -161,6 +176,42 @@ def normalize_record(record: object) -> str | list[Mapping[str, str]]:
         f"a prompt record must be a str, a Prompt, chat messages or a Request; got {type(record).__name__}: "
         f"{shown(record)}"
     )
+
+
+def prompt_prefix_key(record: object) -> str | None:
+    """A cheap stand-in for a prompt record's rendered text, that begins alike where the rendered prompts do.
+
+    Plain text (or a `Prompt`) is its text. Chat messages are their roles and contents in order,
+    each behind a control character that no chat text holds: the chat template writes them in
+    that order, around markup that is the same for every record, so two conversations that
+    share their first messages share the beginning of their keys as they share that of their
+    rendered prompts (tokenizing or rendering every record again would cost far more). A `Request`
+    gives its own (`Request.prefix_key`: its adapter first). `None` for a record that is not a
+    prompt: `generate` fails it, alone.
+
+    Example:
+        ```python
+        system = {"role": "system", "content": "Answer from this document: ..."}
+        first = prompt_prefix_key([system, {"role": "user", "content": "Who wrote it?"}])
+        second = prompt_prefix_key([system, {"role": "user", "content": "When?"}])
+        assert first.startswith(prompt_prefix_key([system]))  # so does `second`
+        ```
+    """
+    if isinstance(record, Request):
+        return record.prefix_key()
+    if isinstance(record, Prompt):
+        return record.text
+    if isinstance(record, str):
+        return record
+    if not isinstance(record, Sequence) or isinstance(record, (bytes, bytearray)):
+        return None
+    parts: list[str] = []
+    for message in record:
+        if not isinstance(message, Mapping):
+            return None
+        content = message.get("content")
+        parts += (_MESSAGE, str(message.get("role")), _ROLE, content if isinstance(content, str) else "")
+    return "".join(parts)
 
 
 def approximate_tokens(record: object) -> int:
