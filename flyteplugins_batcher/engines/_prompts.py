@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,15 +85,20 @@ class Request:
         return approximate_tokens(self.prompt) + extra
 
     def prefix_key(self) -> str | None:
-        """What its prompt begins with, as the engine will see it, for a batcher's `grouping="by_prefix"`.
+        """What its prompt begins with, as the engine will see it, for a batcher's `grouping="by_prefix"` and for
+        the drivers' prefix-aware placement.
 
-        Its adapter's name first (another adapter's cached prefix is of no use), then its prompt's
+        Its adapter's name first (another adapter's cached prefix is of no use), then its tools and chat
+        template keywords (a template renders them before the messages), then its prompt's
         `prompt_prefix_key`; `None` when the prompt is not one an engine takes.
         """
         body = prompt_prefix_key(self.prompt)
-        if body is None or self.adapter is None:
-            return body
-        return f"{_ADAPTER}{self.adapter}{_ADAPTER}{body}"
+        if body is None:
+            return None
+        head = [self.adapter] if self.adapter is not None else []
+        if self.tools or self.template_kwargs:
+            head.append(json.dumps([self.tools, self.template_kwargs], sort_keys=True, default=str))
+        return "".join(f"{_ADAPTER}{part}{_ADAPTER}" for part in head) + body
 
 
 PromptRecord = str | Prompt | ChatMessages | Request

@@ -8,13 +8,13 @@ system prompt with few-shot examples) should share a chunk, and chunks of a larg
 follow one another, so that the replicas' caches stay warm.
 
 `place` does this over a window of requests (the driver holds a bounded number at once): it sorts
-them by a stand-in for the text the engine will see (`prefix_text`: the adapter, tools and
-messages in order, which a chat template renders in that order), so that shared prefixes become
-neighbours, then cuts the sorted run into chunks of at most `chunk_size` where cutting costs least.
-A cut between two neighbours costs the prefix they share (the second chunk computes it again), and
-every chunk costs `CHUNK_COST_CHARS` (a replica call, a smaller batch): the cheapest cuts are found
-exactly, by dynamic programming with a sliding-window minimum, in linear time. Requests that share
-nothing fill whole chunks, as in file order.
+them by a stand-in for the text the engine will see (`prefix_text`, the engine request's
+`prefix_key`: the adapter, tools and messages in the order a chat template renders them), so that
+shared prefixes become neighbours, then cuts the sorted run into chunks of at most `chunk_size`
+where cutting costs least. A cut between two neighbours costs the prefix they share (the second
+chunk computes it again), and every chunk costs `CHUNK_COST_CHARS` (a replica call, a smaller
+batch): the cheapest cuts are found exactly, by dynamic programming with a sliding-window minimum,
+in linear time. Requests that share nothing fill whole chunks, as in file order.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from itertools import pairwise
 from typing import Literal
 
+from flyteplugins_batcher.engines import GenerationConfig
 from flyteplugins_batcher.replica._chunks import RequestItem
 
 Order = Literal["prefix", "file"]
@@ -36,21 +37,13 @@ PLACEMENT_WINDOW = 8192
 CHUNK_COST_CHARS = 256
 """What one more chunk costs, in characters of prefix computed again (about 64 tokens)."""
 
-_SEPARATOR = "\x1e"  # between fields: no text a request carries can make two different requests' keys collide
+_NO_DEFAULTS = GenerationConfig()  # settings do not change the prompt: any will do
 
 
 def prefix_text(item: RequestItem) -> str:
-    """The stand-in for the prompt an engine renders from `item`, in the order its chat template puts it.
-
-    A LoRA adapter's cache is its own (its name leads), tools and template options come before the
-    messages in every common template, and each message is its role then its content. It groups and
-    sorts the way the rendered prompt would, without the tokenizer or the template, which the driver
-    does not have.
-    """
-    head = [item.adapter, item.tools, item.template_kwargs]
-    if item.raw_prompt or not item.messages:
-        return _SEPARATOR.join([*head, item.prompt])
-    return _SEPARATOR.join(head + [f"{message.role}\x1f{message.content}" for message in item.messages])
+    """The stand-in for the prompt an engine renders from `item`, in the order its chat template puts it
+    (`Request.prefix_key`: its adapter, tools and template keywords, then its messages' roles and contents)."""
+    return item.engine_request(_NO_DEFAULTS).prefix_key() or ""
 
 
 def check_order(order: str) -> Order:
