@@ -85,3 +85,10 @@ async def test_its_batcher_sends_the_questions_on_one_document_together(grouping
         assert by_document == [{"d1"}, {"d2"}, {"d3"}]
     else:  # the same records in file order: every batch holds every document
         assert by_document == [set(documents)] * 3
+
+
+def test_vllms_batch_mode_groups_by_prefix_and_stream_mode_sends_records_as_they_come() -> None:
+    from flyteplugins_batcher.engines.vllm import VLLMEngine, VLLMStreamEngine
+
+    assert VLLMEngine("any-model").batcher_defaults().grouping == "by_prefix"  # batches: a group's records together
+    assert VLLMStreamEngine("any-model").batcher_defaults().max_batch_size == 1  # one at a time: grouping moot
