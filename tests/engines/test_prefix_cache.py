@@ -87,15 +87,29 @@ def test_free_cached_blocks_are_evicted_least_recently_used_first_after_the_blan
 
 
 def test_a_finished_sequences_tail_is_evicted_before_its_head() -> None:
+    cache = PrefixCache(num_blocks=4, block_size=4)
+    prompt = [5] * 12 + [6]  # 3 full blocks
+
+    run(cache, "a", prompt, generated=3)  # 16 tokens, 4 full blocks: its prompt's 3, and 1 its last tokens fill
+    assert (cache.cached_blocks, cache.free_blocks) == (4, 4)  # freed, all kept: a generated block is cached too
+
+    run(cache, "b", [7, 7, 7], generated=2)  # 5 tokens, 2 blocks: a's 2 last blocks evicted (generated, 3rd prompt)
+    assert run(cache, "a again", prompt) == 8  # a's first 2 blocks survived
+    # a: 3 misses; b: 2 evictions, then leaves 1 cached (its 4 computed tokens) and 1 blank; "a again": 2 hits,
+    # 1 miss (its 3rd block), the blank block and b's cached one for its 2 new blocks (1 more eviction)
+    assert counts(cache) == (2, 4, 3, 8)
+
+
+def test_room_for_a_sequence_counts_the_free_cached_blocks_its_hit_takes() -> None:
     cache = PrefixCache(num_blocks=3, block_size=4)
-    prompt = [5] * 5
+    run(cache, "a", [1] * 5)  # leaves [a]: 1 cached, 2 blank
+    run(cache, "x", [2] * 5)  # leaves [a, x]: 2 cached, 1 blank
+    assert cache.admit("blocker", (), prompt_tokens=3, footprint=4) == 0  # holds the blank one
 
-    run(cache, "a", prompt, generated=7)  # 12 tokens, 3 full blocks: its prompt's, and 2 that generated tokens fill
-    assert (cache.cached_blocks, cache.free_blocks) == (3, 3)  # freed, all kept: generated blocks are cached too
-
-    run(cache, "b", [6, 6, 6], generated=4)  # 7 tokens, 2 blocks: a's 2 tail blocks are evicted, its head is not
-    assert run(cache, "a again", prompt) == 4  # a's head found; its 2nd block is the one b left blank
-    assert counts(cache) == (1, 1, 2, 4)
+    hashes = prefix_block_hashes([1] * 5, 4)
+    assert cache.admit("a long", hashes, prompt_tokens=5, footprint=12) is None  # a's block + 2 new > 2 free
+    assert cache.admit("a short", hashes, prompt_tokens=5, footprint=8) == 4  # a's block + 1 new: x is evicted
+    assert (cache.free_blocks, cache.stats.evicted_blocks) == (0, 1)
 
 
 def test_blocks_a_running_sequence_holds_are_never_evicted_and_others_share_them() -> None:

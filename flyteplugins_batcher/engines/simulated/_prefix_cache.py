@@ -27,8 +27,9 @@ it and skips computing them. Where each rule comes from (vLLM 0.32, `vllm/v1/cor
   New blocks come from the front (`BlockPool.get_new_blocks`): blank blocks first, then cached ones, least
   recently freed first; taking a cached block drops its hash (`_maybe_evict_cached_block`): an eviction.
 - Generated tokens' full blocks get a hash in vLLM too (its output token ids are hashed as they come); the
-  simulated engine knows no output token ids, so here they get a key no prompt matches: once freed they
-  take their place in the LRU order and are evicted like any cached block, and never hit.
+  simulated engine knows no output token ids, so here they are kept as content no prompt can find: once
+  freed they take their place in the LRU order (before the prompt's blocks) and are evicted like any
+  cached block, and never hit. A block with no full content (a sequence's last one) is freed blank.
 
 One simplification, the scheduler's: a sequence takes every block of its footprint (prompt + every token it
 will generate) when it is admitted, where vLLM takes them chunk by chunk and token by token, so cached blocks
@@ -37,7 +38,6 @@ are evicted a little earlier than vLLM would evict them.
 
 from __future__ import annotations
 
-import itertools
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field, fields
@@ -90,24 +90,31 @@ class PrefixCacheStats:
 
 
 class _Block:
-    """One KV-cache block: its content's key (`None`: nothing reusable) and the sequences holding it."""
+    """Cached content: one block found by its hash, or (`key` `None`) a run of `size` blocks no prompt can find.
 
-    __slots__ = ("key", "refs")
+    Blocks without content are only counted (`PrefixCache._free_blank`, `_Held.blank`), never made.
+    """
 
-    def __init__(self, key: Hashable | None = None) -> None:
-        self.key = key
-        self.refs = 1
+    __slots__ = ("key", "refs", "size")
+
+    def __init__(self, key: int | None, refs: int = 1, size: int = 1) -> None:
+        self.key, self.refs, self.size = key, refs, size
 
 
 @dataclass(eq=False)
 class _Held:
-    """A running sequence's blocks, in token order, and how many of its full prompt blocks are computed."""
+    """A running sequence's blocks: those with a hash, in token order, then `blank` ones (content not findable).
+
+    Attributes:
+        computed_blocks: Full prompt blocks found or computed so far.
+    """
 
     blocks: list[_Block]
+    blank: int
     hashes: tuple[int, ...]
     prompt_tokens: int
     cached_tokens: int
-    done_blocks: int = 0
+    computed_blocks: int
 
 
 @dataclass(eq=False)
@@ -137,10 +144,10 @@ class PrefixCache:
     block_size: int = 16
     enabled: bool = True
     _free_blank: int = field(init=False)
-    _lru: OrderedDict[_Block, None] = field(init=False, default_factory=OrderedDict)
-    _table: dict[Hashable, dict[_Block, None]] = field(init=False, default_factory=dict)
+    _free_cached: int = field(init=False, default=0)
+    _lru: OrderedDict[_Block, None] = field(init=False, default_factory=OrderedDict)  # least recently freed first
+    _table: dict[int, dict[_Block, None]] = field(init=False, default_factory=dict)
     _held: dict[Any, _Held] = field(init=False, default_factory=dict)
-    _private_keys: itertools.count[int] = field(init=False, default_factory=itertools.count)
     _stats: dict[str, int] = field(init=False, default_factory=lambda: {f.name: 0 for f in fields(PrefixCacheStats)})
 
     def __post_init__(self) -> None:
@@ -151,12 +158,12 @@ class PrefixCache:
     @property
     def free_blocks(self) -> int:
         """Blocks no sequence holds: blank ones and cached ones (which can be evicted)."""
-        return self._free_blank + len(self._lru)
+        return self._free_blank + self._free_cached
 
     @property
     def cached_blocks(self) -> int:
-        """Blocks whose content is kept (held by a sequence or free), prompt and generated."""
-        return sum(len(blocks) for blocks in self._table.values())
+        """Blocks whose content is kept (held by a sequence or free): prompts' and generated tokens'."""
+        return sum(len(blocks) for blocks in self._table.values()) + sum(b.size for b in self._lru if b.key is None)
 
     @property
     def stats(self) -> PrefixCacheStats:
@@ -193,22 +200,32 @@ class PrefixCache:
         for block in hits:
             if block.refs == 0:
                 del self._lru[block]
+                self._free_cached -= 1
             block.refs += 1
-        blocks = hits + [self._new_block() for _ in range(new_blocks)]
+        self._take(new_blocks)
         cached_tokens = len(hits) * self.block_size
-        self._held[sequence] = _Held(blocks, hashes, prompt_tokens, cached_tokens, done_blocks=len(hits))
-        self._count(requests=1, queried_tokens=prompt_tokens, cached_tokens=cached_tokens, hit_blocks=len(hits))
+        self._held[sequence] = _Held(hits, new_blocks, hashes, prompt_tokens, cached_tokens, len(hits))
+        stats = self._stats
+        stats["requests"] += 1
+        stats["queried_tokens"] += prompt_tokens
+        stats["cached_tokens"] += cached_tokens
+        stats["hit_blocks"] += len(hits)
         return cached_tokens
 
     def computed(self, sequence: Hashable, prompt_tokens_done: int) -> None:
         """The sequence's first `prompt_tokens_done` prompt tokens are scheduled: their full blocks join the cache."""
         held = self._held[sequence]
         full = min(prompt_tokens_done, held.prompt_tokens) // self.block_size
-        for index in range(held.done_blocks, full):
-            if self.enabled and index < len(held.hashes):
-                self._register(held.blocks[index], held.hashes[index])
-        self._count(miss_blocks=max(0, full - held.done_blocks))
-        held.done_blocks = max(held.done_blocks, full)
+        if full <= held.computed_blocks:
+            return
+        self._stats["miss_blocks"] += full - held.computed_blocks
+        if self.enabled:
+            for index in range(held.computed_blocks, min(full, len(held.hashes))):
+                block = _Block(held.hashes[index])
+                self._table.setdefault(block.key, {})[block] = None  # beside any block of the same content
+                held.blocks.append(block)
+                held.blank -= 1
+        held.computed_blocks = full
 
     def release(self, sequence: Hashable, generated: int) -> int:
         """The sequence left, having generated `generated` tokens: its blocks are freed, tail first.
@@ -217,19 +234,19 @@ class PrefixCache:
             The prompt tokens it had found cached.
         """
         held = self._held.pop(sequence)
-        if self.enabled:  # full blocks beyond its hashed prompt ones hold content no prompt here can match
-            full = (held.prompt_tokens + generated) // self.block_size if generated else held.done_blocks
-            for block in held.blocks[len(held.hashes) : full]:
-                if block.key is None:
-                    self._register(block, ("private", next(self._private_keys)))
+        private = 0
+        if self.enabled:  # its full blocks without a hash: content kept, though no prompt here can match it
+            full = (held.prompt_tokens + generated) // self.block_size if generated else held.computed_blocks
+            private = max(0, full - len(held.blocks))
+        self._free_blank += held.blank - private  # its last, part-full block (and what it never filled)
+        if private:
+            self._lru[_Block(None, refs=0, size=private)] = None
+            self._free_cached += private
         for block in reversed(held.blocks):
             block.refs -= 1
-            if block.refs:
-                continue
-            if block.key is None:
-                self._free_blank += 1
-            else:
+            if not block.refs:
                 self._lru[block] = None
+                self._free_cached += 1
         return held.cached_tokens
 
     def _longest_hit(self, hashes: Sequence[int]) -> list[_Block]:
@@ -243,24 +260,22 @@ class PrefixCache:
             hits.append(next(iter(found)))  # the first block cached under it, as `BlockHashToBlockMap.get_one_block`
         return hits
 
-    def _new_block(self) -> _Block:
-        """A blank block: a free blank one, else the least recently freed cached one, its content evicted."""
-        if self._free_blank:
-            self._free_blank -= 1
-            return _Block()
-        block, _ = self._lru.popitem(last=False)
-        same_key = self._table[block.key]
-        del same_key[block]
-        if not same_key:
-            del self._table[block.key]
-        self._count(evicted_blocks=1)
-        block.key, block.refs = None, 1
-        return block
-
-    def _register(self, block: _Block, key: Hashable) -> None:
-        block.key = key
-        self._table.setdefault(key, {})[block] = None  # beside any block of the same content (`cache_full_blocks`)
-
-    def _count(self, **counts: int) -> None:
-        for name, count in counts.items():
-            self._stats[name] += count
+    def _take(self, count: int) -> None:
+        """Take `count` free blocks: blank ones first, then cached ones least recently freed first (evicted)."""
+        blank = min(count, self._free_blank)
+        self._free_blank -= blank
+        evicted = count - blank
+        self._free_cached -= evicted
+        self._stats["evicted_blocks"] += evicted
+        while evicted:
+            oldest = next(iter(self._lru))
+            if oldest.size > evicted:  # part of a run of generated blocks
+                oldest.size -= evicted
+                return
+            del self._lru[oldest]
+            evicted -= oldest.size
+            if oldest.key is not None:
+                same_key = self._table[oldest.key]
+                del same_key[oldest]
+                if not same_key:
+                    del self._table[oldest.key]
