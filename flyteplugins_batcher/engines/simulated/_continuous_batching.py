@@ -55,7 +55,7 @@ class SequenceJob:
     prompt_tokens: int
     output_tokens: int
     tag: Any = None
-    block_hashes: tuple[int, ...] = ()
+    block_hashes: tuple[int, ...] = field(default=(), repr=False)
 
     @property
     def footprint(self) -> int:

@@ -118,7 +118,7 @@ class SimulatedEngine(StreamingEngine):
 
     @property
     def prefix_cache_stats(self) -> PrefixCacheStats:
-        """What the prefix cache found, computed and evicted since `load()` (zeros before it)."""
+        """What the prefix cache found, computed and evicted since `load()` (zeros while not loaded)."""
         return self._gpu_thread.prefix_cache_stats if self._gpu_thread is not None else PrefixCacheStats()
 
     @property
