@@ -80,10 +80,10 @@ def test_the_offline_ideal_of_two_full_waves_matches_the_hand_computed_makespan(
 
 
 def test_admission_waits_for_room_in_the_kv_cache() -> None:
-    gpu = SimulatedGpu(max_num_seqs=8, max_num_batched_tokens=64, kv_cache_tokens=20, max_model_len=20)
-    scheduler = ContinuousBatchScheduler(gpu)
-    scheduler.submit(SequenceJob(8, 4, "a"))  # 12 tokens at its end
-    scheduler.submit(SequenceJob(8, 4, "b"))  # 12 more would not fit beside a's
+    gpu = SimulatedGpu(max_num_seqs=8, max_num_batched_tokens=64, kv_cache_tokens=20, max_model_len=20, block_size=4)
+    scheduler = ContinuousBatchScheduler(gpu)  # 5 blocks of 4 tokens
+    scheduler.submit(SequenceJob(8, 4, "a"))  # 12 tokens at its end: 3 blocks
+    scheduler.submit(SequenceJob(8, 4, "b"))  # 3 more would not fit beside a's
 
     running = []
     while not scheduler.idle:

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 TIGHT = [
     *simulated(
         time_scale=0.2,
-        gpu={"max_num_seqs": 1, "kv_cache_tokens": 300, "max_model_len": 300},
+        gpu={"max_num_seqs": 1, "kv_cache_tokens": 300, "max_model_len": 288},  # 18 blocks of 16
         output_lengths={"mean": 10},
     ),
     "--max-queue-size",

@@ -4,18 +4,20 @@ Each `step()` is one engine iteration, scheduled the way vLLM's (V1) scheduler d
 prefill: every decoding sequence gets its one token first; the step's remaining token budget
 (`max_num_batched_tokens`) then goes to prompts, first to the sequence whose prompt is part-way
 through, then to waiting requests in arrival order, each admitted while a sequence slot
-(`max_num_seqs`) and room in the KV cache remain. A prompt longer than what is left of the budget
-is prefilled in chunks over several steps. The step that finishes a prompt also samples the
-sequence's first token; each later step adds one more, and a sequence leaves (freeing its slot
-and its cache) in the step that produces its last token.
+(`max_num_seqs`) and room in the KV cache remain. The KV cache is blocks with vLLM's automatic
+prefix caching (`_prefix_cache.py`): a request admitted finds its prompt's longest cached prefix
+there (a hit, even on blocks a request admitted earlier in the same step is computing, as in vLLM)
+and computes only the rest, so it costs fewer prefill tokens and less of the budget. A prompt
+longer than what is left of the budget is prefilled in chunks over several steps. The step that
+finishes a prompt also samples the sequence's first token; each later step adds one more, and a
+sequence leaves (freeing its slot and its blocks) in the step that produces its last token.
 
 Deliberate simplifications, so the model stays exact and cheap:
-- A sequence reserves its whole footprint (prompt + every token it will generate) when it is
-  admitted, so nothing is ever preempted. vLLM reserves the prompt only and preempts when the
-  cache fills, which packs a little tighter when the cache is the limit; with the default cache
+- A sequence takes the blocks of its whole footprint (prompt + every token it will generate) when
+  it is admitted, so nothing is ever preempted. vLLM takes blocks as tokens come and preempts when
+  the cache fills, which packs a little tighter when the cache is the limit; with the default cache
   (over 1,700 tokens per slot) it rarely is.
-- No prefix caching, no speculative decoding, one sampled sequence per job (the engine submits a
-  job per sample).
+- No speculative decoding, one sampled sequence per job (the engine submits a job per sample).
 
 A job can leave before its end (`cancel`: its caller went away), as vLLM aborts a request: its
 slot and its cache are free from the next step.
@@ -29,25 +31,31 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from flyteplugins_batcher.engines.simulated._gpu import SimulatedGpu
+from flyteplugins_batcher.engines.simulated._prefix_cache import PrefixCache, PrefixCacheStats
 
 
 @dataclass(frozen=True, eq=False)
 class SequenceJob:
     """One request as the scheduler sees it: tokens in, tokens out, and what its caller needs back.
 
+    The scheduler tells jobs apart by identity: submit each request as its own object.
+
     Attributes:
         prompt_tokens: Prompt length (prefill work), >= 1.
         output_tokens: Tokens it will generate, >= 1.
         tag: Anything; handed back in `StepResult.finished`.
+        block_hashes: The hash chain of its prompt's full blocks (`prefix_block_hashes`), what the prefix
+            cache finds it by; empty for a prompt no other shares (or with prefix caching off).
     """
 
     prompt_tokens: int
     output_tokens: int
     tag: Any = None
+    block_hashes: tuple[int, ...] = field(default=(), repr=False)
 
     @property
     def footprint(self) -> int:
@@ -62,11 +70,12 @@ class StepResult:
     Attributes:
         index: The step's number, from 1.
         decode_seqs: Sequences that decoded one token.
-        prefill_tokens: Prompt tokens computed (whole prompts and chunks).
+        prefill_tokens: Prompt tokens computed (whole prompts and chunks), less those found in the prefix cache.
         running: Sequences holding a slot during the step (decoding and prefilling).
         step_s: The step's duration on the virtual clock.
         finished: The jobs whose last token this step produced.
         started: The jobs whose first token this step produced (their prompt was done).
+        cached_tokens: For each job in `finished`, its prompt tokens found in the prefix cache.
     """
 
     index: int
@@ -76,6 +85,7 @@ class StepResult:
     step_s: float
     finished: list[SequenceJob] = field(default_factory=list)
     started: list[SequenceJob] = field(default_factory=list)
+    cached_tokens: dict[SequenceJob, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -87,12 +97,16 @@ class OfflineRun:
         steps: Engine steps taken.
         running_seqs: Running sequences summed over the steps.
         max_num_seqs: The engine's capacity.
+        prefill_tokens: Prompt tokens computed, over the steps.
+        prefix_cache: What the prefix cache found and evicted.
     """
 
     makespan_s: float
     steps: int
     running_seqs: int
     max_num_seqs: int
+    prefill_tokens: int = 0
+    prefix_cache: PrefixCacheStats = field(default_factory=PrefixCacheStats)
 
     @property
     def occupancy(self) -> float:
@@ -106,7 +120,10 @@ class ContinuousBatchScheduler:
     Not thread-safe: one thread owns it.
 
     Args:
-        gpu: Capacity and step timing.
+        gpu: Capacity, step timing, the KV cache's blocks and prefix caching.
+
+    Attributes:
+        cache: The KV cache's blocks (its `stats` say what prefix caching found).
 
     Example:
         ```python
@@ -120,13 +137,14 @@ class ContinuousBatchScheduler:
 
     def __init__(self, gpu: SimulatedGpu) -> None:
         self.gpu = gpu
+        self.cache = PrefixCache(gpu.kv_cache_tokens // gpu.block_size, gpu.block_size, gpu.enable_prefix_caching)
         self._waiting: deque[SequenceJob] = deque()
         self._prefilling: deque[list[Any]] = deque()  # [job, prompt tokens still to compute], in admission order
         self._decoding = 0
         self._finishing: dict[int, list[SequenceJob]] = {}  # step number -> jobs whose last token it makes
-        self._kv_reserved = 0
         self.steps = 0
         self.running_seqs = 0
+        self.prefill_tokens = 0
         self.virtual_time_s = 0.0
 
     @property
@@ -157,12 +175,22 @@ class ContinuousBatchScheduler:
         """Fail at once on a job that could never run (reads only the parameters: safe from any thread).
 
         Raises:
-            ValueError: Its token counts are below 1, or it could never fit the KV cache.
+            ValueError: Its token counts are below 1, it could never fit the KV cache, or its block hashes
+                are not one per full block of its prompt.
         """
         if job.prompt_tokens < 1 or job.output_tokens < 1:
             raise ValueError(f"a job needs >= 1 prompt and output token, got {job.prompt_tokens}, {job.output_tokens}")
-        if job.footprint > self.gpu.kv_cache_tokens:
-            raise ValueError(f"a job of {job.footprint} tokens cannot fit a KV cache of {self.gpu.kv_cache_tokens}")
+        blocks, block_size = self.cache.blocks_for(job.footprint), self.gpu.block_size
+        if blocks > self.cache.num_blocks:
+            raise ValueError(
+                f"a job of {job.footprint} tokens ({blocks} blocks of {block_size}) cannot fit a KV cache of "
+                f"{self.gpu.kv_cache_tokens} tokens ({self.cache.num_blocks} blocks)"
+            )
+        if job.block_hashes and len(job.block_hashes) != job.prompt_tokens // block_size:
+            raise ValueError(
+                f"a prompt of {job.prompt_tokens} tokens has {job.prompt_tokens // block_size} full blocks of "
+                f"{block_size}, got {len(job.block_hashes)} block hashes"
+            )
 
     def unfinished(self) -> list[SequenceJob]:
         """Every job submitted and not finished (for failing them when the engine stops)."""
@@ -189,11 +217,12 @@ class ContinuousBatchScheduler:
             else:
                 self._finishing.setdefault(self.steps + job.output_tokens - 1, []).append(job)
                 self._decoding += 1
-        self._kv_reserved -= sum(job.footprint for job in finished)
+        cached = {job: self.cache.release(job, job.output_tokens) for job in finished}
         step_s = self.gpu.step_time_s(decode_seqs, prefill_tokens)
         self.virtual_time_s += step_s
         self.running_seqs += running
-        return StepResult(self.steps, decode_seqs, prefill_tokens, running, step_s, finished, prefilled)
+        self.prefill_tokens += prefill_tokens
+        return StepResult(self.steps, decode_seqs, prefill_tokens, running, step_s, finished, prefilled, cached)
 
     def cancel(self, job: SequenceJob) -> int | None:
         """Drop a job that has not finished: its slot and its KV cache are free from the next step.
@@ -207,7 +236,7 @@ class ContinuousBatchScheduler:
         for entry in self._prefilling:
             if entry[0] is job:
                 self._prefilling.remove(entry)
-                self._kv_reserved -= job.footprint
+                self.cache.release(job, 0)
                 return 0
         for last_step, jobs in self._finishing.items():
             if job in jobs:
@@ -215,8 +244,9 @@ class ContinuousBatchScheduler:
                 if not jobs:
                     del self._finishing[last_step]
                 self._decoding -= 1
-                self._kv_reserved -= job.footprint
-                return job.output_tokens - (last_step - self.steps)
+                made = job.output_tokens - (last_step - self.steps)
+                self.cache.release(job, made)
+                return made
         return None
 
     def _schedule_prompts(self, budget: int) -> tuple[int, list[SequenceJob]]:
@@ -227,23 +257,28 @@ class ContinuousBatchScheduler:
             chunk = min(entry[1], budget - spent)
             spent += chunk
             entry[1] -= chunk
+            self.cache.computed(entry[0], entry[0].prompt_tokens - entry[1])
             if entry[1]:
                 break  # the budget ran out part-way through this prompt
             done.append(self._prefilling.popleft()[0])
-        while self._waiting and budget > spent and self._has_room(len(done), self._waiting[0]):
-            job = self._waiting.popleft()
-            self._kv_reserved += job.footprint
-            chunk = min(job.prompt_tokens, budget - spent)
+        while self._waiting and budget > spent and self._has_slot(len(done)):
+            job = self._waiting[0]
+            cached = self.cache.admit(job, job.block_hashes, prompt_tokens=job.prompt_tokens, footprint=job.footprint)
+            if cached is None:
+                break  # no room in the KV cache: it waits, and those behind it too (first come, first served)
+            self._waiting.popleft()
+            to_compute = job.prompt_tokens - cached  # >= 1: the last prompt token is never a hit
+            chunk = min(to_compute, budget - spent)
             spent += chunk
-            if chunk < job.prompt_tokens:
-                self._prefilling.append([job, job.prompt_tokens - chunk])
+            self.cache.computed(job, cached + chunk)  # scheduled: a job admitted after it in this step finds them
+            if chunk < to_compute:
+                self._prefilling.append([job, to_compute - chunk])
             else:
                 done.append(job)
         return spent, done
 
-    def _has_room(self, prefilled_now: int, job: SequenceJob) -> bool:
-        slots_taken = self._decoding + prefilled_now + len(self._prefilling)
-        return slots_taken < self.gpu.max_num_seqs and self._kv_reserved + job.footprint <= self.gpu.kv_cache_tokens
+    def _has_slot(self, prefilled_now: int) -> bool:
+        return self._decoding + prefilled_now + len(self._prefilling) < self.gpu.max_num_seqs
 
 
 def run_all_at_once(jobs: Iterable[SequenceJob], gpu: SimulatedGpu) -> OfflineRun:
@@ -257,7 +292,14 @@ def run_all_at_once(jobs: Iterable[SequenceJob], gpu: SimulatedGpu) -> OfflineRu
     """
     scheduler = ContinuousBatchScheduler(gpu)
     for job in jobs:
-        scheduler.submit(job)
+        scheduler.submit(replace(job))  # its own object: the same job may be given several times
     while not scheduler.idle:
         scheduler.step()
-    return OfflineRun(scheduler.virtual_time_s, scheduler.steps, scheduler.running_seqs, gpu.max_num_seqs)
+    return OfflineRun(
+        scheduler.virtual_time_s,
+        scheduler.steps,
+        scheduler.running_seqs,
+        gpu.max_num_seqs,
+        scheduler.prefill_tokens,
+        scheduler.cache.stats,
+    )

@@ -9,6 +9,10 @@ most of its GPU. This engine makes that visible without a GPU: it serves records
 duration for the GPU. Its completions are filler text of honest length; its statistics
 (steps, occupancy, busy time) are what the benchmarks measure.
 
+Its KV cache keeps computed prompt blocks as vLLM's automatic prefix caching does (on by default,
+`SimulatedGpu(enable_prefix_caching=False)` turns it off): a prompt that starts like one computed
+before skips those tokens' prefill, and its completion's `cached_tokens` says how many it skipped.
+
 Like vLLM's stream mode, it streams (a `Request` with `on_delta` hears each step's new text) and
 stops a record its caller cancels (`Request.cancellation`): the sequence leaves the scheduler
 before the next step, and the record is answered with `RequestCancelledError`.
@@ -38,7 +42,8 @@ from flyteplugins_batcher.engines.simulated._continuous_batching import (
     run_all_at_once,
 )
 from flyteplugins_batcher.engines.simulated._gpu import OutputLengths, SimulatedGpu
-from flyteplugins_batcher.engines.simulated._gpu_thread import SimulatedGpuThread, TokensListener
+from flyteplugins_batcher.engines.simulated._gpu_thread import Served, SimulatedGpuThread, TokensListener
+from flyteplugins_batcher.engines.simulated._prefix_cache import PrefixCacheStats, prefix_block_hashes
 from flyteplugins_batcher.engines.simulated._tokenizer import CHARS_PER_TOKEN, SimulatedTokenizer, text_of_tokens
 
 
@@ -57,6 +62,9 @@ class SimulatedEngine(StreamingEngine):
     `stats` report engine `steps`, `occupancy` (running sequences per step over `max_num_seqs`)
     and `step_time_s`, the simulated GPU's busy time on its virtual clock: wall time is virtual
     time divided by `time_scale` (`lag_s` says whether the GPU thread ever fell behind its clock).
+    With prefix caching on (`gpu.enable_prefix_caching`, vLLM's default), a prompt whose leading
+    full blocks of `gpu.block_size` tokens are still cached skips their prefill, each completion
+    reports them as `cached_tokens`, and `prefix_cache_stats` counts hits, misses and evictions.
 
     Args:
         gpu: The GPU and scheduler parameters; by default Llama-3-8B on one H100. A mapping
@@ -109,6 +117,11 @@ class SimulatedEngine(StreamingEngine):
         return self._gpu_thread.lag_s if self._gpu_thread is not None else 0.0
 
     @property
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        """What the prefix cache found, computed and evicted since `load()` (zeros while not loaded)."""
+        return self._gpu_thread.prefix_cache_stats if self._gpu_thread is not None else PrefixCacheStats()
+
+    @property
     def gpu_thread_cpu_s(self) -> float:
         """CPU seconds the GPU thread has used since `load()` (what simulating the GPU costs)."""
         return self._gpu_thread.cpu_s if self._gpu_thread is not None else 0.0
@@ -142,12 +155,12 @@ class SimulatedEngine(StreamingEngine):
             return [await self._outcome(*submitted[0])]
         return list(await asyncio.gather(*(self._outcome(prompt, futures) for prompt, futures in submitted)))
 
-    def _submit(self, gpu_thread: SimulatedGpuThread, prompt: PreparedPrompt) -> list[asyncio.Future[Sample]]:
+    def _submit(self, gpu_thread: SimulatedGpuThread, prompt: PreparedPrompt) -> list[asyncio.Future[Served]]:
         """A request per decoded sample of a prompt, each answering with its `Sample`."""
         tokens, finish_reason = self._output(prompt)
         text = text_of_tokens(tokens)
         sample = Sample(text, tokens, finish_reason, filler_logprobs(text, prompt.generation.logprobs))
-        job = SequenceJob(len(prompt.token_ids), tokens)
+        job = self._job(prompt, tokens)
         return [
             gpu_thread.submit(
                 job, sample, on_tokens=_streamer(prompt, index, sample.text), cancellation=prompt.cancellation
@@ -155,9 +168,21 @@ class SimulatedEngine(StreamingEngine):
             for index in range(prompt.generation.decoded_samples)
         ]
 
-    async def _outcome(self, prompt: PreparedPrompt, futures: list[asyncio.Future[Sample]]) -> Outcome:
-        """The prompt's completion, or `RequestCancelledError` (with the tokens made) when its caller cancelled it."""
-        answers: list[Sample | BaseException]
+    def _job(self, prompt: PreparedPrompt, output_tokens: int) -> SequenceJob:
+        """The scheduler's view of one request: its lengths and, with prefix caching on, its prompt's block hashes."""
+        gpu = self.gpu
+        hashes = (
+            prefix_block_hashes(prompt.token_ids, gpu.block_size, prompt.adapter) if gpu.enable_prefix_caching else ()
+        )
+        return SequenceJob(len(prompt.token_ids), output_tokens, block_hashes=hashes)
+
+    async def _outcome(self, prompt: PreparedPrompt, futures: list[asyncio.Future[Served]]) -> Outcome:
+        """The prompt's completion, or `RequestCancelledError` (with the tokens made) when its caller cancelled it.
+
+        Its `cached_tokens` are its first request's (with several samples, the later ones find the prompt the
+        first one computed).
+        """
+        answers: list[Served | BaseException]
         if len(futures) == 1:
             try:
                 answers = [await futures[0]]
@@ -165,7 +190,8 @@ class SimulatedEngine(StreamingEngine):
                 answers = [stopped]
         else:
             answers = await asyncio.gather(*futures, return_exceptions=True)
-        samples = [answer for answer in answers if isinstance(answer, Sample)]
+        served = [answer for answer in answers if isinstance(answer, Served)]
+        samples = [answer.outcome for answer in served]
         cancelled = [answer for answer in answers if isinstance(answer, RequestCancelledError)]
         failure = next((a for a in answers if isinstance(a, BaseException) and a not in cancelled), None)
         if failure is not None:
@@ -175,7 +201,7 @@ class SimulatedEngine(StreamingEngine):
             return RequestCancelledError(f"{self.name}: record {prompt.index} was cancelled", completion_tokens=made)
         if len(samples) < prompt.generation.n:  # greedy: one sample decoded, repeated
             samples *= prompt.generation.n
-        return Completion.from_samples(len(prompt.token_ids), samples)
+        return Completion.from_samples(len(prompt.token_ids), samples, cached_tokens=served[0].cached_tokens)
 
     def _output(self, prompt: PreparedPrompt) -> tuple[int, FinishReason]:
         """How many tokens a prompt generates, and why it stops there."""
@@ -191,7 +217,7 @@ class SimulatedEngine(StreamingEngine):
         """
         prepared, _ = self._prepare(list(records))
         samples = (p for p in prepared for _ in range(p.generation.decoded_samples))
-        return run_all_at_once((SequenceJob(len(p.token_ids), self._output(p)[0]) for p in samples), self.gpu)
+        return run_all_at_once((self._job(p, self._output(p)[0]) for p in samples), self.gpu)
 
     def batcher_defaults(self) -> BatcherSettings:
         """Stream mode's settings, from the simulated GPU's capacity (as `VLLMStreamEngine`'s)."""

@@ -20,6 +20,12 @@ Defaults model Llama-3-8B in bfloat16 on one 80 GB H100 under vLLM. Where each f
   about 2.7 GiB of activations and CUDA graphs leaves 54 GiB for the cache: 54 GiB / 128 KiB =
   442,368 tokens (vLLM reports "GPU KV cache size" in this range for this model and GPU).
 - `max_model_len = 8192`: Llama-3-8B's context.
+- `block_size = 16`: vLLM's default KV-cache block (`CacheConfig.DEFAULT_BLOCK_SIZE`,
+  `vllm/config/cache.py`), so the default cache is 442,368 / 16 = 27,648 blocks; a sequence holds
+  whole blocks (a 17-token sequence holds 2).
+- `enable_prefix_caching = True`: vLLM's default (`CacheConfig.enable_prefix_caching`): prompts that
+  start with the same full blocks as a prompt computed before, and still cached, skip computing
+  them (their prefill tokens leave the step's time); the rules are in `_prefix_cache.py`.
 
 Calibrating against a real GPU run: start vLLM with `disable_log_stats=False` and run N identical
 requests with long outputs at once (N = 1, 8, 32, 128, 256; `ignore_eos=True`, `max_tokens=512`,
@@ -50,8 +56,12 @@ class SimulatedGpu:
         max_num_seqs: Sequences that can run at once (vLLM's `max_num_seqs`).
         max_num_batched_tokens: Tokens one step may compute: one per decoding sequence, the rest
             for prompt chunks (vLLM's `max_num_batched_tokens`, chunked prefill on).
-        kv_cache_tokens: Tokens the KV cache holds across all running sequences.
+        kv_cache_tokens: Tokens the KV cache holds across all running sequences (and cached prefixes).
         max_model_len: Longest sequence (prompt + generated tokens) one request may have.
+        block_size: Tokens per KV-cache block: the cache is `kv_cache_tokens // block_size` blocks, a
+            sequence holds whole blocks, and prefix caching finds prompts' full blocks (vLLM's `block_size`).
+        enable_prefix_caching: Whether prompts reuse cached full blocks of earlier prompts (vLLM's
+            automatic prefix caching, `enable_prefix_caching`); off, every prompt token is computed.
         label: Names the model in reports.
 
     Example:
@@ -70,22 +80,28 @@ class SimulatedGpu:
     max_num_batched_tokens: int = 8192
     kv_cache_tokens: int = 442_368
     max_model_len: int = 8192
+    block_size: int = 16
+    enable_prefix_caching: bool = True
     label: str = "Llama-3-8B bf16 on 1x H100 80GB"
 
     def __post_init__(self) -> None:
         for name in ("step_base_s", "decode_seq_s", "prefill_token_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("max_num_seqs", "max_num_batched_tokens", "kv_cache_tokens", "max_model_len"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "kv_cache_tokens", "max_model_len", "block_size"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
         if self.max_num_batched_tokens < self.max_num_seqs:  # vLLM refuses this too: a step must fit every decode
             raise ValueError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs ({self.max_num_seqs})"
             )
-        if self.max_model_len > self.kv_cache_tokens:
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise ValueError(f"enable_prefix_caching must be true or false, got {self.enable_prefix_caching!r}")
+        blocks = self.kv_cache_tokens // self.block_size
+        if -(-self.max_model_len // self.block_size) > blocks:  # as vLLM checks at start-up, in whole blocks
             raise ValueError(
-                f"max_model_len ({self.max_model_len}) must fit in the KV cache ({self.kv_cache_tokens} tokens)"
+                f"max_model_len ({self.max_model_len}) must fit in the KV cache ({self.kv_cache_tokens} tokens: "
+                f"{blocks} blocks of {self.block_size})"
             )
 
     def step_time_s(self, decode_seqs: int, prefill_tokens: int) -> float:
@@ -97,7 +113,8 @@ class SimulatedGpu:
         return (
             f"{self.label}: step = {self.step_base_s * 1e3:g} ms + {self.decode_seq_s * 1e3:g} ms/decoding seq "
             f"+ {self.prefill_token_s * 1e3:g} ms/prefill token; max_num_seqs={self.max_num_seqs}, "
-            f"max_num_batched_tokens={self.max_num_batched_tokens}, KV cache {self.kv_cache_tokens:,} tokens"
+            f"max_num_batched_tokens={self.max_num_batched_tokens}, KV cache {self.kv_cache_tokens:,} tokens "
+            f"in blocks of {self.block_size}, prefix caching {'on' if self.enable_prefix_caching else 'off'}"
         )
 
 

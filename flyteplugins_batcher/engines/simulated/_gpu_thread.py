@@ -25,7 +25,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from flyteplugins_batcher.engines._engine_errors import EngineDeadError, EngineNotLoadedError, RequestCancelledError
@@ -44,6 +44,14 @@ TokensListener = Callable[[int, int], None]
 """Receives `(start, end)`: a request's tokens `start` to `end` (exclusive) were made; called on the GPU thread."""
 
 logger = logging.getLogger("flyteplugins_batcher")
+
+
+@dataclass(frozen=True)
+class Served:
+    """What a finished request's future gets: its answer, and its prompt tokens found in the prefix cache."""
+
+    outcome: Any
+    cached_tokens: int = 0
 
 
 @dataclass(frozen=True, eq=False)
@@ -75,7 +83,8 @@ class SimulatedGpuThread:
     Example:
         ```python
         gpu = SimulatedGpuThread(SimulatedGpu(), time_scale=10, on_step=print)
-        answer = await gpu.submit(SequenceJob(100, 20), outcome="done")
+        served = await gpu.submit(SequenceJob(100, 20), outcome="done")
+        assert served.outcome == "done"
         gpu.close()
         ```
     """
@@ -90,6 +99,8 @@ class SimulatedGpuThread:
         self.cpu_s = 0.0
         """CPU seconds the GPU thread has used (updated every step)."""
         self._scheduler = ContinuousBatchScheduler(gpu)
+        self.prefix_cache_stats = self._scheduler.cache.stats
+        """What the prefix cache found and evicted (a snapshot, updated every step)."""
         self._on_step = on_step
         self._arrivals: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._closed = False
@@ -107,7 +118,7 @@ class SimulatedGpuThread:
         on_tokens: TokensListener | None = None,
         cancellation: CancellationToken | None = None,
     ) -> asyncio.Future[Any]:
-        """Queue `job`; the returned future (on the calling loop) gets `outcome` when its last token is made.
+        """Queue `job`; the returned future (on the calling loop) gets `Served(outcome, ...)` at its last token.
 
         Args:
             job: The request.
@@ -124,7 +135,7 @@ class SimulatedGpuThread:
         self._scheduler.check(job)
         loop = asyncio.get_running_loop()
         ticket = _Ticket(outcome, loop.create_future(), loop, on_tokens)
-        queued = SequenceJob(job.prompt_tokens, job.output_tokens, ticket)
+        queued = replace(job, tag=ticket)
         with self._submit_lock:
             if self._failure is not None:
                 raise self._failure
@@ -188,10 +199,11 @@ class SimulatedGpuThread:
                 time.sleep(delay)
             else:
                 self.lag_s = max(self.lag_s, -delay)
+            self.prefix_cache_stats = scheduler.cache.stats
             self._on_step(result)
             if self._streams:
                 self._tell_streams(result)
-            _deliver([(job.tag, job.tag.outcome) for job in result.finished])
+            _deliver([(job.tag, Served(job.tag.outcome, result.cached_tokens[job])) for job in result.finished])
             self.cpu_s = time.thread_time()
 
     def _take_arrived(self) -> bool:
