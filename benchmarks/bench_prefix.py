@@ -9,6 +9,10 @@ Three workloads, each an OpenAI batch file of chat lines that every contender re
   `--few-shot-lines` gsm8k questions;
 - **plain**: `--plain-lines` gsm8k questions with the gsm8k system prompt: nothing shared beyond it.
 
+With `--simulated`, the documents workload instead runs on R = 1, 2, 4, 8 replica processes of the
+GPU-timed simulated engine, through the real driver (`_prefix_simulated.py`): prefill tokens
+computed in "prefix" and "file" order against the ideal (each document computed once).
+
 Contenders, each a fresh process timed whole as a user waits (loading included), with the same
 model (the bundled SmolLM2 unless `--model`), the same engine arguments and prefix caching on:
 `ours, prefix` (`run-batch`, placement on: the default), `ours, file` (`run-batch --order file`),
@@ -19,6 +23,7 @@ found in its cache where the contender says (ours: `cached_tokens` in each answe
 how many answers equal `ours, file`'s.
 
     python benchmarks/bench_prefix.py                                   # the three workloads, 1 round
+    python benchmarks/bench_prefix.py --simulated                       # documents on 1-8 simulated GPUs
     python benchmarks/bench_prefix.py --workloads documents --documents 8 --questions 4 --ways "ours, prefix,ours, file"
 """
 
@@ -86,8 +91,9 @@ def chat_line(custom_id: str, messages: list[dict[str, str]], args: argparse.Nam
 def documents_lines(rows: list[dict[str, str]], args: argparse.Namespace) -> list[str]:
     """Each document asked each question, question by question: a document's questions `--documents` lines apart."""
     documents = [
-        " ".join(row["question"] for row in rows[number * 8 : number * 8 + 8]) for number in range(args.documents)
-    ]
+        f"Document {number}. " + " ".join(rows[(number * 8 + line) % len(rows)]["question"] for line in range(8))
+        for number in range(args.documents)
+    ]  # each begins with its own number: documents that repeat gsm8k's text still share nothing
     lines = []
     for asked in range(args.questions):
         for number, document in enumerate(documents):
@@ -248,8 +254,14 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--ray-python", type=Path, default=bench_table.RAY_PYTHON)
+    parser.add_argument("--simulated", action="store_true", help="the documents on 1-8 simulated GPUs instead")
+    parser.add_argument("--sim-documents", type=int, default=2048)
+    parser.add_argument("--sim-replicas", default="1,2,4,8")
+    parser.add_argument("--sim-kv-cache-tokens", type=int, default=442_368, help="each simulated GPU's KV cache")
+    parser.add_argument("--time-scale", type=float, default=20.0, help="the simulated GPUs run this much faster")
     add_chart_flag(parser)
     args = parser.parse_args()
+    args.sim_replicas = [int(value) for value in args.sim_replicas.split(",")]
     args.ways = tuple(way.strip() for way in args.ways.split("|"))
     args.workloads = tuple(name.strip() for name in args.workloads.split(","))
     if set(args.ways) - set(WAYS) or set(args.workloads) - set(WORKLOADS):
@@ -260,8 +272,30 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
+def simulated(args: argparse.Namespace) -> None:
+    """The documents workload on 1-8 simulated GPUs: prefill computed by order, against the ideal."""
+    from benchmarks import _prefix_simulated
+
+    args.documents, args.model = args.sim_documents, "simulated"
+    with tempfile.TemporaryDirectory(prefix="bench-prefix-sim-") as folder:
+        path = Path(folder) / "documents.jsonl"
+        path.write_text("\n".join(documents_lines(gsm8k(args.data), args)) + "\n")
+        ideal, runs = _prefix_simulated.measure(path, args)
+    rows = [
+        [run["replicas"], run["order"], f"{run['prompt']:,}", f"{run['prefill']:,}", f"{run['prefill'] / ideal:.2f}x",
+         f"{run['wall_s']:.1f}"]
+        for run in runs
+    ]  # fmt: skip
+    print(f"\n{args.documents} documents x {args.questions} questions, listed question by question, on simulated "
+          f"H100s (KV cache {args.sim_kv_cache_tokens:,} tokens each); ideal prefill {ideal:,} tokens\n")  # fmt: skip
+    print(markdown_table(["replicas", "order", "prompt tokens", "prefill computed", "x ideal", "wall s"], rows))
+
+
 def main() -> None:
     args = parse_args()
+    if args.simulated:
+        simulated(args)
+        return
     args.model = args.model or str(bundled_smollm2_path())
     rows = gsm8k(args.data)
     results: list[Result] = []

@@ -403,10 +403,10 @@ async def warm_up(replicas: Sequence[ReplicaProcess], settings: EngineSettings) 
     return {replica.index: outcome.replica for replica, outcome in zip(replicas, outcomes, strict=True)}
 
 
-def simulated_job(requests_path: Path, folder: Path, settings: EngineSettings) -> Job:
+def simulated_job(requests_path: Path, folder: Path, settings: EngineSettings, order: str = "prefix") -> Job:
     """The JSONL job's driver over the file, for the simulated model (a line naming another model runs on it)."""
     served = {"served_model_name": "simulated", "served_embedding_model": "simulated"}
-    return Job(requests_path, folder, settings, **served, model_mismatch="ignore")
+    return Job(requests_path, folder, settings, **served, model_mismatch="ignore", order=order)
 
 
 async def run_job(
@@ -422,14 +422,16 @@ async def run_job(
     latency_s: float,
     retries: int = 2,
     kill_at: float | None = None,
+    order: str = "prefix",
 ) -> JobRun:
     """Run the JSONL job in `requests_path` on `replicas` through a `Router`; kill one when `kill_at` of it is done.
 
     `baseline`: each replica's state before the job (`warm_up`), so the timing starts with warm replicas.
+    `order`: how the driver cuts the file into chunks (`RunOptions.order`).
     """
     by_name = {state.replica: index for index, state in baseline.items()}
     router = Router(replicas, concurrency, latency_s, retries)
-    job = simulated_job(requests_path, folder, settings)
+    job = simulated_job(requests_path, folder, settings, order)
     total = sum(1 for line in requests_path.open(encoding="utf-8") if line.strip())
     snapshots: dict[int, list[tuple[float, ReplicaSnapshot]]] = {index: [] for index in baseline}
     kill: list[Kill] = []
