@@ -26,6 +26,7 @@ from flyteplugins_batcher.jobs._table.requests import RowRequests
 from flyteplugins_batcher.jobs._table.source import TableSource
 from flyteplugins_batcher.replica import ChunkCutter, ItemResult, RequestChunk
 from flyteplugins_batcher.replica._placement import place
+from tests.jobs.conftest import CountingBatcher
 
 SYSTEM = "You answer questions about the document you are given, in one sentence. " * 3
 
@@ -168,22 +169,51 @@ def test_a_tables_rows_are_placed_by_prefix_and_its_part_comes_back_in_row_order
     assert (job.counts.done, job.counts.failed) == (12, 1)
 
 
-SIMULATED = {"engine": "simulated", "engine_args": json.dumps({"time_scale": 50}), "max_new_tokens": 8}
+SIMULATED = {
+    "engine": "simulated",
+    "engine_args": json.dumps({"time_scale": 50, "gpu": {"max_model_len": 512}}),
+    "max_new_tokens": 8,
+}
+
+
+def documents_table(tmp_path: Path) -> tuple[pa.Table, str]:
+    """Five documents asked three questions each, listed question by question, then a row too long for the context
+    and a null one: they fail alone, wherever placement puts them."""
+    rows = question_by_question(documents=5, questions=3)
+    questions = [text for _, text in rows] + ["word " * 700, None]
+    table = pa.table({"question": questions, "n": list(range(len(questions)))})
+    pq.write_table(table, tmp_path / "in.parquet", row_group_size=4)
+    return table, str(tmp_path / "in.parquet")
 
 
 def test_placement_changes_no_answer_and_keeps_the_tables_order(run_locally, tmp_path: Path) -> None:
-    rows = question_by_question(documents=5, questions=3)
-    table = pa.table({"question": [text for _, text in rows], "n": list(range(len(rows)))})
-    pq.write_table(table, tmp_path / "in.parquet", row_group_size=4)
+    table, path = documents_table(tmp_path)
 
     outputs = {}
     for order in ("prefix", "file"):
         run_locally(
-            run_table, input=str(tmp_path / "in.parquet"), prompt="{question}", chunk_size=4, order=order,
+            run_table, input=path, prompt="{question}", chunk_size=4, order=order, max_failed_fraction=0.5,
             output_dir=str(tmp_path / order), **SIMULATED,
         )  # fmt: skip
         outputs[order] = pq.read_table(tmp_path / order)
 
-    assert outputs["prefix"].column("n").to_pylist() == list(range(len(rows)))
+    assert outputs["prefix"].column("n").to_pylist() == list(range(table.num_rows))
     assert outputs["prefix"].column("generated_text").equals(outputs["file"].column("generated_text"))
-    assert len(list((tmp_path / "prefix").iterdir())) == 1 and len(list((tmp_path / "file").iterdir())) == 4
+    errors = outputs["prefix"].column("error").to_pylist()
+    assert errors[-2].startswith("context_length_exceeded: ") and errors[-1].startswith("null_value: ")
+    assert errors[:-2] == [None] * 15 and errors == outputs["file"].column("error").to_pylist()
+    assert len(list((tmp_path / "prefix").iterdir())) == 1 and len(list((tmp_path / "file").iterdir())) == 5
+
+
+def test_a_rerun_reuses_every_chunk_placement_made(cached_run, tmp_path: Path) -> None:
+    _, path = documents_table(tmp_path)
+    job = {"input": path, "prompt": "{question}", "chunk_size": 4, "max_failed_fraction": 0.5, **SIMULATED}
+    first = CountingBatcher()
+    cached_run(run_table, first, **job)
+
+    again = CountingBatcher()
+    summary = cached_run(run_table, again, **job)
+
+    # The same chunks: every answered row from the cache; only the row that failed in the engine is tried again.
+    assert len(first.prompts) == 16 and again.prompts == ["word " * 700]
+    assert (summary.answered, summary.failed, summary.reused, summary.retried) == (15, 2, 15, 1)
