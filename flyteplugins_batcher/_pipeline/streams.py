@@ -104,10 +104,10 @@ class RecordStreams(Generic[RecordT, ResultT]):
                 window.append(await self._submit_or_refused(record))
                 last_seq = self._submitted
                 while len(window) >= window_size:
-                    yield await outcome(window.popleft(), return_exceptions)
+                    yield await next_outcome(window, return_exceptions)
             self._flush_through(last_seq)  # the input ended: its tail need not wait for batch_timeout_s
             while window:
-                yield await outcome(window.popleft(), return_exceptions)
+                yield await next_outcome(window, return_exceptions)
         finally:
             if window:
                 self._abandon(window)
@@ -152,19 +152,30 @@ async def aiter_records(records: Iterable[Any] | AsyncIterable[Any]) -> AsyncIte
             yield record
 
 
+async def next_outcome(window: deque[asyncio.Future[Any]], return_exceptions: bool) -> Any:
+    """The first future's outcome (see `outcome`), which leaves the window only once it has one: a consumer
+    cancelled meanwhile leaves it there, for `map` to abandon with the rest."""
+    answer = await outcome(window[0], return_exceptions)
+    window.popleft()
+    return answer
+
+
 async def outcome(future: asyncio.Future[Any], return_exceptions: bool) -> Any:
     """The future's result; with `return_exceptions`, its exception instead of raising it.
 
     As with `asyncio.gather(..., return_exceptions=True)`, a cancelled record yields its
-    `CancelledError` rather than cancelling the consumer.
+    `CancelledError` rather than cancelling the consumer; a cancelled consumer is cancelled
+    (its own cancel is not mistaken for the record's).
     """
     if not return_exceptions:
         return await future
-    try:
-        return await future
-    except asyncio.CancelledError as exc:
-        if future.cancelled():
-            return exc
-        raise
-    except Exception as exc:
-        return exc
+    if not future.done():
+        await asyncio.wait({future})  # unlike `await future`, a cancel of the consumer raises here, not in the record
+    if future.cancelled():
+        return asyncio.CancelledError()
+    error = future.exception()
+    if error is None:
+        return future.result()
+    if isinstance(error, Exception):
+        return error
+    raise error

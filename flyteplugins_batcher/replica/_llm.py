@@ -185,13 +185,15 @@ class LLMReplica:
         engine = shared.loaded_model
         assert engine is not None
         defaults = settings.generation()
-        requests = [item.engine_request(defaults) for item in chunk.items]
+        # Each record carries a token, whichever way it goes: a chunk stopped (`stop`) or cancelled (its task:
+        # a Flyte task cancelled, a local run aborted) has the engine stop its running records, not only forget them.
+        requests = [replace(item.engine_request(defaults), cancellation=CancellationToken()) for item in chunk.items]
         if self.admit is not None:
             outcomes = await run_admitted(batcher, requests, self.admit, stop)
         elif stop is None:
             outcomes = await batcher.run(requests, return_exceptions=True)
         else:
-            outcomes = await run_until(batcher, [replace(r, cancellation=CancellationToken()) for r in requests], stop)
+            outcomes = await run_until(batcher, requests, stop)
         stopped = stop is not None and stop.is_set()
         answers = zip(chunk.items, outcomes, strict=True)
         results = [_item_result(chunk, item, outcome, stopped=stopped) for item, outcome in answers]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
@@ -89,3 +90,57 @@ async def test_a_record_cancelled_while_queued_never_runs_and_is_not_told():
 
     assert seen == ["first"] and not queued_job.stop.is_set()
     assert (batcher.stats.total_cancelled, batcher.stats.total_completed) == (1, 1)
+
+
+def _stepping(started: threading.Event, steps: dict[str, int]) -> Callable[[list[Job]], list[str]]:
+    """A batch function that steps its records together, 200 steps of 10 ms, each until it is told to stop."""
+
+    def work(batch: list[Job]) -> list[str]:
+        started.set()
+        for step in range(200):
+            for job in batch:
+                if job.stop.is_set():
+                    steps.setdefault(job.name, step)
+            if len(steps) == len(batch):
+                break
+            threading.Event().wait(0.01)
+        for job in batch:
+            steps.setdefault(job.name, 200)
+        return [job.name for job in batch]
+
+    return work
+
+
+@pytest.mark.parametrize("return_exceptions", [False, True])
+@pytest.mark.parametrize("caller", ["run", "map", "batched"])
+async def test_a_cancelled_consumer_of_many_records_has_every_running_one_told_and_is_cancelled_itself(
+    caller: str, return_exceptions: bool
+) -> None:
+    """`run`, `map` and `@batched`'s `run`, cancelled while their records run, cancel every one (those running are
+    told to stop) and end cancelled, with `return_exceptions` too: the consumer's own cancel is not a record's."""
+    started = threading.Event()
+    steps: dict[str, int] = {}
+    work = _stepping(started, steps)
+    jobs = [Job(f"job-{n}") for n in range(4)]
+    batcher = ours.DynamicBatcher(work, max_batch_size=4, batch_timeout_s=0.0)
+    batched = ours.batched(work, max_batch_size=4, batch_timeout_s=0.0)
+
+    async def consume() -> object:
+        if caller == "batched":
+            return await batched.run(jobs, return_exceptions=return_exceptions)
+        if caller == "run":
+            return await batcher.run(jobs, return_exceptions=return_exceptions)
+        return [answer async for answer in batcher.map(jobs, return_exceptions=return_exceptions)]
+
+    async with batcher:
+        consumer = asyncio.create_task(consume())
+        await asyncio.to_thread(started.wait, 5)
+        consumer.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await consumer
+        used = batched.batcher if caller == "batched" else batcher
+        await batched.aclose()  # its records settle as it drains
+
+    stats = used.stats if used is not None else ours.BatchStats()
+    assert sorted(steps) == [job.name for job in jobs] and max(steps.values()) < 100, steps
+    assert (stats.total_cancelled, stats.total_completed) == (4, 0)

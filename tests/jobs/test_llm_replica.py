@@ -1,15 +1,19 @@
-"""The replica's engine settings for the simulated engine, and the in-flight sizing fixed at import."""
+"""The replica's engine settings for the simulated engine, the in-flight sizing fixed at import, and a stopped
+chunk's lines stopped in the engine."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+from collections.abc import AsyncIterator
 
 import pytest
 
 from flyteplugins_batcher.engines import EngineConfigError
 from flyteplugins_batcher.engines.simulated import SimulatedEngine
 from flyteplugins_batcher.jobs._environments import vllm_default_max_num_seqs
-from flyteplugins_batcher.replica import EngineSettings
+from flyteplugins_batcher.replica import ChatMessage, EngineSettings, LLMReplica, RequestChunk, RequestItem
 from flyteplugins_batcher.replica._llm import engine_kwargs, load_engine
 
 
@@ -51,3 +55,56 @@ def test_only_named_options_reach_it() -> None:
 )
 def test_the_sizing_assumes_vllms_default_max_num_seqs_for_the_gpu(gpu: str | None, expected: int) -> None:
     assert vllm_default_max_num_seqs(gpu) == expected
+
+
+LINES, LONG = 8, 1000
+LONG_ANSWERS = EngineSettings(
+    engine="simulated",
+    engine_args=json.dumps({"time_scale": 2, "gpu": {"max_num_seqs": LINES}, "output_lengths": {"mean": LONG}}),
+    max_new_tokens=LONG,
+)
+"""Eight lines whose answers run to 1,000 tokens: about 4 s of the simulated GPU when nothing stops them."""
+
+
+@contextlib.asynccontextmanager
+async def always_room() -> AsyncIterator[None]:
+    """A line's room, given at once (as a server's online target gives it with no online request in sight)."""
+    yield
+
+
+async def _steps_settled(engine: SimulatedEngine) -> int:
+    """The engine's steps once it has stopped stepping (two reads 0.2 s apart agree)."""
+    while True:
+        steps = engine.stats.steps
+        await asyncio.sleep(0.2)
+        if engine.stats.steps == steps:
+            return steps
+
+
+@pytest.mark.parametrize("admitted", [False, True], ids=["no-room", "room"])
+@pytest.mark.parametrize("how", ["stop", "task-cancelled"])
+async def test_a_stopped_chunk_stops_its_running_lines_in_the_engine(admitted: bool, how: str) -> None:
+    """A chunk stopped by its `stop` event (a server's cancelled batch) or cancelled as a task (a Flyte task
+    cancelled on a reusable replica) stops its lines in the engine, whether they waited for room (a server's
+    online target) or not: the engine makes a small part of their answers, not all of them."""
+    replica = LLMReplica(admit=always_room if admitted else None)
+    items = [RequestItem(f"r{n}", messages=[ChatMessage("user", f"Write story number {n}.")]) for n in range(LINES)]
+    stop = asyncio.Event() if how == "stop" else None  # `infer_chunk` passes none
+    try:
+        running = asyncio.create_task(replica.run_chunk(RequestChunk(0, items), LONG_ANSWERS, stop=stop))
+        while (engine := replica.shared.loaded_model) is None or engine.stats.steps < 20:
+            await asyncio.sleep(0.01)
+        assert isinstance(engine, SimulatedEngine)
+        if stop is not None:
+            stop.set()
+            outcome = await running
+            assert [result.was_stopped for result in outcome.results] == [True] * LINES
+        else:
+            running.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await running
+        steps = await _steps_settled(engine)
+        assert steps < LONG / 4, f"the engine made {steps} steps of {LONG}: the stopped lines ran on"
+        assert engine.stats.completion_tokens < LINES * LONG / 4
+    finally:
+        await replica.aclose()
