@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -165,3 +166,36 @@ def test_a_batch_cancelled_as_soon_as_it_is_created_accounts_for_every_line(serv
     counts = batch.request_counts
     assert batch.status == "cancelled" and counts.completed + counts.failed == counts.total == len(requests)
     assert {line["error"]["code"] for line in _lines(client, batch.error_file_id)} == {"batch_cancelled"}
+
+
+LONG_LINES, LONG_TOKENS = 8, 1500
+ONLINE_TARGET = ["--online-ttft-slo-s", "60"]
+FLYTE_RUNS = ["--batch-executor", "flyte"]
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [ONLINE_TARGET, [*ONLINE_TARGET, *FLYTE_RUNS], FLYTE_RUNS],
+    ids=["online-target", "online-target-flyte-run", "flyte-run"],
+)
+def test_a_cancelled_batch_of_long_answers_stops_in_the_engine(start, flags: list[str]) -> None:
+    """A batch of long answers cancelled while they run stops in the engine: with an online target (its lines wait
+    for room before they go in), and as a local Flyte run on the server's engine (the run's task is cancelled)."""
+    engine = simulated(time_scale=1, output_lengths={"mean": LONG_TOKENS, "spread": 0.0})
+    server = start(*engine, "--max-new-tokens", str(LONG_TOKENS), *flags)
+    client = server.client()
+    salt = uuid.uuid4().hex[:8]  # flyte's local cache outlives a test: no earlier run may answer these
+    requests = [chat_line(f"r{n}", f"Write story number {n} ({salt}).") for n in range(LONG_LINES)]
+    input_id = client.files.create(file=("requests.jsonl", jsonl(requests)), purpose="batch").id
+    batch_id = client.batches.create(input_file_id=input_id, endpoint="/v1/chat/completions", completion_window="1h").id
+    wait_until(lambda: server.metrics().get(STEPS, 0) >= 50, timeout_s=120)  # every line runs, none is near its end
+
+    client.batches.cancel(batch_id)
+    batch = wait_for_batch(client, batch_id)
+    metrics = when_idle(server)
+
+    assert batch.status == "cancelled" and batch.request_counts.completed == 0
+    # Had they run to their end, the lines would have made 12,000 tokens in 1,500 steps.
+    assert metrics[STEPS] < LONG_TOKENS / 5, f"{metrics[STEPS]:.0f} steps: the cancelled lines ran on"
+    assert metrics[GENERATED] < LONG_LINES * LONG_TOKENS / 5
+    assert metrics[CANCELLED] == LONG_LINES
