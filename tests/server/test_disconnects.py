@@ -1,4 +1,5 @@
-"""No work for clients who left: a client that disconnects, and a batch that is cancelled, stop their records.
+"""No work for clients who left: a client that disconnects, and a batch that is cancelled, stop their records,
+with or without an online target, whichever executor runs the batch.
 
 The simulated GPU steps like vLLM; the engine's own counters (`/metrics`) say what it made. An
 abandoned record stops at the engine's next step, so what the engine made for it is compared with
@@ -32,12 +33,15 @@ FULL_COST = CLIENTS * SAMPLES * MAX_TOKENS
 ENGINE = simulated(time_scale=0.25, output_lengths={"mean": 1000, "spread": 0.0})
 """A simulated GPU 4 times slower than real time, whose answers run to `max_tokens`."""
 
+ONLINE_TARGET = ["--online-ttft-slo-s", "60"]
+
 CONTROL = [{"role": "user", "content": "Another client's question."}]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    running = start_server(tmp_path_factory.mktemp("disconnects") / "data", *ENGINE)
+@pytest.fixture(scope="module", params=[[], ONLINE_TARGET], ids=["no-target", "online-target"])
+def server(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[RunningServer]:
+    """The server the clients leave, without and with an online target (its online records carry a timer)."""
+    running = start_server(tmp_path_factory.mktemp("disconnects") / "data", *ENGINE, *request.param)
     yield running
     running.stop()
 
@@ -169,7 +173,6 @@ def test_a_batch_cancelled_as_soon_as_it_is_created_accounts_for_every_line(serv
 
 
 LONG_LINES, LONG_TOKENS = 8, 1500
-ONLINE_TARGET = ["--online-ttft-slo-s", "60"]
 FLYTE_RUNS = ["--batch-executor", "flyte"]
 
 
