@@ -13,8 +13,8 @@ The way of a record, one module per step:
    one returns.
 5. The Settler (`_settle`) ends each record: resolves its future, once, and counts it.
 
-One run of the batcher (`_dispatch`) acts on the staging area's plans and the runners' reports on
-the event loop; the lifecycle (`_lifecycle`) starts, stops and fails runs. This module is the
+The dispatcher (`_dispatch`, one from each `start` to its `stop`) acts on the staging area's plans and
+the runners' reports on the event loop; the lifecycle (`_lifecycle`) starts, stops and fails it. This module is the
 public face: construction, state and `submit`; `_streams` adds `submit_batch`, `map` and `run`.
 """
 
@@ -141,7 +141,7 @@ class DynamicBatcher(RecordStreams[RecordT, ResultT]):
         slo = SloController.of(settings, self.name)  # learns, as the statistics count, across restarts
         self._stats = StatsRecorder(slo.tally if slo is not None else None)  # the batcher's whole life
         self._settler = Settler(self.name, self._stats, split_hint=settings.on_error == "raise")
-        new_run = functools.partial(
+        new_dispatcher = functools.partial(
             Dispatcher,
             process_fn=process_fn,
             settings=settings,
@@ -150,7 +150,7 @@ class DynamicBatcher(RecordStreams[RecordT, ResultT]):
             settler=self._settler,
             slo=slo,
         )
-        self._lifecycle = Lifecycle(self.name, new_run)
+        self._lifecycle = Lifecycle(self.name, new_dispatcher)
 
     # -- properties --------------------------------------------------------------------------------
 
@@ -162,11 +162,11 @@ class DynamicBatcher(RecordStreams[RecordT, ResultT]):
     @property
     def stats(self) -> BatchStats:
         """A fresh `BatchStats` snapshot."""
-        run = self._lifecycle.run
+        dispatcher = self._lifecycle.dispatcher
         return self._stats.snapshot(
             time.monotonic(),
-            queue_depth=run.staging.waiting if run is not None else 0,
-            in_flight_batches=run.staging.in_flight_batches if run is not None else 0,
+            queue_depth=dispatcher.staging.waiting if dispatcher is not None else 0,
+            in_flight_batches=dispatcher.staging.in_flight_batches if dispatcher is not None else 0,
         )
 
     @property
@@ -296,10 +296,10 @@ class DynamicBatcher(RecordStreams[RecordT, ResultT]):
             Exception: Whatever the cost estimator or `prefix_key` raised, with a note naming the record.
         """
         # This runs once per record: local names, module-level names, and a short common path.
-        run = self._lifecycle.accepting
-        if run is None:
+        dispatcher = self._lifecycle.accepting
+        if dispatcher is None:
             raise self._lifecycle.not_accepting_error()
-        loop = run.loop
+        loop = dispatcher.loop
         if loop is not _get_running_loop():
             raise RuntimeError(f"{self.name} runs on another event loop; submit from the loop that started it")
         if estimated_cost.__class__ is int and estimated_cost >= 0:  # type: ignore[operator]
@@ -313,8 +313,8 @@ class DynamicBatcher(RecordStreams[RecordT, ResultT]):
         if deadline_s is not None or latency_slo_s is not None:
             _check_seconds(self.name, self._settings, deadline_s, latency_slo_s)
         prefix = self._prefixes.resolve(record) if self._prefixes is not None else None
-        backpressure = run.backpressure
-        if run.pending.size >= backpressure.capacity or (backpressure.waiters and not wait_for_room):
+        backpressure = dispatcher.backpressure
+        if dispatcher.pending.size >= backpressure.capacity or (backpressure.waiters and not wait_for_room):
             if not wait_for_room:
                 raise backpressure.refusal(self.name, self._stats.records_per_s(_monotonic()))
             await backpressure.wait_for_space()
@@ -324,10 +324,10 @@ class DynamicBatcher(RecordStreams[RecordT, ResultT]):
         envelope.prefix = prefix
         if deadline_s is not None:
             envelope.deadline = now + deadline_s
-            run.deadlines.watch(envelope)
-        plan = run.staging.plan(now, envelope)  # once per record: act only when there is something to do
+            dispatcher.deadlines.watch(envelope)
+        plan = dispatcher.staging.plan(now, envelope)  # once per record: act only when there is something to do
         if plan is not None or backpressure.waiters:
-            run.act(plan)
+            dispatcher.act(plan)
         return future
 
     def flush(self) -> None:
@@ -345,15 +345,15 @@ class DynamicBatcher(RecordStreams[RecordT, ResultT]):
         return self._stats.submitted
 
     def _flush_through(self, seq: int) -> None:
-        run = self._lifecycle.accepting
-        if run is not None:
-            run.flush(seq)
+        dispatcher = self._lifecycle.accepting
+        if dispatcher is not None:
+            dispatcher.flush(seq)
 
     def _abandon(self, futures: Collection[asyncio.Future[Any]]) -> None:
         self._settler.abandon(futures)
-        run = self._lifecycle.run
-        if run is not None:
-            run.drop_dead()  # count them now, not when their batch would have gone
+        dispatcher = self._lifecycle.dispatcher
+        if dispatcher is not None:
+            dispatcher.drop_dead()  # count them now, not when their batch would have gone
 
 
 def _check_priority(priority: Any) -> None:

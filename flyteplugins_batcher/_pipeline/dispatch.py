@@ -1,9 +1,9 @@
-"""Dispatching: one run of a batcher, from `start` to `stop`, on its event loop.
+"""The dispatcher: one per start of a batcher, from `start` to `stop`, on its event loop.
 
 The staging area (`_staging`) decides what may go; the dispatcher acts on its plans: it starts
 runners (`_runners`), ends the records that were dropped on the way, arms the batch timer, lets
 waiting producers in (`_backpressure`) and drops records whose deadline passed (`_deadlines`). The
-runners report back through hooks. Once the run is over (stopped or failed), it starts nothing
+runners report back through hooks. Once it is over (stopped or failed), it starts nothing
 more, and only ends the records that the late reports of a thread still finishing concern.
 """
 
@@ -35,7 +35,7 @@ class Dispatcher:
     """One run of a batcher: its staging area, runners, timers and waiting producers.
 
     Args:
-        loop: The event loop the run lives on.
+        loop: The event loop it lives on.
         process_fn: The user's process function.
         settings: The batcher's settings.
         batcher_name: For thread names, warnings and error notes.
@@ -59,7 +59,7 @@ class Dispatcher:
         slo: SloController | None = None,
     ) -> None:
         self.loop = loop
-        self.active = True  # may start runners and arm timers: false once the run stopped or failed
+        self.active = True  # may start runners and arm timers: false once it stopped or failed
         threads = not is_async_callable(process_fn)
         self.staging = (
             StagingArea(settings, threads=threads) if slo is None else SloStagingArea(settings, slo, threads=threads)
@@ -170,7 +170,7 @@ class Dispatcher:
     def _on_fatal(self, error: BaseException, batch: Batch) -> None:
         """No batch can run any more: fail everything unresolved (the lifecycle fails later submits).
 
-        A run that is over already (a thread finished after `stop` gave up on it) fails no batcher.
+        A dispatcher that is over already (a thread finished after `stop` gave up on it) fails no batcher.
         """
         self.staging.finish(batch)
         failure = self._on_failure(error) if self.active else None
@@ -204,7 +204,7 @@ class Dispatcher:
         self.runners.cancel_runners()
 
     def close(self) -> None:
-        """The run is over: stop the timers and release the worker threads."""
+        """The dispatcher is over: stop the timers and release the worker threads."""
         self.active = False
         self.deadlines.close()
         if self._timer is not None:

@@ -1,6 +1,6 @@
 """A batcher's life: start, stop (drain, then cancel what is left), failure and release.
 
-Each `start` begins a run (`_dispatch.Dispatcher`) on the caller's event loop; `stop` drains it
+Each `start` makes a dispatcher (`_dispatch.Dispatcher`) on the caller's event loop; `stop` drains it
 and ends it. A watchdog task notices when that loop shuts down under a running batcher (an
 `asyncio.run` that returns) and lets go of what is left. When the process function raises
 something no batch survives, the batcher fails: every later `submit` raises its failure.
@@ -38,11 +38,11 @@ class BatcherState(enum.Enum):
 
 
 ACTIVE = (BatcherState.RUNNING, BatcherState.DRAINING, BatcherState.ABORTING)
-"""States in which a run exists and may still hold records."""
+"""States in which a dispatcher exists and may still hold records."""
 
 
-class RunFactory(Protocol):
-    """Builds the run of a batcher that starts on `loop`; the run reports a fatal error to `on_failure`."""
+class DispatcherFactory(Protocol):
+    """Builds the dispatcher of a batcher that starts on `loop`; it reports a fatal error to `on_failure`."""
 
     def __call__(
         self, loop: asyncio.AbstractEventLoop, *, on_failure: Callable[[BaseException], BatcherFailedError]
@@ -54,22 +54,22 @@ class Lifecycle:
 
     Args:
         batcher_name: For logs and error messages.
-        new_run: Builds a run on the event loop that `start` runs on.
+        new_dispatcher: Builds a dispatcher on the event loop that `start` runs on.
     """
 
-    def __init__(self, batcher_name: str, new_run: RunFactory) -> None:
+    def __init__(self, batcher_name: str, new_dispatcher: DispatcherFactory) -> None:
         self.state = BatcherState.NEW  # changed only by `_enter`
         self.failure: BatcherFailedError | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.run: Dispatcher | None = None  # the current run, from `start` on
-        self.accepting: Dispatcher | None = None  # the run while it takes records (`RUNNING`): `submit` reads it
+        self.dispatcher: Dispatcher | None = None  # the current one, from `start` on
+        self.accepting: Dispatcher | None = None  # the dispatcher while it takes records (`RUNNING`): `submit` reads it
         self._batcher_name = batcher_name
-        self._new_run = new_run
+        self._new_dispatcher = new_dispatcher
         self._stopped: asyncio.Future[None] | None = None
         self._watchdog: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        """Begin a run on the running event loop.
+        """Make a dispatcher on the running event loop.
 
         Raises:
             RuntimeError: The batcher is already running.
@@ -77,7 +77,7 @@ class Lifecycle:
         if self.state in ACTIVE:
             raise RuntimeError(f"{self._batcher_name} is already running")
         loop = asyncio.get_running_loop()
-        self.run = self._new_run(loop, on_failure=self.fail)
+        self.dispatcher = self._new_dispatcher(loop, on_failure=self.fail)
         self.loop = loop
         self.failure = None
         self._enter(BatcherState.RUNNING)
@@ -86,19 +86,19 @@ class Lifecycle:
         logger.debug("%s started", self._batcher_name)
 
     async def stop(self, timeout: float | None, cancel_pending: bool) -> bool:
-        """Stop taking records, finish (or cancel) the ones left, and end the run; whether there was one to end."""
+        """Stop taking records, finish (or cancel) the ones left, and end the dispatcher; whether one was running."""
         if self.state in (BatcherState.NEW, BatcherState.STOPPED):
             return False
-        run = self.run
-        assert run is not None
+        dispatcher = self.dispatcher
+        assert dispatcher is not None
         try:
             if self.state is BatcherState.RUNNING:
                 self._enter(BatcherState.DRAINING)
-                run.backpressure.close(self._closed_error("is stopping"))
+                dispatcher.backpressure.close(self._closed_error("is stopping"))
             if self.state is BatcherState.DRAINING:
                 if cancel_pending:
-                    run.cancel_waiting()
-                if not await run.drain(timeout):
+                    dispatcher.cancel_waiting()
+                if not await dispatcher.drain(timeout):
                     logger.warning(
                         "%s: stop timed out after %ss; cancelling the remaining records", self._batcher_name, timeout
                     )
@@ -111,7 +111,7 @@ class Lifecycle:
         return True
 
     def release(self) -> None:
-        """Let go of a run whose event loop has stopped or closed: cancel what is left, free its threads.
+        """Let go of a dispatcher whose event loop has stopped or closed: cancel what is left, free its threads.
 
         Raises:
             RuntimeError: The batcher's event loop is still running.
@@ -121,9 +121,9 @@ class Lifecycle:
         loop = self.loop
         if loop is not None and loop.is_running():
             raise RuntimeError(f"{self._batcher_name}: its event loop still runs; call stop() on that loop instead")
-        if self.run is not None:
+        if self.dispatcher is not None:
             with contextlib.suppress(RuntimeError):  # a closed loop cannot run the futures' callbacks
-                self.run.abort()
+                self.dispatcher.abort()
         if self._watchdog is not None:
             self._watchdog.cancel()  # it finishes if that loop ever runs again
         self._finish()
@@ -145,8 +145,8 @@ class Lifecycle:
             logger.warning("%s failed: %s; failing all pending records", self._batcher_name, cause)
         else:
             logger.error("%s failed; failing all pending records", self._batcher_name, exc_info=cause)
-        if self.run is not None:
-            self.run.backpressure.close(failure)
+        if self.dispatcher is not None:
+            self.dispatcher.backpressure.close(failure)
         return failure
 
     def not_accepting_error(self) -> BaseException:
@@ -161,7 +161,7 @@ class Lifecycle:
 
     def _enter(self, state: BatcherState) -> None:
         self.state = state
-        self.accepting = self.run if state is BatcherState.RUNNING else None
+        self.accepting = self.dispatcher if state is BatcherState.RUNNING else None
 
     def _closed_error(self, why: str) -> BatcherClosedError:
         return BatcherClosedError(f"{self._batcher_name} {why} and takes no new records")
@@ -171,13 +171,13 @@ class Lifecycle:
         if self.state not in ACTIVE:
             return
         self._enter(BatcherState.ABORTING)
-        assert self.run is not None
-        self.run.backpressure.close(self._closed_error("is stopping"))
-        self.run.abort()
+        assert self.dispatcher is not None
+        self.dispatcher.backpressure.close(self._closed_error("is stopping"))
+        self.dispatcher.abort()
 
     def _finish(self) -> None:
-        if self.run is not None:
-            self.run.close()
+        if self.dispatcher is not None:
+            self.dispatcher.close()
         stopped = self._stopped
         if stopped is not None and not stopped.done():
             with contextlib.suppress(RuntimeError):
@@ -191,7 +191,7 @@ class Lifecycle:
             await stopped
         except asyncio.CancelledError:
             if self.state in ACTIVE:
-                left = self.run.records_left if self.run is not None else 0
+                left = self.dispatcher.records_left if self.dispatcher is not None else 0
                 self._abort()
                 self._finish()
                 logger.warning(
