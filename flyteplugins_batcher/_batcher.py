@@ -41,7 +41,7 @@ from flyteplugins_batcher._pipeline.invoke import is_async_callable
 from flyteplugins_batcher._pipeline.lifecycle import ACTIVE, BatcherState, Lifecycle
 from flyteplugins_batcher._pipeline.prefix import KeyFn, PrefixResolver
 from flyteplugins_batcher._pipeline.settle import Settler
-from flyteplugins_batcher._pipeline.slo import SloController
+from flyteplugins_batcher._pipeline.slo_control import SloController
 from flyteplugins_batcher._pipeline.streams import RecordStreams
 from flyteplugins_batcher._settings import BatcherOptions, BatcherSettings
 from flyteplugins_batcher._types import CostEstimatorFn, ProcessFn, RecordT, ResultT

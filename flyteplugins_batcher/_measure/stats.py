@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from flyteplugins_batcher._deprecation import warn_deprecated
 from flyteplugins_batcher._measure.histogram import Distribution, LogHistogram
 from flyteplugins_batcher._measure.observers import Observers
-from flyteplugins_batcher._measure.slo import SloStats, SloTally
+from flyteplugins_batcher._measure.slo_stats import SloStats, SloTally
 from flyteplugins_batcher._measure.timeline import Timeline, TimelineRecorder, completion_tokens
 from flyteplugins_batcher._types import DispatchReason, RecordState, SettledOutcome
 

@@ -23,7 +23,7 @@ from flyteplugins_batcher._pipeline.envelope import CANCELLED, COMPLETED, FAILED
 from flyteplugins_batcher._pipeline.invoke import is_async_callable
 from flyteplugins_batcher._pipeline.runners import RunnerHooks, RunnerPool
 from flyteplugins_batcher._pipeline.settle import Settler
-from flyteplugins_batcher._pipeline.slo import SloController, SloStagingArea
+from flyteplugins_batcher._pipeline.slo_control import SloController, SloStagingArea
 from flyteplugins_batcher._pipeline.staging import Batch, Plan, StagingArea
 from flyteplugins_batcher._settings import BatcherSettings
 from flyteplugins_batcher._types import ProcessFn

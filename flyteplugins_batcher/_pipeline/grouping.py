@@ -28,7 +28,7 @@ from flyteplugins_batcher._pipeline.envelope import QUEUED, Envelope
 from flyteplugins_batcher._types import RecordState
 
 if TYPE_CHECKING:
-    from flyteplugins_batcher._pipeline.slo_model import BatchLimit
+    from flyteplugins_batcher._pipeline.latency_model import BatchLimit
 
 
 class BatchBuilder:

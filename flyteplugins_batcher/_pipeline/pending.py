@@ -35,7 +35,7 @@ from flyteplugins_batcher._settings import Grouping
 from flyteplugins_batcher._types import RecordState
 
 if TYPE_CHECKING:
-    from flyteplugins_batcher._pipeline.slo_model import BatchLimit
+    from flyteplugins_batcher._pipeline.latency_model import BatchLimit
 
 
 class PendingQueue:

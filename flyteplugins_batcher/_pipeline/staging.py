@@ -29,7 +29,7 @@ from flyteplugins_batcher._settings import BatcherSettings
 from flyteplugins_batcher._types import DispatchReason
 
 if TYPE_CHECKING:
-    from flyteplugins_batcher._pipeline.slo_model import BatchLimit
+    from flyteplugins_batcher._pipeline.latency_model import BatchLimit
 
 
 @dataclass(eq=False)

@@ -21,7 +21,7 @@ import pytest
 import flyteplugins_batcher as ours
 from benchmarks._padded_gpu import Doc, PaddedGpu, poisson_arrivals
 from benchmarks._virtual_clock import VirtualClock
-from flyteplugins_batcher._pipeline.slo_model import BatchLimit, ClearingCurve, LatencyModel, pools_of
+from flyteplugins_batcher._pipeline.latency_model import BatchLimit, ClearingCurve, LatencyModel, pools_of
 
 REAL_MONOTONIC = time.monotonic
 GPU = PaddedGpu(fixed_s=0.010, per_padded_token_s=10e-6)

@@ -1,16 +1,16 @@
 """The SLO controller: a latency target (`latency_slo_s`) instead of knobs.
 
-With a target, the batcher learns how long its batches take (`slo_model.LatencyModel`, from every
+With a target, the batcher learns how long its batches take (`latency_model.LatencyModel`, from every
 batch the runners time), counts the records that arrive at each priority, and every few batches
 chooses a batch time limit for the load it sees (`SloController.decide`). The staging area then
-grows each batch while its predicted time stays within the limit (`slo_model.BatchLimit`): cheap
+grows each batch while its predicted time stays within the limit (`latency_model.BatchLimit`): cheap
 records go many to a batch, costly ones few, so that a padding device wastes little, and no batch
 keeps a record waiting long. The settings' knobs stay bounds: no batch exceeds `max_batch_size`
 or `target_batch_cost`, no record waits past `batch_timeout_s`, no more than
 `max_in_flight_cost` is in flight.
 
 How it chooses: for twelve limits between the time of one typical record and half the tightest
-target, the model gives the latency quantile each priority would see (`slo_model.predicted_latency`:
+target, the model gives the latency quantile each priority would see (`latency_model.predicted_latency`:
 a priority's records wait behind those of its own and higher priorities, and behind a lower
 one's batch already running), corrected by how far its predictions were from what the records
 then saw. The limit whose worst priority takes the smallest share of its target wins (the current
@@ -37,9 +37,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from flyteplugins_batcher._measure.slo import SloChoice, SloTally, SloVerdict, describe
+from flyteplugins_batcher._measure.slo_stats import SloChoice, SloTally, SloVerdict, describe
 from flyteplugins_batcher._pipeline.envelope import Envelope
-from flyteplugins_batcher._pipeline.slo_model import (
+from flyteplugins_batcher._pipeline.latency_model import (
     BatchLimit,
     ClearingCurve,
     LatencyModel,

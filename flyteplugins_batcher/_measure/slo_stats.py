@@ -2,7 +2,7 @@
 
 `SloTally` is the live side: each completed record's latency against its priority's target, the
 latest latencies of each priority (the controller calibrates its model on them), and the
-controller's latest choice and verdict (`_pipeline/slo.py` writes them). `SloStats` is the snapshot
+controller's latest choice and verdict (`_pipeline/slo_control.py` writes them). `SloStats` is the snapshot
 users read as `BatchStats.slo`.
 """
 
@@ -135,7 +135,7 @@ class SloStats:
 
 @dataclass
 class SloVerdict:
-    """The controller's latest word on one priority (written by `_pipeline/slo.py`)."""
+    """The controller's latest word on one priority (written by `_pipeline/slo_control.py`)."""
 
     predicted_s: float = 0.0
     arrivals_per_s: float = 0.0
