@@ -4,7 +4,7 @@ The way of a record, one module per step:
 
 1. `submit` (here) costs it (`_cost`) and puts it in an envelope (`_envelope`, which also holds
    the record's one state); producers wait while the queue is full (`_backpressure`).
-2. The waiting room (`_pending`) orders records by priority, then by submission (or by similar
+2. The queue (`_pending`) orders records by priority, then by submission (or by similar
    cost, with `grouping="by_cost"`, or by shared prefix, with `grouping="by_prefix"`: `_grouping`).
 3. The staging area (`_staging`) forms batches within the cost budget and stages full ones ahead
    (`prefetch_batches`), where the runners take them.
@@ -65,7 +65,7 @@ class DynamicBatcher(RecordStreams[RecordT, ResultT]):
 
     Args:
         process_fn: `f(batch: list[RecordT]) -> list[ResultT]`, results in input order. A plain
-            `def` runs in a worker thread; an `async def` is awaited on the loop. A slot may hold
+            `def` runs in a worker thread; an `async def` is awaited on the loop. A result may be
             an `Exception` instance to fail only that record. Raising `UnrecoverableError` fails
             the batcher (every pending record and later submit).
         cost_estimator: `f(record) -> int`. Cost precedence: explicit `estimated_cost` >

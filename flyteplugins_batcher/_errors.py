@@ -18,7 +18,7 @@ class BatcherClosedError(BatcherError):
 
 
 class QueueFullError(BatcherError):
-    """`submit(..., wait_for_room=False)` found the waiting room full (backpressure, without the wait).
+    """`submit(..., wait_for_room=False)` found the queue full (backpressure, without the wait).
 
     A server turns it into `429 Too Many Requests`; `retry_after_s` estimates when there will be room.
 

@@ -15,7 +15,7 @@ ResultT = TypeVar("ResultT")
 class RecordState(enum.Enum):
     """Where a record is in the batcher."""
 
-    QUEUED = "queued"  # in the waiting room
+    QUEUED = "queued"  # in the queue
     STAGED = "staged"  # in a batch formed ahead, waiting for a runner
     RUNNING = "running"  # in a batch a runner took
     DROPPED = "dropped"  # left the queue without running (cancelled or past its deadline); the Settler ends it
@@ -140,7 +140,7 @@ class Prompt:
 
 ProcessFn = Callable[[list[RecordT]], Awaitable[Sequence[ResultT]] | Sequence[ResultT]]
 """`f(batch) -> results`, results in input order. An `async def` is awaited on the event loop;
-a plain `def` runs in a worker thread so that it never blocks the loop. A result slot may hold
+a plain `def` runs in a worker thread so that it never blocks the loop. A result may be
 an `Exception` instance to fail only that record."""
 
 InferenceFn = ProcessFn

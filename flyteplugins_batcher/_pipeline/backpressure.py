@@ -1,7 +1,7 @@
-"""Backpressure: producers wait in `submit` while the waiting room is full, and are let in as it empties.
+"""Backpressure: producers wait in `submit` while the queue is full (no room), and are let in as it empties.
 
-Waiters are woken in arrival order, one per free slot. A producer cancelled after it was given a
-slot passes the slot on. When the batcher stops or fails, every waiter gets the error at once, so
+Waiters are woken in arrival order, one per free place. A producer cancelled after it was given a
+place passes it on. When the batcher stops or fails, every waiter gets the error at once, so
 `stop` never hangs on a full queue.
 """
 
@@ -17,11 +17,11 @@ from flyteplugins_batcher._pipeline.pending import PendingQueue
 
 
 class Backpressure:
-    """The producers waiting for room in the waiting room, on the batcher's event loop.
+    """The producers waiting for room in the queue, on the batcher's event loop.
 
     Args:
         loop: The batcher's event loop.
-        pending: The waiting room whose size is bounded.
+        pending: The queue whose size is bounded.
         capacity: Records that may wait there (`BatcherSettings.queue_capacity`; 0: unbounded).
     """
 
@@ -33,7 +33,7 @@ class Backpressure:
         self._closed: BaseException | None = None
 
     async def wait_for_space(self) -> None:
-        """Wait until the waiting room has room.
+        """Wait until the queue has room.
 
         Raises:
             BaseException: The error given to `close` (the batcher stopped or failed meanwhile).
@@ -46,12 +46,12 @@ class Backpressure:
             try:
                 await waiter
             except BaseException:
-                slot_given = waiter.done() and not waiter.cancelled() and waiter.exception() is None
+                place_given = waiter.done() and not waiter.cancelled() and waiter.exception() is None
                 waiter.cancel()
                 with contextlib.suppress(ValueError):
                     self.waiters.remove(waiter)
-                if slot_given:
-                    self.wake()  # pass on the slot this cancelled producer will not use
+                if place_given:
+                    self.wake()  # pass on the place this cancelled producer will not use
                 raise
         if self._closed is not None:
             raise self._closed
@@ -67,7 +67,7 @@ class Backpressure:
         )
 
     def wake(self) -> None:
-        """Let in as many waiting producers as there are free slots."""
+        """Let in as many waiting producers as there are free places."""
         waiters = self.waiters
         free = self.capacity - self._pending.size
         while free > 0 and waiters:

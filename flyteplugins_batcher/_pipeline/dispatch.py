@@ -129,7 +129,7 @@ class Dispatcher:
     def _expire(self, envelope: Envelope) -> None:
         if self.staging.drop_expired(envelope):
             self._settler.settle_dropped([envelope])
-            self.act(None)  # its slot in the queue is free
+            self.act(None)  # its place in the queue is free
             self._check_drained()
 
     # -- the runners' reports (on the event loop) ----------------------------------------------------
@@ -147,7 +147,7 @@ class Dispatcher:
             oversized=len(envelopes) == 1 and batch.cost > self._budget,
         )
         if self.active:
-            self.pump()  # a staging slot is free: stage the next full batch, let waiting producers in
+            self.pump()  # a staged batch's place is free: stage the next full batch, let waiting producers in
 
     def _on_outcome(self, records: list[Envelope], outcome: Any) -> None:
         self._settler.settle(records, COMPLETED, outcome)

@@ -10,7 +10,7 @@ DROPPED -> CANCELLED (its caller cancelled it) | EXPIRED (its deadline passed)
 ```
 
 `FAILED` is the batcher failing; `CANCELLED` without `DROPPED` is `stop` cancelling what is left.
-Who moves a record: the waiting room (`_pending`) and the staging area (`_staging`), under the
+Who moves a record: the queue (`_pending`) and the staging area (`_staging`), under the
 staging area's lock, move it out of the queue (`take_live`, `move`, `Envelope.drop`); the Settler
 (`_settle`), on the event loop, gives it its end and resolves its future. A record whose future is
 done but that has not ended was therefore cancelled by its caller: `is_live` is the one place that

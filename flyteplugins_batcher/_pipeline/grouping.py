@@ -86,7 +86,7 @@ class BatchBuilder:
         return self.closed or len(self.records) >= self.max_size
 
     def fits(self, envelope: Envelope) -> bool:
-        """Whether `envelope` may join (room, budget, latency limit); the first record always may."""
+        """Whether `envelope` may join (size, budget, latency limit); the first record always may."""
         size = len(self.records)
         if not size:
             return True

@@ -1,4 +1,4 @@
-"""The waiting room: submitted records that no batch holds yet, by priority and then in FIFO order.
+"""The queue: submitted records that no batch holds yet, by priority and then in FIFO order.
 
 Records leave only when a batch is formed and are never put back, so a bounded queue cannot
 deadlock on itself. The queue is not thread-safe on its own: the staging area (`_staging`) guards
@@ -234,7 +234,7 @@ class PendingQueue:
         return live, cost if len(live) == count else sum(envelope.cost for envelope in live)
 
     def _take_by_prefix(self, level: int, groups: PrefixGroups, batch: BatchBuilder) -> tuple[list[Envelope], int]:
-        """The head with the records nearest it by prefix key; then, with room left, the next oldest's, and so on."""
+        """The head with the records nearest it by prefix key; then, with budget left, the next oldest's, and so on."""
         costs = self._sorted[level]  # the records without a key
         # The level's records in arrival order, from its head: the anchors, oldest first.
         later = iter(self._queues[level])

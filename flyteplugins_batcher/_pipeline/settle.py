@@ -58,7 +58,7 @@ class Settler:
             envelopes: The records.
             end: `COMPLETED` (they went through the process function), `FAILED` (the batcher failed
                 before they completed), `CANCELLED` or `EXPIRED`.
-            outcome: For `COMPLETED`, the process function's results in order (a slot may hold an
+            outcome: For `COMPLETED`, the process function's results in order (a result may be an
                 `Exception`), or one exception for all of them; for `FAILED`, the exception.
         """
         if end is COMPLETED and not isinstance(outcome, BaseException):

@@ -16,7 +16,7 @@ one's batch already running), corrected by how far its predictions were from wha
 then saw. The limit whose worst priority takes the smallest share of its target wins (the current
 one stays while it is about as good, so that noise does not move it). With records of priorities
 without a target beside, the limit that clears the most records per second among those that keep
-every target with room wins instead: the others' work gets the device's best throughput.
+every target with margin wins instead: the others' work gets the device's best throughput.
 
 When even the best limit misses a target at the load offered, and the latest records miss it too
 (or no limit clears the load at all), that priority is overloaded: the batcher logs one warning,
@@ -376,8 +376,8 @@ class SloController:
         if per_in_flight > 0:
             typical = max(curve.batch_cost / max(curve.batch_size, 1.0), 1.0)
             alone = self.model.predict(round(curve.batch_size), round(curve.batch_cost), round(typical))
-            room = max(curve.limit_s - alone, 0.0) / per_in_flight
-            in_flight = min(in_flight, max(round(room + curve.batch_cost), 1))
+            spare = max(curve.limit_s - alone, 0.0) / per_in_flight
+            in_flight = min(in_flight, max(round(spare + curve.batch_cost), 1))
         return SloChoice(
             batch_time_s=curve.limit_s,
             batch_size=curve.batch_size,

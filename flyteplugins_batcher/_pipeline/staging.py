@@ -280,23 +280,23 @@ class StagingArea:
 
     def _takeable(self, now: float, reason: DispatchReason | None, skipped: list[Envelope]) -> int:
         """How many batches a runner could take right now (`_take` would not refuse the first)."""
-        room = self._in_flight_limit - self.in_flight_cost
+        spare = self._in_flight_limit - self.in_flight_cost
         if self.staged:
-            fits = not self.in_flight_batches or self.staged[0].cost <= room
+            fits = not self.in_flight_batches or self.staged[0].cost <= spare
             return len(self.staged) + (reason is not None) if fits else 0
         if reason is None:
             return 0
         if self.in_flight_batches:
             head = self.pending.peek(now, skipped)
-            if head is None or head.cost > room:
+            if head is None or head.cost > spare:
                 return 0
         return 1
 
     def _take(self, now: float, skipped: list[Envelope]) -> Batch | None:
-        room = self._in_flight_limit - self.in_flight_cost
+        spare = self._in_flight_limit - self.in_flight_cost
         if self.staged:
             head = self.staged[0]
-            if self.in_flight_batches and head.cost > room:
+            if self.in_flight_batches and head.cost > spare:
                 return None  # the in-flight bound is reached; a completion will call again
             return self.staged.popleft()
         reason = self._pending_reason(now, skipped)
@@ -305,9 +305,9 @@ class StagingArea:
         budget = self._budget
         if self.in_flight_batches:
             head = self.pending.peek(now, skipped)
-            if head is None or head.cost > room:
+            if head is None or head.cost > spare:
                 return None  # it goes once a batch in flight returns (an oversized record: on an idle device)
-            budget = min(budget, room)
+            budget = min(budget, spare)
         limit = self.pending.limit
         if limit is not None:
             limit.in_flight = self.in_flight_cost

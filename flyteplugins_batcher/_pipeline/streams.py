@@ -121,7 +121,7 @@ class RecordStreams(Generic[RecordT, ResultT]):
 
         Args:
             records: A sync or async iterable of records.
-            return_exceptions: Put a failed record's exception in its slot instead of raising.
+            return_exceptions: Put a failed record's exception in its place instead of raising.
 
         Example:
             ```python

@@ -25,10 +25,10 @@ class InFlight:
 
     Attributes:
         chunk_size: Requests per call (a call carries one chunk, and is what is retried and cached).
-        concurrency: Calls running at once on one replica (its slots; further calls wait for one).
+        concurrency: Calls running at once on one replica (further calls wait for one to end).
         chunks_in_flight: Calls outstanding at once over all replicas: `replicas x concurrency`,
-            so that every slot is filled and adding replicas adds work in flight.
-        requests_per_replica: Requests one replica holds when its slots are full:
+            so that every replica runs `concurrency` calls and adding replicas adds work in flight.
+        requests_per_replica: Requests one replica holds when it runs `concurrency` calls:
             `chunk_size x concurrency`.
 
     Example:
@@ -59,14 +59,14 @@ def size_in_flight(
     chunks in flight. Why 4x the engine's capacity:
 
     - 1x runs: the engine's `max_num_seqs` sequences.
-    - About 2x is pinned by long requests. A call holds its replica slot until the last request
+    - About 2x is pinned by long requests. A call holds its place on the replica until the last request
       of its chunk finishes, so its finished requests are dead weight until then. When 5% of
       requests generate 10x the tokens of the rest (2,000 against about 200), a chunk of 8 holds
-      a long one a third of the time and then lives about 10x longer: on average a slot's chunk
+      a long one a third of the time and then lives about 10x longer: on average a call's chunk
       holds about 3x the requests that still run. Larger chunks pin more (chunks of 32: about
       6x), which is why the chunk size stays small whatever the engine's capacity.
-    - The rest covers each slot's round trip (the finished chunk's result travels back, the next
-      call travels out; 0.5 s each way is about 1.5% of a slot's time with chunks of 8) and the
+    - The rest covers each call's round trip (the finished chunk's result travels back, the next
+      call travels out; 0.5 s each way is about 1.5% of a call's time with chunks of 8) and the
       spread of output lengths.
 
     The engine's own scheduler does the rest: the extra requests wait in its queue and take a

@@ -2,7 +2,7 @@
 
 Every engine goes through the same steps for a batch of records, here: each record is rendered
 (chat template, system prompt), tokenized with the model's tokenizer and checked against the
-context; a record that cannot run gets an `InvalidPromptError` in its result slot and never reaches
+context; a record that cannot run gets an `InvalidPromptError` in its place among the results and never reaches
 the model; the valid ones go to the engine's model call (`_run`); the results are merged back in
 input order and counted. A `Request` cancelled before it runs gets a `RequestCancelledError` and
 never reaches the model either; one cancelled while it runs is stopped by the engines that can
@@ -309,7 +309,7 @@ class Engine(abc.ABC):
             raise checked
 
     def _prepare(self, records: Sequence[PromptRecord]) -> tuple[list[PreparedPrompt], list[Outcome | None]]:
-        """Render, tokenize and check every record: the valid ones to run, and a slot per record."""
+        """Render, tokenize and check every record: the valid ones to run, and a place per record."""
         self._require_loaded()
         prepared: list[PreparedPrompt] = []
         results: list[Outcome | None] = [None] * len(records)
@@ -334,7 +334,7 @@ class Engine(abc.ABC):
     def _merge(
         self, prepared: list[PreparedPrompt], outcomes: Sequence[Outcome], results: list[Outcome | None]
     ) -> list[Outcome]:
-        """Put each valid record's outcome in its slot, and count the batch."""
+        """Put each valid record's outcome in its place, and count the batch."""
         for prompt, outcome in zip(prepared, outcomes, strict=True):
             results[prompt.index] = outcome
         self._counters.count_batch(results, counts_as_batch=bool(prepared) and not self.counts_passes)

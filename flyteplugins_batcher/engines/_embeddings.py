@@ -154,7 +154,7 @@ class EmbeddingModel:
         return max(1, min(self._count([text])[0], model.max_seq_length))
 
     def encode(self, texts: list[str]) -> list[Embedding | Exception]:
-        """Embed a batch in one forward pass; an empty document gets an error in its slot."""
+        """Embed a batch in one forward pass; an empty document gets an error in its place."""
         model = self.load()
         assert self._count is not None
         valid = [index for index, text in enumerate(texts) if text.strip()]

@@ -23,7 +23,7 @@ InvalidPromptCode = Literal["invalid_prompt", "context_length_exceeded", "invali
 class InvalidPromptError(ValueError):
     """A record an engine cannot run (empty, too long for the context, wrong type).
 
-    Engines return it in the record's result slot, so only that record's future fails. Its
+    Engines return it in the record's place among the results, so only that record's future fails. Its
     message names the record: `"<engine>: record <i> (<id or repr>): <reason>"`. Its `code` says
     why for a program, so that nothing has to read the message: each subclass has its own.
 
@@ -97,7 +97,7 @@ class EngineDeadError(UnrecoverableError):
 class RequestCancelledError(Exception):
     """A record whose caller cancelled it (`Request.cancellation`): the engine stopped it, or never ran it.
 
-    An engine returns it in the record's result slot; `completion_tokens` says how many tokens the
+    An engine returns it in the record's place among the results; `completion_tokens` says how many tokens the
     engine made for it before it stopped (counted in `EngineStats.completion_tokens`, as work done).
 
     Example:

@@ -18,7 +18,7 @@ from flyteplugins_batcher import BatchedFunction
 from flyteplugins_batcher.batch_api import encode_vector, error_code
 from flyteplugins_batcher.engines import Embedding, EmbeddingModel
 from flyteplugins_batcher.replica._chunks import EmbeddingChunk, EmbeddingItem, EmbeddingOutcome, EmbeddingResult
-from flyteplugins_batcher.replica._process_slot import ProcessSlot
+from flyteplugins_batcher.replica._per_process import PerProcess
 from flyteplugins_batcher.replica._snapshot import ReplicaSnapshot
 
 
@@ -131,4 +131,4 @@ def request_result(item: EmbeddingItem, outcomes: list[Embedding | ValueError]) 
     )
 
 
-_PROCESS: ProcessSlot[EmbeddingReplica] = ProcessSlot(EmbeddingReplica)
+_PROCESS: PerProcess[EmbeddingReplica] = PerProcess(EmbeddingReplica)

@@ -34,7 +34,7 @@ from flyteplugins_batcher.engines import (
     loading_model,
 )
 from flyteplugins_batcher.replica._chunks import ChunkOutcome, ItemResult, RequestChunk, RequestItem
-from flyteplugins_batcher.replica._process_slot import ProcessSlot
+from flyteplugins_batcher.replica._per_process import PerProcess
 from flyteplugins_batcher.replica._settings import EngineSettings, engine_kwargs
 from flyteplugins_batcher.replica._snapshot import ReplicaSnapshot
 
@@ -45,8 +45,8 @@ BatcherFactory = Callable[[Engine, EngineSettings], TokenBatcher]
 
 
 AdmitLine = Callable[[], AbstractAsyncContextManager[object]]
-"""Room for one batch line, held while its record is in the batcher (`async with admit(): ...`): a server's
-online latency target leaves the lines only the room it can spare."""
+"""Admits one batch line, holding its place while its record is in the batcher (`async with admit(): ...`): a
+server's online latency target lets lines in only as far as its quota allows (`server/_admission.py`)."""
 
 
 def make_batcher(engine: Engine, settings: EngineSettings) -> TokenBatcher:
@@ -95,13 +95,13 @@ class LLMReplica:
     A replica holds one base model at a time: a chunk for another model (its settings' `model`) closes
     the engine it holds, then loads that model's, so a run that names several models time-shares its
     replicas. `EngineSettings.models_per_replica` lets it hold that many at once (the least recently
-    used one closes to make room).
+    used one closes first).
 
     Args:
         make_batcher: Builds the batcher around a loaded engine (wrap the engine here to observe
             or instrument what reaches it).
-        admit: When given, each line of a chunk waits for room (`AdmitLine`) before its record goes to
-            the batcher, and holds it until its answer; without it a chunk's records go in at once.
+        admit: When given, each line of a chunk waits to be admitted (`AdmitLine`) before its record goes
+            to the batcher, and holds its place until its answer; without it a chunk's records go in at once.
 
     Example:
         ```python
@@ -124,7 +124,7 @@ class LLMReplica:
         self.admit = admit
         self.device = DeviceMonitor()
         self._make_batcher = make_batcher
-        self._slots: list[_Slot] = [self._new_slot()]  # the engines it holds, least recently used first
+        self._engines: list[_HeldEngine] = [self._new_engine()]  # the engines it holds, least recently used first
         self.settings: EngineSettings | None = None
         """The settings the engine loaded last was built with."""
         self.loads: dict[str, int] = {}
@@ -133,28 +133,28 @@ class LLMReplica:
     @property
     def shared(self) -> SharedBatcher[Engine, TokenBatcher]:
         """The shared batcher of the model used last (a server's, a command line's preload)."""
-        return self._slots[-1].shared
+        return self._engines[-1].shared
 
     def preload(self, settings: EngineSettings) -> concurrent.futures.Future[Engine]:
         """Start loading the settings' engine in a background thread (`SharedBatcher.preload`)."""
-        return self._slot_for(settings).shared.preload(settings)
+        return self._engine_for(settings).shared.preload(settings)
 
-    def _new_slot(self) -> _Slot:
-        return _Slot(SharedBatcher(self._load, self._make_batcher, name="llm"))
+    def _new_engine(self) -> _HeldEngine:
+        return _HeldEngine(SharedBatcher(self._load, self._make_batcher, name="llm"))
 
-    def _slot_for(self, settings: EngineSettings) -> _Slot:
-        """The slot of the settings' model: the one that holds it, an unused one, a new one while the replica may
-        hold more, else the least recently used one (its engine closes before this model's loads)."""
-        slot = next((slot for slot in self._slots if slot.model == settings.model), None)
-        slot = slot or next((slot for slot in self._slots if slot.model is None), None)
-        if slot is None and len(self._slots) < settings.models_per_replica:
-            slot = self._new_slot()
-        slot = slot or self._slots[0]
-        if slot in self._slots:
-            self._slots.remove(slot)
-        self._slots.append(slot)
-        slot.model = settings.model
-        return slot
+    def _engine_for(self, settings: EngineSettings) -> _HeldEngine:
+        """The held engine of the settings' model: the one that holds it, an unused one, a new one while the replica
+        may hold more, else the least recently used one (its engine closes before this model's loads)."""
+        held = next((held for held in self._engines if held.model == settings.model), None)
+        held = held or next((held for held in self._engines if held.model is None), None)
+        if held is None and len(self._engines) < settings.models_per_replica:
+            held = self._new_engine()
+        held = held or self._engines[0]
+        if held in self._engines:
+            self._engines.remove(held)
+        self._engines.append(held)
+        held.model = settings.model
+        return held
 
     def _load(self, settings: EngineSettings) -> Engine:
         engine = load_engine(settings)
@@ -180,7 +180,7 @@ class LLMReplica:
             EngineConfigError: The settings cannot work (retrying cannot help).
             RuntimeError: Inference failed for the chunk (another attempt may succeed).
         """
-        shared = self._slot_for(settings).shared
+        shared = self._engine_for(settings).shared
         batcher = await shared.get(settings)
         engine = shared.loaded_model
         assert engine is not None
@@ -214,13 +214,13 @@ class LLMReplica:
     async def aclose(self) -> None:
         """Stop the batcher, close the engine and stop the GPU monitor; the process's next replica is a fresh one."""
         _PROCESS.release(self)
-        for slot in self._slots:
-            await slot.shared.aclose()
+        for held in self._engines:
+            await held.shared.aclose()
         self.device.stop()
 
 
 @dataclass
-class _Slot:
+class _HeldEngine:
     """One engine a replica holds (or loads): its shared batcher, and the base model it is for."""
 
     shared: SharedBatcher[Engine, TokenBatcher]
@@ -265,9 +265,9 @@ async def run_until(batcher: TokenBatcher, records: list[Request], stop: asyncio
 async def run_admitted(
     batcher: TokenBatcher, records: list[Request], admit: AdmitLine, stop: asyncio.Event | None
 ) -> list[object]:
-    """Each record's outcome, its error in its place, each submitted once it has room (`admit`) and in order.
+    """Each record's outcome, its error in its place, each submitted once admitted (`admit`) and in order.
 
-    Once `stop` is set, those not finished are cancelled: a record waiting for room never goes in,
+    Once `stop` is set, those not finished are cancelled: a record waiting to be admitted never goes in,
     a queued one is dropped, a running one is told to stop.
     """
 
@@ -307,4 +307,4 @@ def _outcome(future: asyncio.Future[Any]) -> object:
     return future.exception() or future.result()
 
 
-_PROCESS: ProcessSlot[LLMReplica] = ProcessSlot(LLMReplica)
+_PROCESS: PerProcess[LLMReplica] = PerProcess(LLMReplica)

@@ -4,16 +4,8 @@ They are the replicas the jobs' tasks use (`flyteplugins_batcher.replica`: `LLMR
 `SharedBatcher`, `EmbeddingReplica` around a batched function), so an online request and a batch line
 are records in the same batchers, batched with every other request in flight. The server makes its
 own and installs them as the process's, so that a local Flyte run in this process uses them too.
-Online requests are submitted with a higher priority than batch lines: when the queue backs up,
-a user waiting on an answer goes first, and a waiting batch line gains a priority level per
-`priority_aging_s`, so batches are slowed, not starved (a line that has waited 5 minutes goes before
-new online requests). An online request never waits for room
-in the queue: a full queue is a `QueueFullError`, which the server answers with 429.
-
-With an online target (`online_ttft_slo_s`, `online_tpot_slo_s`), an online request's record carries an
-`OnlineTimer`, which notes its first token, and batch lines wait for the room the target leaves them
-(`_online_slo.OnlineSlo`); online requests beyond what the engine serves within it are refused
-(`OnlineOverloadedError`, answered 429).
+What decides whether and when a record goes in (an online request's priority, the engine's hold,
+429s for a full queue or past the online latency target, batch lines' quota) is `_admission.py`.
 
 An online request is an `OnlineRecord`: its future, and the cancellation token its `Request`
 carries. When its client leaves, `OnlineRecord.cancel` cancels both: a queued record never reaches
@@ -27,7 +19,6 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -51,53 +42,18 @@ from flyteplugins_batcher.replica import (
     LLMReplica,
     RequestItem,
 )
-from flyteplugins_batcher.server._online_slo import (
-    OnlineSlo,
+from flyteplugins_batcher.server._admission import (
+    ONLINE_PRIORITY,
+    OnlineAdmission,
     OnlineTarget,
     OnlineTimer,
     OnlineTimes,
+    engine_holds,
+    engine_slots,
+    server_batcher_keywords,
     times_of,
     tokens_per_choice,
 )
-
-ONLINE_PRIORITY = 30
-"""Online requests' priority in the shared batchers; batch lines have 0.
-
-A waiting record gains a level per `priority_aging_s` (10 s), so a batch line overtakes new online
-requests only after waiting 5 minutes: batches are slowed, not starved. At 1, a batch of a few
-thousand lines (each waiting over 10 s in the queue) caught up with online requests at once, and
-they waited behind it: the online p99 beside a batch was 16x its idle value."""
-
-ENGINE_QUEUE_SHARE = 0.25
-"""Records a self-scheduling engine may hold waiting, beyond those it runs, as a share of its capacity."""
-
-
-def server_admission(engine: Engine) -> dict[str, object]:
-    """Batcher keywords that keep a server's queue in its batcher, where online requests go first.
-
-    An engine that schedules requests itself (vLLM stream mode, the simulated engine) gets records
-    the moment they arrive, and a batch job keeps up to 4x its capacity inside it
-    (`engines/_stream_defaults.py`), in the engine's own first-come queue. An online request would
-    wait behind all of them: on the GPU-timed engine, a batch running beside online traffic made
-    the online p99 24x its idle value. A server lets the engine hold its capacity and a quarter
-    more (enough to refill the slots freed at each step), and keeps the rest in the batcher, where
-    `ONLINE_PRIORITY` puts a user's request ahead of batch lines.
-    """
-    slots = engine_slots(engine)
-    return {} if slots is None else {"max_concurrent_batches": engine_holds(slots)}
-
-
-def engine_slots(engine: Engine) -> int | None:
-    """The sequences an engine that schedules requests itself runs at once (`None`: one that takes whole batches)."""
-    capacity = engine.stats.max_num_seqs
-    if not capacity or engine.batcher_defaults().max_batch_size != 1:
-        return None
-    return capacity
-
-
-def engine_holds(slots: int) -> int:
-    """The records a server lets a self-scheduling engine hold: its slots and `ENGINE_QUEUE_SHARE` more."""
-    return math.ceil(slots * (1 + ENGINE_QUEUE_SHARE))
 
 
 @dataclass(frozen=True)
@@ -143,7 +99,7 @@ class Inference:
         llm_observers: Told of every batch of the LLM's batcher (the metrics).
         embedding_observers: Told of every batch of the embedding batcher.
         online_target: The online requests' latency target (none set: online requests and batch
-            lines share the engine with no room kept).
+            lines share the engine with no quota kept).
         on_online_times: Told each timed online request's times (a streamed one's, and with a
             target every one's): the metrics.
 
@@ -169,10 +125,12 @@ class Inference:
         self.embeddings = embeddings
         self._llm_observers = list(llm_observers)
         self._embedding_observers = list(embedding_observers)
-        self.slo = OnlineSlo(online_target) if online_target is not None and online_target.is_set else None
+        self.admission: OnlineAdmission | None = None  # online requests' target and batch lines' quota: with a target
+        if online_target is not None and online_target.is_set:
+            self.admission = OnlineAdmission(online_target)
         self._on_online_times = on_online_times
         self._judging: asyncio.Task[None] | None = None
-        admit = self.slo.room.admitted if self.slo is not None else None
+        admit = self.admission.quota.admit_line if self.admission is not None else None
         self.replica = LLMReplica(make_batcher=self._observed_batcher, admit=admit)
         self.embedding_replica = EmbeddingReplica() if embeddings else None
 
@@ -225,11 +183,11 @@ class Inference:
         """
         self.replica.install()
         await self.replica.shared.get(self.engine_settings)
-        if self.slo is not None and self._judging is None:
+        if self.admission is not None and self._judging is None:
             engine = self.engine
             slots = engine_slots(engine) if engine is not None else None
-            self.slo.set_engine(slots, engine_holds(slots) if slots is not None else None)
-            self._judging = asyncio.create_task(self.slo.run(), name="online-slo")
+            self.admission.set_engine(slots, engine_holds(slots) if slots is not None else None)
+            self._judging = asyncio.create_task(self.admission.run(), name="online-admission")
         if self.embedding_replica is not None:
             self.embedding_replica.install()
             await self.embedding_replica.load()
@@ -277,8 +235,8 @@ class Inference:
         try:
             future = await batcher.submit(record, priority=ONLINE_PRIORITY, wait_for_room=False)
         except BaseException:
-            if timer is not None and self.slo is not None:
-                self.slo.finished(timer, None)
+            if timer is not None and self.admission is not None:
+                self.admission.finished(timer, None)
             raise
         if timer is not None:
             future.add_done_callback(functools.partial(self._timed, timer))
@@ -286,16 +244,16 @@ class Inference:
 
     def _timer(self, on_delta: DeltaListener | None) -> OnlineTimer | None:
         """The timer an online record carries: every one's with a target (which may refuse it), a stream's without."""
-        if self.slo is not None:
-            return self.slo.admit(on_delta)
+        if self.admission is not None:
+            return self.admission.admit_online(on_delta)
         return OnlineTimer(time.monotonic(), on_delta, time.monotonic) if on_delta is not None else None
 
     def _timed(self, timer: OnlineTimer, future: asyncio.Future[Completion]) -> None:
         """An online record ended: its times to the target's judge and the metrics (none when it failed or left)."""
         answered = not future.cancelled() and future.exception() is None
         tokens = tokens_per_choice(future.result()) if answered else None
-        if self.slo is not None:
-            times = self.slo.finished(timer, tokens)
+        if self.admission is not None:
+            times = self.admission.finished(timer, tokens)
         else:
             times = times_of(timer, tokens, time.monotonic()) if tokens is not None else None
         if times is not None and self._on_online_times is not None:
@@ -343,10 +301,7 @@ class Inference:
         return self.embedding_replica
 
     def _observed_batcher(self, engine: Engine, settings: EngineSettings) -> TokenBatcher:
-        keywords = settings.batcher_keywords()
-        if "latency_slo_s" in keywords:  # the online requests' target: batch lines have none
-            keywords["latency_slo_s"] = {ONLINE_PRIORITY: keywords["latency_slo_s"]}
-        batcher = engine.batcher(**keywords, **server_admission(engine))
+        batcher = engine.batcher(**server_batcher_keywords(engine, settings))
         for observer in self._llm_observers:
             batcher.add_observer(observer)
         return batcher

@@ -24,8 +24,8 @@ the engine. Every batcher metric carries a `batcher` label (`llm`, `embeddings`)
 | `batcher_batch_jobs{status}` | gauge | Batch API jobs by status |
 | `batcher_online_time_to_first_token_seconds` | histogram | vLLM `time_to_first_token_seconds` |
 | `batcher_online_time_per_output_token_seconds` | histogram | vLLM `time_per_output_token_seconds` |
-| `batcher_online_slo_batch_room` (absent: any) | gauge | with an online target: the lines it lets run |
-| `batcher_online_slo_batch_lines_in_flight`, `_waiting` | gauges | lines running, and waiting for room |
+| `batcher_online_slo_batch_quota` (absent: any) | gauge | with an online target: the lines it lets run |
+| `batcher_online_slo_batch_lines_in_flight`, `_waiting` | gauges | lines running, and waiting for a place |
 | `batcher_online_slo_overloaded` | gauge | online requests alone miss the target |
 | `batcher_online_slo_arrivals_per_second`, `_sustainable_per_second` | gauges | online load, and what meets it |
 | `batcher_online_slo_refused_total` | counter | online requests answered 429 for the target |
@@ -52,7 +52,7 @@ from prometheus_client.registry import Collector
 
 from flyteplugins_batcher import BatchStats, DispatchReason, SettledOutcome
 from flyteplugins_batcher.engines import EngineStats
-from flyteplugins_batcher.server._online_slo import OnlineSloStats, OnlineTimes
+from flyteplugins_batcher.server._admission import OnlineAdmissionStats, OnlineTimes
 
 SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
@@ -129,7 +129,7 @@ class ServerMetrics:
         batchers: `{label: stats}` of the batchers to read at scrape time (each returns `None` before it starts).
         engine: The LLM engine's stats, or `None` before it loads.
         batch_jobs: The Batch API jobs' statuses.
-        online_slo: The online target's figures, or `None` without a target.
+        online_admission: The online target's figures, or `None` without a target.
 
     Example:
         ```python
@@ -145,7 +145,7 @@ class ServerMetrics:
         batchers: dict[str, Callable[[], BatchStats | None]],
         engine: Callable[[], EngineStats | None],
         batch_jobs: Callable[[], Sequence[str]] = tuple,
-        online_slo: Callable[[], OnlineSloStats | None] = lambda: None,
+        online_admission: Callable[[], OnlineAdmissionStats | None] = lambda: None,
     ) -> None:
         self.registry = CollectorRegistry()
         labels = ["batcher"]
@@ -186,7 +186,7 @@ class ServerMetrics:
             registry=self.registry,
             buckets=SECONDS_BUCKETS,
         )
-        self.online_ttfb, self.online_ttft, self.online_tpot = _online_metrics(self.registry, online_slo)
+        self.online_ttfb, self.online_ttft, self.online_tpot = _online_metrics(self.registry, online_admission)
         self.registry.register(_StatsCollector(batchers, engine, batch_jobs))
         self.drain = {name: DrainRate() for name in batchers}  # fed by the observers: a 429's Retry-After
 
@@ -215,11 +215,11 @@ class ServerMetrics:
 
 
 def _online_metrics(
-    registry: CollectorRegistry, online_slo: Callable[[], OnlineSloStats | None]
+    registry: CollectorRegistry, online_admission: Callable[[], OnlineAdmissionStats | None]
 ) -> tuple[Histogram, Histogram, Histogram]:
     """Streamed online requests' time to first byte; online requests' time to first token, and per output token
     after it (vLLM's two figures of a stream); the online target's gauges, read at scrape time."""
-    registry.register(_OnlineSloCollector(online_slo))
+    registry.register(_OnlineAdmissionCollector(online_admission))
     first_byte = Histogram(
         "batcher_online_time_to_first_byte_seconds",
         "Time from a streamed online request's arrival to its response's headers",
@@ -329,10 +329,10 @@ def _engine_metrics(stats: EngineStats) -> Iterator[Metric]:
         )
 
 
-class _OnlineSloCollector(Collector):
-    """The online target's room for batch lines, and whether online requests alone are too many (read at scrape)."""
+class _OnlineAdmissionCollector(Collector):
+    """The online target's quota for batch lines, and whether online requests alone are too many (read at scrape)."""
 
-    def __init__(self, read: Callable[[], OnlineSloStats | None]) -> None:
+    def __init__(self, read: Callable[[], OnlineAdmissionStats | None]) -> None:
         self._read = read
 
     def collect(self) -> Iterator[Metric]:
@@ -340,9 +340,9 @@ class _OnlineSloCollector(Collector):
         if stats is None:
             return
         gauges: dict[str, tuple[str, float | None]] = {
-            "batcher_online_slo_batch_room": ("Batch lines the online target lets run (absent: any)", stats.room),
+            "batcher_online_slo_batch_quota": ("Batch lines the online target lets run (absent: any)", stats.quota),
             "batcher_online_slo_batch_lines_in_flight": ("Batch lines queued or running", stats.batch_in_flight),
-            "batcher_online_slo_batch_lines_waiting": ("Batch lines waiting for room", stats.batch_waiting),
+            "batcher_online_slo_batch_lines_waiting": ("Batch lines waiting for a place", stats.batch_waiting),
             "batcher_online_slo_overloaded": ("1 while online requests alone miss the target", float(stats.overloaded)),
             "batcher_online_slo_arrivals_per_second": ("Online requests arriving lately", stats.arrivals_per_s),
             "batcher_online_slo_sustainable_per_second": (

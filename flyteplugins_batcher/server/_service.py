@@ -21,11 +21,11 @@ from fastapi import Depends, Request
 
 from flyteplugins_batcher import BatcherSettings
 from flyteplugins_batcher.engines import EngineStats
+from flyteplugins_batcher.server._admission import OnlineTarget
 from flyteplugins_batcher.server._execution.leases import LeaseKeeper
 from flyteplugins_batcher.server._execution.runner import BatchRunner
 from flyteplugins_batcher.server._inference import Inference
 from flyteplugins_batcher.server._metrics import ServerMetrics
-from flyteplugins_batcher.server._online_slo import OnlineTarget
 from flyteplugins_batcher.server._settings import ServerSettings
 from flyteplugins_batcher.server._state.files import FileStore
 from flyteplugins_batcher.server._state.statuses import ACTIVE
@@ -66,7 +66,7 @@ class Service:
             batchers={"llm": lambda: self.inference.llm_stats, "embeddings": lambda: self.inference.embedding_stats},
             engine=self._engine_stats,
             batch_jobs=lambda: [batch["status"] for batch in self.store.batches_in(_ALL_STATUSES)],
-            online_slo=lambda: self.inference.slo.stats() if self.inference.slo is not None else None,
+            online_admission=lambda: self.inference.admission.stats() if self.inference.admission is not None else None,
         )
         target = OnlineTarget(settings.online_ttft_slo_s, settings.online_tpot_slo_s, settings.online_slo_quantile)
         self.inference = Inference(

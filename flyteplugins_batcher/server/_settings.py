@@ -25,7 +25,7 @@ PREFIX = "BATCH_SERVE_"
 
 MAX_HEAD_BYTES = 64 * 1024
 """Most bytes of a request's line and headers (`_http/head_limit.py` holds them to it): four times h11's
-default, room for long tokens."""
+default, space for long tokens."""
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class ServerSettings:
             Counted on the bytes as they arrive, chunked or not: an upload stops being read at the limit.
         max_request_mb: Largest body of every other request (413 above it, counted as it arrives). 16 MiB
             holds the largest legitimate request: a chat request that fills a 1M-token context is
-            about 4 MB of English text (4 bytes a token), with room for JSON's escapes and framing,
+            about 4 MB of English text (4 bytes a token), with space for JSON's escapes and framing,
             and a 128k-token one fits even with every character escaped (6 bytes each). What is
             larger is refused as it arrives, so no client makes the server hold more.
         batch_chunk_size: Requests per chunk of a batch job (a chunk is what is recorded at once).
@@ -90,8 +90,8 @@ class ServerSettings:
             made. One prefix per jobs database.
         online_ttft_slo_s: The time to first token that `online_slo_quantile` of online requests must
             meet, in seconds, from their arrival to the first text the engine makes (0: none). Batch
-            lines have no target: with one, they get only the engine's room the online target leaves
-            (`server/_online_slo.py`), and it is given back as online traffic falls; when online
+            lines have no target: with one, they get only the quota of the engine the online target
+            leaves them (`server/_admission.py`), given back as online traffic falls; when online
             requests alone are more than it allows, new ones are answered 429 with a `Retry-After`.
             An engine that answers whole records (Transformers, vLLM batch mode) makes its first text
             with its answer.

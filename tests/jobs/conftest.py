@@ -98,7 +98,7 @@ class CountingBatcher:
         fail_when: A batch holding a prompt for which it is true fails as a whole (`error` is raised).
         error: What such a batch raises.
         refuse_when: A prompt for which it is true fails alone, with an `invalid_request` error in its
-            slot, as a record that needs a missing package does.
+            place, as a record that needs a missing package does.
     """
 
     def __init__(

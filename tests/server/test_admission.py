@@ -1,7 +1,7 @@
 """An online request beside a batch's lines waits for a slot of the engine, not behind every line in its queue.
 
 The server's LLM batcher lets a self-scheduling engine (here the simulated GPU, 4 sequences at
-once) hold its capacity and a quarter more; the rest wait in the batcher, where an online request
+once) hold its slots and a quarter more; the rest wait in the batcher, where an online request
 (`ONLINE_PRIORITY`) goes first. Without that bound the batcher hands the engine up to 1,024
 records, and the online request waits for all 40 lines ahead of it: about 10 generations instead
 of about 2.
@@ -15,7 +15,8 @@ import time
 
 from flyteplugins_batcher.engines import GenerationConfig, Request
 from flyteplugins_batcher.replica import EngineSettings
-from flyteplugins_batcher.server._inference import ONLINE_PRIORITY, Inference, server_admission
+from flyteplugins_batcher.server._admission import ONLINE_PRIORITY, engine_hold_keywords
+from flyteplugins_batcher.server._inference import Inference
 
 OPTIONS = {"time_scale": 0.5, "gpu": {"max_num_seqs": 4}, "output_lengths": {"mean": 32, "spread": 0}}
 
@@ -39,15 +40,15 @@ async def online_latency_beside_a_batch(lines: int) -> tuple[float, float, dict[
         busy = time.perf_counter() - started
         await asyncio.gather(*batch)
         assert inference.engine is not None
-        return idle, busy, server_admission(inference.engine)
+        return idle, busy, engine_hold_keywords(inference.engine)
     finally:
         await inference.aclose()
 
 
 def test_an_online_request_waits_for_a_slot_not_for_the_batch() -> None:
-    idle, busy, admission = asyncio.run(online_latency_beside_a_batch(40))
+    idle, busy, hold = asyncio.run(online_latency_beside_a_batch(40))
 
-    assert admission == {"max_concurrent_batches": 5}  # 4 running and 1 waiting in the engine
+    assert hold == {"max_concurrent_batches": 5}  # 4 running and 1 waiting in the engine
     assert busy / idle < 4  # about 2 generations (one to free a slot); behind the batch it is about 10
 
 

@@ -144,7 +144,7 @@ class OutputLengths:
 
     mean: int = 200
     spread: float = 0.5
-    # the long tail: requests that generate far more than the rest (and pin their chunk's slot)
+    # the long tail: requests that generate far more than the rest (and pin their chunk's call)
     long_fraction: float = 0.0
     long_tokens: int = 2000
     seed: int = 0

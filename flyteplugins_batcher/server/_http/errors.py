@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException
 
 from flyteplugins_batcher import BatcherSettings, QueueFullError
 from flyteplugins_batcher.batch_api import RequestLineError
-from flyteplugins_batcher.server._online_slo import OnlineOverloadedError
+from flyteplugins_batcher.server._admission import OnlineOverloadedError
 from flyteplugins_batcher.server._state.errors import NotFound, StateError, TooLarge
 
 if TYPE_CHECKING:

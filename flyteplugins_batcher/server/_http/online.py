@@ -32,10 +32,10 @@ from flyteplugins_batcher.batch_api import (
     parse_request,
 )
 from flyteplugins_batcher.engines import Completion, EmptyDocumentError, EngineDeadError, InvalidPromptError
+from flyteplugins_batcher.server._admission import OnlineOverloadedError
 from flyteplugins_batcher.server._http.deltas import CLIENT_CLOSED_REQUEST, completion_unless_gone
 from flyteplugins_batcher.server._http.errors import APIError
 from flyteplugins_batcher.server._http.streaming import ChunkEvents, streamed_answer
-from flyteplugins_batcher.server._online_slo import OnlineOverloadedError
 from flyteplugins_batcher.server._service import Service, ServiceDep
 
 router = APIRouter(prefix="/v1")

@@ -1,4 +1,4 @@
-"""`ProcessSlot`: the one object of a kind in a process, made on first use, that its owner can install."""
+"""`PerProcess`: the one object of a kind in a process, made on first use, that its owner can install."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Generic, TypeVar
 T = TypeVar("T")
 
 
-class ProcessSlot(Generic[T]):
+class PerProcess(Generic[T]):
     """Holds a process's one replica of a kind: made with `make` on first use, or the one installed.
 
     Args:

@@ -1,25 +1,42 @@
-"""Online requests' latency target beside batch lines: time to first token and per output token.
+"""Admission: what goes into the server's LLM batcher, and when. Every gate an online request or a batch line
+meets on its way to the engine is here, in the order it meets them:
 
-With `online_ttft_slo_s` or `online_tpot_slo_s` set, the server measures each online request's time
-to first token (from its arrival to the first text the engine makes: `OnlineTimer`, the listener
-its record carries) and time per output token after it, and `OnlineSlo` keeps them within the
-target two ways, judged every `TICK_S` on the requests that ran wholly under the current choice:
+1. **Priority.** An online request's record has `ONLINE_PRIORITY`, a batch line's 0: in the batcher's queue a
+   user waiting on an answer goes first (a batch line gains a level per `priority_aging_s`, so batches are
+   slowed, not starved).
+2. **The engine's hold.** An engine that schedules sequences itself (vLLM stream mode, the simulated GPU) is
+   let hold its slots and a quarter more (`engine_hold_keywords`); the rest waits in the batcher, where
+   priority orders it.
+3. **Room.** An online request never waits for room in the batcher's queue (`Inference.start` submits it
+   with `wait_for_room=False`): a full queue is a `QueueFullError`, answered 429.
+4. **The online target** (`online_ttft_slo_s`, `online_tpot_slo_s`; none set: nothing below runs).
+   `OnlineAdmission.admit_online` gives an online request the timer its record carries, or refuses it
+   (`OnlineOverloadedError`, 429) when online requests alone are more than the engine serves within the
+   target; a batch line waits for a place in the batch's quota (`BatchQuota.admit_line`, which the server
+   hands its replica as `LLMReplica(admit=...)`, and `replica.run_admitted` holds per line) before its
+   record goes to the batcher.
+5. **The batcher's own target.** `latency_slo_s`, on a server, is the online records' alone
+   (`server_batcher_keywords`): batch lines have none.
 
-- **The batch's room.** Batch lines have no target; each waits for room (`BatchRoom`) before its
-  record goes to the batcher, and holds it until its answer. While the target holds with room to
-  spare, every bound has been measured under the current room, and lines wait, the room grows (by
-  the share of the target left, by `GROW_STEP` lines at most: lines that go in together have their
-  prompts read in the same steps), never past the engine's slots less those online requests need
-  (the ones in flight and a burst beyond them); when the target is missed, it shrinks to a share
-  of the lines running, and is judged again once they are down to it. Time per output token is
-  judged over `LEAST_PIECES` steps at least, so that the one long step that reads new lines'
-  prompts weighs on it about as much as on a whole answer. On an engine that schedules sequences
-  itself (vLLM stream mode, the simulated GPU) that is the batch's share of each step, whose time
-  is every running sequence's time per token. When no online request has come for `QUIET_S` (or
-  ten targets), the room is given back whole: the batch fills the engine again, but no more lines
-  go in than the engine holds (`set_engine`). A line let in cannot be taken back, so the first
-  online requests after a quiet spell share the engine with as many lines as it holds (or, when
-  fewer run, with the room the target last held under).
+**The online target.** The server measures each online request's time to first token (from its arrival to
+the first text the engine makes: `OnlineTimer`, the listener its record carries) and time per output token
+after it, and `OnlineAdmission` keeps them within the target two ways, judged every `TICK_S` on the requests
+that ran wholly under the current choice:
+
+- **The batch's quota.** Batch lines have no target; each waits for a place in the batch's quota
+  (`BatchQuota`) before its record goes to the batcher, and holds it until its answer. While the target
+  holds with margin to spare, every bound has been measured under the current quota, and lines wait, the
+  quota grows (by the share of the target left, by `GROW_STEP` lines at most: lines that go in together
+  have their prompts read in the same steps), never past the engine's slots less those online requests
+  need (the ones in flight and a burst beyond them); when the target is missed, it shrinks to a share of
+  the lines running, and is judged again once they are down to it. Time per output token is judged over
+  `LEAST_PIECES` steps at least, so that the one long step that reads new lines' prompts weighs on it
+  about as much as on a whole answer. On an engine that schedules sequences itself (vLLM stream mode, the
+  simulated GPU) that is the batch's share of each step, whose time is every running sequence's time per
+  token. When no online request has come for `QUIET_S` (or ten targets), the quota is given back whole:
+  the batch fills the engine again, but no more lines go in than the engine holds (`set_engine`). A line
+  let in cannot be taken back, so the first online requests after a quiet spell share the engine with as
+  many lines as it holds (or, when fewer run, with the quota the target last held under).
 - **Honest refusals.** When the target is missed `PERSIST` judgments in a row with the batch at its
   floor (a line), online requests alone are more than the engine can serve within it: new ones
   beyond a bound on those in flight (cut to a share of the requests then running, and grown back
@@ -27,7 +44,7 @@ target two ways, judged every `TICK_S` on the requests that ran wholly under the
   of it take to leave at the rate online requests were answered lately, instead of every request
   missing it. The bound goes once the target holds and nobody was refused.
 
-Nothing here runs without a target: online requests and batch lines then share the engine as before.
+Without a target, online requests and batch lines share the engine under gates 1 to 3 alone.
 """
 
 from __future__ import annotations
@@ -44,29 +61,79 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from flyteplugins_batcher.engines import Completion, DeltaListener, TokenLogprob
+    from flyteplugins_batcher.engines import Completion, DeltaListener, Engine, TokenLogprob
+    from flyteplugins_batcher.replica import EngineSettings
+
+ONLINE_PRIORITY = 30
+"""Online requests' priority in the shared batchers; batch lines have 0.
+
+A waiting record gains a level per `priority_aging_s` (10 s), so a batch line overtakes new online
+requests only after waiting 5 minutes: batches are slowed, not starved. At 1, a batch of a few
+thousand lines (each waiting over 10 s in the queue) caught up with online requests at once, and
+they waited behind it: the online p99 beside a batch was 16x its idle value."""
+
+ENGINE_QUEUE_SHARE = 0.25
+"""Records a self-scheduling engine may hold waiting, beyond those it runs, as a share of its slots."""
+
+
+def server_batcher_keywords(engine: Engine, settings: EngineSettings) -> dict[str, object]:
+    """The keywords of a server's LLM batcher: the settings', with the engine's hold, and `latency_slo_s` (when
+    set) the online records' alone, `{ONLINE_PRIORITY: seconds}`: batch lines have no latency target."""
+    keywords: dict[str, object] = settings.batcher_keywords()
+    if "latency_slo_s" in keywords:
+        keywords["latency_slo_s"] = {ONLINE_PRIORITY: keywords["latency_slo_s"]}
+    return keywords | engine_hold_keywords(engine)
+
+
+def engine_hold_keywords(engine: Engine) -> dict[str, object]:
+    """Batcher keywords that keep a server's queue in its batcher, where online requests go first.
+
+    An engine that schedules requests itself (vLLM stream mode, the simulated engine) gets records
+    the moment they arrive, and a batch job keeps up to 4x its capacity inside it
+    (`engines/_stream_defaults.py`), in the engine's own first-come queue. An online request would
+    wait behind all of them: on the GPU-timed engine, a batch running beside online traffic made
+    the online p99 24x its idle value. A server lets the engine hold its slots and a quarter more
+    (enough to refill the slots freed at each step), and keeps the rest in the batcher, where
+    `ONLINE_PRIORITY` puts a user's request ahead of batch lines.
+    """
+    slots = engine_slots(engine)
+    return {} if slots is None else {"max_concurrent_batches": engine_holds(slots)}
+
+
+def engine_slots(engine: Engine) -> int | None:
+    """The sequences an engine that schedules requests itself runs at once (`None`: one that takes whole batches)."""
+    capacity = engine.stats.max_num_seqs
+    if not capacity or engine.batcher_defaults().max_batch_size != 1:
+        return None
+    return capacity
+
+
+def engine_holds(slots: int) -> int:
+    """The records a server lets a self-scheduling engine hold: its slots and `ENGINE_QUEUE_SHARE` more."""
+    return math.ceil(slots * (1 + ENGINE_QUEUE_SHARE))
+
 
 TICK_S = 0.1
 """Seconds between judgments of the target (each is a few comparisons)."""
 LEAST = 4
 """Figures a judgment needs (times to first token, and times per output token of requests with `LEAST_PIECES`
-pieces under the current room), unless two requests already wait past the time to first token."""
+pieces under the current quota), unless two requests already wait past the time to first token."""
 LEAST_PIECES = 16
-"""Pieces of text (engine steps) after the current room came that make a request's time per output token: enough
+"""Pieces of text (engine steps) after the current quota came that make a request's time per output token: enough
 that the one long step in which the lines let in have their prompts read weighs on it as little as on a whole answer
 (the target's figure), so that letting lines in does not by itself look like a miss."""
 GROW = 0.8
-"""Below this share of the target, a room that lines wait for grows (by the share left, at most twofold)."""
+"""Below this share of the target, a quota that lines wait for grows (by the share left, at most twofold)."""
 GROW_STEP = 32
-"""Most lines a room grows by at one judgment: the lines that go in at once have their prompts read in the same
+"""Most lines a quota grows by at one judgment: the lines that go in at once have their prompts read in the same
 steps, and every running sequence (online ones too) waits for such a step."""
 SHRINK = 0.85
-"""A missed target cuts the room to this over the share missed by (between a half and nine tenths of it)."""
+"""A missed target cuts the quota to this over the share missed by (between a half and nine tenths of it)."""
 PERSIST = 3
 """Judgments in a row that miss the target with the batch at its floor before online requests are refused."""
 QUIET_S = 5.0
-"""Seconds without online requests (at least ten times the time to first token) before the room is given back."""
-MIN_ROOM = 1
+"""Seconds without online requests (at least ten times the time to first token) before the quota is given back."""
+MIN_QUOTA = 1
 """Batch lines that may always run: a batch is slowed by online traffic, never stopped."""
 BURST_Z = 2.33
 """Deviations of a Poisson count of online requests in flight the engine's slots keep free for (its p99)."""
@@ -97,7 +164,9 @@ class OnlineTarget:
 
     def __post_init__(self) -> None:
         if self.ttft_s < 0 or self.tpot_s < 0:
-            raise ValueError(f"online SLOs must be >= 0 seconds, got {self.ttft_s} and {self.tpot_s}")
+            raise ValueError(
+                f"online_ttft_slo_s and online_tpot_slo_s must be >= 0 seconds, got {self.ttft_s} and {self.tpot_s}"
+            )
         if not 0 < self.quantile < 1:
             raise ValueError(f"online_slo_quantile must be between 0 and 1, got {self.quantile}")
 
@@ -178,14 +247,14 @@ class OnlineTimes:
     tpot_s: float | None
 
 
-class BatchRoom:
-    """How many batch lines may be in flight at once (`None`: any), and the lines waiting for room, first come first in.
+class BatchQuota:
+    """How many batch lines may be in flight at once (`None`: any), and the lines waiting for a place, in order.
 
     Example:
         ```python
-        room = BatchRoom()
-        room.set_limit(4)
-        async with room.admitted():  # waits while 4 lines are in flight
+        quota = BatchQuota()
+        quota.set_limit(4)
+        async with quota.admit_line():  # waits while 4 lines are in flight
             answer = await (await batcher.submit(line))
         ```
     """
@@ -198,29 +267,29 @@ class BatchRoom:
 
     @property
     def waiting(self) -> int:
-        """Lines waiting for room."""
+        """Lines waiting for a place."""
         return len(self._waiters)
 
     @property
     def binding(self) -> bool:
-        """Whether lines wait because the room is full (not merely because they just came)."""
+        """Whether lines wait because the quota is full (not merely because they just came)."""
         return bool(self._waiters) and self.limit is not None and self.in_flight >= self.limit
 
     def set_limit(self, limit: int | None) -> None:
-        """Let `limit` lines be in flight (`None`: any); waiting lines go in at once if there is room now."""
+        """Let `limit` lines be in flight (`None`: any); waiting lines go in at once if the quota has places now."""
         self.limit = limit
         self._wake()
 
     @contextlib.asynccontextmanager
-    async def admitted(self) -> AsyncIterator[None]:
-        """Hold room for one line while the block runs; wait for it first, behind the lines that came before."""
-        if self._waiters or not self._has_room():
+    async def admit_line(self) -> AsyncIterator[None]:
+        """Hold a place for one line while the block runs; wait for it first, behind the lines that came before."""
+        if self._waiters or not self._has_place():
             waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._waiters.append(waiter)
             try:
                 await waiter
             except asyncio.CancelledError:
-                if waiter.done() and not waiter.cancelled():  # room was given just as it was cancelled: pass it on
+                if waiter.done() and not waiter.cancelled():  # a place was given just as it was cancelled: pass it on
                     self._release()
                 else:
                     self._waiters.remove(waiter)
@@ -232,7 +301,7 @@ class BatchRoom:
         finally:
             self._release()
 
-    def _has_room(self) -> bool:
+    def _has_place(self) -> bool:
         limit, ceiling = self.limit, self.ceiling
         return (limit is None or self.in_flight < limit) and (ceiling is None or self.in_flight < ceiling)
 
@@ -241,7 +310,7 @@ class BatchRoom:
         self._wake()
 
     def _wake(self) -> None:
-        while self._waiters and self._has_room():
+        while self._waiters and self._has_place():
             waiter = self._waiters.popleft()
             if not waiter.done():
                 self.in_flight += 1
@@ -249,14 +318,14 @@ class BatchRoom:
 
 
 @dataclass(frozen=True)
-class OnlineSloStats:
+class OnlineAdmissionStats:
     """What the online target's controller sees and chose (the server's `/metrics` export it).
 
     Attributes:
         target: The target.
-        room: Batch lines allowed in flight (`None`: any).
+        quota: Batch lines allowed in flight (`None`: any).
         batch_in_flight: Batch lines in flight (queued in the batcher or running).
-        batch_waiting: Batch lines waiting for room.
+        batch_waiting: Batch lines waiting for a place.
         online_in_flight: Online requests in flight.
         online_limit: While overloaded, the online requests allowed in flight (`None`: any).
         overloaded: Online requests alone miss the target: new ones beyond `online_limit` get 429.
@@ -268,7 +337,7 @@ class OnlineSloStats:
     """
 
     target: OnlineTarget
-    room: int | None
+    quota: int | None
     batch_in_flight: int
     batch_waiting: int
     online_in_flight: int
@@ -281,8 +350,8 @@ class OnlineSloStats:
     tpot_s: float
 
 
-class OnlineSlo:
-    """Keeps online requests within their target beside batch lines: the batch's room, and 429s past it (module notes).
+class OnlineAdmission:
+    """Keeps online requests within their target beside batch lines: the batch's quota, and 429s past it (module notes).
 
     Everything runs on the server's event loop, but `OnlineTimer.__call__` (the engine's thread).
 
@@ -292,16 +361,16 @@ class OnlineSlo:
 
     Example:
         ```python
-        slo = OnlineSlo(OnlineTarget(ttft_s=0.5))
-        timer = slo.admit(on_delta)  # raises OnlineOverloadedError when the server must refuse
+        admission = OnlineAdmission(OnlineTarget(ttft_s=0.5))
+        timer = admission.admit_online(on_delta)  # raises OnlineOverloadedError when the server must refuse
         ...  # the record runs, `timer` is its listener
-        slo.finished(timer, tokens=completion.completion_tokens)
+        admission.finished(timer, tokens=completion.completion_tokens)
         ```
     """
 
     def __init__(self, target: OnlineTarget, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.target = target
-        self.room = BatchRoom()
+        self.quota = BatchQuota()
         self._clock = clock
         self._quiet_s = max(QUIET_S, 10 * target.ttft_s)
         self._times: deque[OnlineTimes] = deque(maxlen=RECENT)
@@ -311,29 +380,29 @@ class OnlineSlo:
         self._met: deque[float] = deque()  # when each request that met the target ended
         self._ended: deque[float] = deque()  # when each answered request ended
         self._last_arrival = -math.inf
-        self._judged_from = clock()  # the judgments weigh requests that arrived since (the room was as it is)
-        self._settling = False  # a cut waits for the lines in flight to come down to the room
-        self._held_room: int | None = None  # the last room the target held under (where online requests resume)
+        self._judged_from = clock()  # the judgments weigh requests that arrived since (the quota was as it is)
+        self._settling = False  # a cut waits for the lines in flight to come down to the quota
+        self._held_quota: int | None = None  # the last quota the target held under (where online requests resume)
         self._misses = 0
         self._online_limit: int | None = None
         self._refused_since_judged = False
         self.refused = 0
-        self.capacity: int | None = None  # sequences the engine runs at once, once known (`None`: unknown)
+        self.slots: int | None = None  # sequences the engine runs at once, once known (`None`: unknown)
 
     def set_engine(self, slots: int | None, holds: int | None) -> None:
         """The engine's `slots` (sequences it runs at once) and the lines it `holds` (its slots and its queue).
 
-        The room never takes the slots online requests need, and no more lines are let in than the
-        engine holds even while the room is given back whole: a line let in cannot be taken back, so
+        The quota never takes the slots online requests need, and no more lines are let in than the
+        engine holds even while the quota is given back whole: a line let in cannot be taken back, so
         lines beyond would all run before a cut takes hold once online requests come.
         """
-        self.capacity = slots
-        self.room.ceiling = holds
-        self.room.set_limit(self.room.limit)  # let in those the new ceiling allows
+        self.slots = slots
+        self.quota.ceiling = holds
+        self.quota.set_limit(self.quota.limit)  # let in those the new ceiling allows
 
     # -- online requests --------------------------------------------------------------------------
 
-    def admit(self, listener: DeltaListener | None = None) -> OnlineTimer:
+    def admit_online(self, listener: DeltaListener | None = None) -> OnlineTimer:
         """An online request arrives: its timer (the listener its record carries), or a refusal.
 
         Raises:
@@ -381,21 +450,21 @@ class OnlineSlo:
             self.tick()
 
     def tick(self) -> None:
-        """Judge the target on the latest requests, and move the room or the bound on online requests."""
+        """Judge the target on the latest requests, and move the quota or the bound on online requests."""
         now = self._clock()
         if not self._pending and now - self._last_arrival >= self._quiet_s:
-            if self.room.limit is not None or self._online_limit is not None:
+            if self.quota.limit is not None or self._online_limit is not None:
                 self._give_back(now)
             return
         if self._settling:
-            if self.room.in_flight > max(self.room.limit or 0, MIN_ROOM):
+            if self.quota.in_flight > max(self.quota.limit or 0, MIN_QUOTA):
                 return
             self._settling, self._judged_from = False, now
         pressure = self._pressure(now)
         if pressure is None:
             return
-        if pressure <= 1 and self.room.limit is not None:
-            self._held_room = self.room.limit
+        if pressure <= 1 and self.quota.limit is not None:
+            self._held_quota = self.quota.limit
         if pressure > 1:
             self._missed(pressure, now)
         elif pressure < GROW:
@@ -404,7 +473,7 @@ class OnlineSlo:
             self._misses = 0
 
     def _pressure(self, now: float) -> float | None:
-        """The worst share of its bound a quantile of the figures under the current room takes (`None`: too few).
+        """The worst share of its bound a quantile of the figures under the current quota takes (`None`: too few).
 
         Times to first token count for the requests that arrived since `_judged_from` (one still
         waiting with its wait so far, once past the bound); times per output token for the requests
@@ -426,21 +495,21 @@ class OnlineSlo:
             pressure = max(pressure, self._quantile(tpots) / target.tpot_s)
         unmeasured = (target.ttft_s > 0 and not (ttfts or late)) or (target.tpot_s > 0 and not tpots)
         if unmeasured and pressure <= 1:
-            return None  # a bound not measured under this room yet: no reason to grow it (a miss is one)
+            return None  # a bound not measured under this quota yet: no reason to grow it (a miss is one)
         return pressure
 
     def _missed(self, pressure: float, now: float) -> None:
-        """The target was missed: cut the batch's room, or with the batch at its floor, bound online requests."""
+        """The target was missed: cut the batch's quota, or with the batch at its floor, bound online requests."""
         cut = min(max(SHRINK / pressure, 0.5), 0.9)
-        room = self.room
+        quota = self.quota
         self._judged_from = now
-        if room.in_flight > MIN_ROOM:
-            base = min(room.in_flight, room.limit or room.in_flight, self.capacity or room.in_flight)
-            room.set_limit(max(MIN_ROOM, math.floor(base * cut)))
+        if quota.in_flight > MIN_QUOTA:
+            base = min(quota.in_flight, quota.limit or quota.in_flight, self.slots or quota.in_flight)
+            quota.set_limit(max(MIN_QUOTA, math.floor(base * cut)))
             self._settling, self._misses = True, 0
             return
-        if room.limit is None or room.limit > MIN_ROOM:
-            room.set_limit(MIN_ROOM)
+        if quota.limit is None or quota.limit > MIN_QUOTA:
+            quota.set_limit(MIN_QUOTA)
         self._misses += 1
         if self._misses >= PERSIST or self._online_limit is not None:
             running = len(self._pending)
@@ -449,7 +518,7 @@ class OnlineSlo:
             self._refused_since_judged = False
 
     def _held(self, pressure: float, now: float) -> None:
-        """The target holds with room to spare: bound online requests less, or give the waiting lines more room."""
+        """The target holds with margin to spare: bound online requests less, or grow a quota lines wait for."""
         self._misses = 0
         grow = min(GROW / pressure, 2.0)
         if self._online_limit is not None:
@@ -460,47 +529,49 @@ class OnlineSlo:
             self._refused_since_judged = False
             self._judged_from = now
             return
-        room = self.room
-        if room.binding and room.limit is not None:
-            grown = self._at_most_slots(min(max(room.limit + 1, math.floor(room.limit * grow)), room.limit + GROW_STEP))
-            if grown > room.limit:
-                room.set_limit(grown)
+        quota = self.quota
+        if quota.binding and quota.limit is not None:
+            grown = self._at_most_slots(
+                min(max(quota.limit + 1, math.floor(quota.limit * grow)), quota.limit + GROW_STEP)
+            )
+            if grown > quota.limit:
+                quota.set_limit(grown)
                 self._judged_from = now
 
     def _wake_up(self, now: float) -> None:
         """Online requests come again after a quiet spell: no more lines go in until the target is judged (beyond
-        the room it last held under, when fewer run)."""
-        self.room.set_limit(self._at_most_slots(max(MIN_ROOM, self.room.in_flight, self._held_room or 0)))
+        the quota it last held under, when fewer run)."""
+        self.quota.set_limit(self._at_most_slots(max(MIN_QUOTA, self.quota.in_flight, self._held_quota or 0)))
         self._judged_from, self._settling, self._misses = now, False, 0
 
-    def _at_most_slots(self, room: int) -> int:
-        """`room`, but no more than the engine's slots less those online requests may need: the ones in flight and
+    def _at_most_slots(self, quota: int) -> int:
+        """`quota`, but no more than the engine's slots less those online requests may need: the ones in flight and
         a burst beyond them (`BURST_Z` deviations of a Poisson count, and one), so that the next online request
-        finds a slot instead of waiting for a line to end (`room` as it is while the slots are unknown)."""
-        if self.capacity is None:
-            return room
+        finds a slot instead of waiting for a line to end (`quota` as it is while the slots are unknown)."""
+        if self.slots is None:
+            return quota
         online = len(self._pending)
-        headroom = online + math.ceil(BURST_Z * math.sqrt(max(online, 1))) + 1
-        return max(MIN_ROOM, min(room, self.capacity - headroom))
+        kept_free = online + math.ceil(BURST_Z * math.sqrt(max(online, 1))) + 1
+        return max(MIN_QUOTA, min(quota, self.slots - kept_free))
 
     def _give_back(self, now: float) -> None:
         """No online request for a while: the batch may fill the engine, and nobody is refused."""
-        self.room.set_limit(None)
+        self.quota.set_limit(None)
         self._online_limit, self._settling, self._misses = None, False, 0
         self._judged_from = now
 
     # -- figures ----------------------------------------------------------------------------------
 
-    def stats(self) -> OnlineSloStats:
+    def stats(self) -> OnlineAdmissionStats:
         """The figures as of now."""
         now = self._clock()
         times = list(self._times)[-64:]
         tpots = [item.tpot_s for item in times if item.tpot_s is not None]
-        return OnlineSloStats(
+        return OnlineAdmissionStats(
             target=self.target,
-            room=self.room.limit,
-            batch_in_flight=self.room.in_flight,
-            batch_waiting=self.room.waiting,
+            quota=self.quota.limit,
+            batch_in_flight=self.quota.in_flight,
+            batch_waiting=self.quota.waiting,
             online_in_flight=len(self._pending),
             online_limit=self._online_limit,
             overloaded=self._online_limit is not None,

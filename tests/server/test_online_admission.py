@@ -1,10 +1,11 @@
-"""The online target's controller (`OnlineSlo`) on a virtual engine: the batch's room against online requests' times.
+"""The online target's controller (`OnlineAdmission`) on a virtual engine: the batch's quota against online requests'
+times.
 
 The engine here is a loop of steps on a virtual clock: each step gives every running online request a
 piece of text and every running batch line a token, and takes `step_s(sequences) + prefill_s x sequences
 that start in it`, the way a self-scheduling engine reads new prompts in the step that starts them. The
-batch lines are real `BatchRoom` holders (tasks that wait for room and hold it until their last token),
-so what is tested is the controller and its room, not a model of them.
+batch lines are real `BatchQuota` holders (tasks that wait for a place and hold it until their last token),
+so what is tested is the controller and its quota, not a model of them.
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ from typing import Any
 
 import pytest
 
-from flyteplugins_batcher.server._online_slo import (
+from flyteplugins_batcher.server._admission import (
     TICK_S,
+    OnlineAdmission,
     OnlineOverloadedError,
-    OnlineSlo,
     OnlineTarget,
     OnlineTimer,
 )
@@ -40,17 +41,17 @@ class Clock:
 
 @dataclass
 class Seen:
-    """What a run saw: online requests' times, refusals, and the room after every judgment."""
+    """What a run saw: online requests' times, refusals, and the quota after every judgment."""
 
     tpots: list[tuple[float, float]] = field(default_factory=list)  # (ended at, time per output token)
     ttfts: list[float] = field(default_factory=list)
     refused: list[int] = field(default_factory=list)  # the Retry-After of each refusal
-    rooms: list[tuple[float, int | None]] = field(default_factory=list)  # (at, room) after each judgment
+    quotas: list[tuple[float, int | None]] = field(default_factory=list)  # (at, quota) after each judgment
     lines_done: int = 0
     most_in_flight: int = 0  # the most batch lines let in at once
 
-    def rooms_between(self, since: float, until: float = math.inf) -> list[int | None]:
-        return [room for at, room in self.rooms if since <= at < until]
+    def quotas_between(self, since: float, until: float = math.inf) -> list[int | None]:
+        return [quota for at, quota in self.quotas if since <= at < until]
 
 
 @dataclass(eq=False)
@@ -71,7 +72,7 @@ class VirtualEngine:
     online request first (the server's batcher puts them first), then to the lines in the order they came.
     """
 
-    slo: OnlineSlo
+    admission: OnlineAdmission
     clock: Clock
     step_s: Callable[[int], float]
     prefill_s: float = 0.0
@@ -94,9 +95,9 @@ class VirtualEngine:
                 self._arrive()
             self._step()
             while next_tick <= self.clock.now:
-                self.slo.tick()
-                self.seen.rooms.append((self.clock.now, self.slo.room.limit))
-                self.seen.most_in_flight = max(self.seen.most_in_flight, self.slo.room.in_flight)
+                self.admission.tick()
+                self.seen.quotas.append((self.clock.now, self.admission.quota.limit))
+                self.seen.most_in_flight = max(self.seen.most_in_flight, self.admission.quota.in_flight)
                 next_tick += TICK_S
         for holder in holders:
             holder.cancel()
@@ -104,19 +105,19 @@ class VirtualEngine:
         return self.seen
 
     async def _line(self) -> None:
-        async with self.slo.room.admitted():
+        async with self.admission.quota.admit_line():
             line = Sequence(self.line_tokens, done=asyncio.Event())
             self._queue.append(line)
             assert line.done is not None
             await line.done.wait()
 
     async def _settle(self) -> None:
-        for _ in range(3):  # let lines given room enter, and finished ones leave
+        for _ in range(3):  # let lines given a place enter, and finished ones leave
             await asyncio.sleep(0)
 
     def _arrive(self) -> None:
         try:
-            self._queue.append(Sequence(self.online_tokens, timer=self.slo.admit()))
+            self._queue.append(Sequence(self.online_tokens, timer=self.admission.admit_online()))
         except OnlineOverloadedError as refusal:
             self.seen.refused.append(refusal.retry_after_s)
 
@@ -145,7 +146,7 @@ class VirtualEngine:
             self.seen.lines_done += 1
             return
         assert sequence.timer is not None
-        times = self.slo.finished(sequence.timer, tokens=self.online_tokens)
+        times = self.admission.finished(sequence.timer, tokens=self.online_tokens)
         assert times is not None
         self.seen.ttfts.append(times.ttft_s)
         if times.tpot_s is not None:
@@ -184,71 +185,71 @@ def drive(
     """A run on a fresh controller and engine; the controller knows the engine's slots and what it holds (its slots
     and a quarter more), as a server tells it, unless `slots_known` or `bounded` is false."""
     clock = Clock()
-    slo = OnlineSlo(target, clock=clock)
-    virtual = VirtualEngine(slo, clock, **engine)
+    admission = OnlineAdmission(target, clock=clock)
+    virtual = VirtualEngine(admission, clock, **engine)
     slots = virtual.max_sequences if slots_known else None
-    slo.set_engine(slots, math.ceil(1.25 * virtual.max_sequences) if bounded else None)
+    admission.set_engine(slots, math.ceil(1.25 * virtual.max_sequences) if bounded else None)
     return asyncio.run(virtual.run(seconds, arrivals, batch_lines=batch_lines, batch_at=batch_at))
 
 
-def room_cuts(seen: Seen) -> int:
-    rooms = [room for room in seen.rooms_between(0.0) if room is not None]
-    return sum(1 for before, after in itertools.pairwise(rooms) if after < before)
+def quota_cuts(seen: Seen) -> int:
+    quotas = [quota for quota in seen.quotas_between(0.0) if quota is not None]
+    return sum(1 for before, after in itertools.pairwise(quotas) if after < before)
 
 
-def test_the_prompts_read_after_the_room_grows_do_not_cut_it() -> None:
-    # Each line let in costs its first step 60 ms of prompt: a room that grows by 16 lines makes one step of
+def test_the_prompts_read_after_the_quota_grows_do_not_cut_it() -> None:
+    # Each line let in costs its first step 60 ms of prompt: a quota that grows by 16 lines makes one step of
     # about 1.2 s where the others take about 0.2 s. The target is on each request's time per output token
     # over its whole answer, which one such step moves little; judged over a few steps it would look missed.
     target = OnlineTarget(ttft_s=5.0, tpot_s=0.3)
     engine = {"step_s": cpu_like, "prefill_s": 0.06, "max_sequences": 256}
     seen = drive(target, 120.0, poisson(0.5, 0.0, 120.0), batch_lines=400, **engine)
-    assert room_cuts(seen) <= 1, f"the room was cut {room_cuts(seen)} times with the target held"
+    assert quota_cuts(seen) <= 1, f"the quota was cut {quota_cuts(seen)} times with the target held"
     assert p99([tpot for _, tpot in seen.tpots]) <= target.tpot_s
-    assert max(room for room in seen.rooms_between(0.0) if room is not None) >= 20  # it grew to what the target allows
+    assert max(q for q in seen.quotas_between(0.0) if q is not None) >= 20  # it grew to what the target allows
 
 
-def test_the_room_leaves_the_engine_slots_for_online_requests() -> None:
+def test_the_quota_leaves_the_engine_slots_for_online_requests() -> None:
     target = OnlineTarget(ttft_s=5.0, tpot_s=0.3)
     engine = {"step_s": cpu_like, "prefill_s": 0.03, "max_sequences": 32}
     known = drive(target, 120.0, poisson(0.5, 0.0, 120.0), batch_lines=400, **engine)
-    rooms = [room for room in known.rooms_between(0.0) if room is not None]
-    assert max(rooms) <= 32 - 4  # at least the online requests in flight and a burst beyond them stay free
+    quotas = [quota for quota in known.quotas_between(0.0) if quota is not None]
+    assert max(quotas) <= 32 - 4  # at least the online requests in flight and a burst beyond them stay free
     unknown = drive(target, 120.0, poisson(0.5, 0.0, 120.0), batch_lines=400, slots_known=False, **engine)
-    assert max(room for room in unknown.rooms_between(0.0) if room is not None) > 32 - 4  # the slots held it
+    assert max(quota for quota in unknown.quotas_between(0.0) if quota is not None) > 32 - 4  # the slots held it
 
 
 def test_no_more_lines_go_in_than_the_engine_holds_so_a_cut_takes_hold_soon() -> None:
-    # A 2,000-line batch fills the engine alone for 30 s; then online requests come and the room is cut. Lines
+    # A 2,000-line batch fills the engine alone for 30 s; then online requests come and the quota is cut. Lines
     # let in cannot be taken back: the cut takes hold once those in flight are down to it.
     target = OnlineTarget(ttft_s=3.0, tpot_s=0.3)
     arrivals = poisson(0.5, 30.0, 150.0)
     engine = {"step_s": cpu_like, "prefill_s": 0.01, "line_tokens": 60}
     held = drive(target, 150.0, arrivals, batch_lines=2000, batch_at=0.0, **engine)
     assert held.most_in_flight <= 40  # the engine's 32 slots and a quarter more
-    assert len(set(held.rooms_between(60.0))) > 1  # judged and moved again once the engine's lines were down to it
+    assert len(set(held.quotas_between(60.0))) > 1  # judged and moved again once the engine's lines were down to it
     unbounded = drive(target, 150.0, arrivals, batch_lines=2000, batch_at=0.0, bounded=False, **engine)
     assert unbounded.most_in_flight > 1000  # every line let in while no online request came
-    assert len(set(unbounded.rooms_between(60.0))) == 1  # still waiting for them to drain below its cut
+    assert len(set(unbounded.quotas_between(60.0))) == 1  # still waiting for them to drain below its cut
 
 
-def test_the_room_shrinks_when_online_load_rises_and_the_target_holds_again() -> None:
+def test_the_quota_shrinks_when_online_load_rises_and_the_target_holds_again() -> None:
     target = OnlineTarget(ttft_s=3.0, tpot_s=0.15)
     arrivals = poisson(0.3, 0.0, 60.0) + poisson(0.6, 60.0, 150.0, seed=8)
     seen = drive(target, 150.0, arrivals, batch_lines=400, step_s=cpu_like, prefill_s=0.01, line_tokens=300)
-    before = max(room for room in seen.rooms_between(40.0, 75.0) if room is not None)
-    after = [room for room in seen.rooms_between(110.0) if room is not None]
-    assert after and max(after) < before  # more online requests: less room for the batch
+    before = max(quota for quota in seen.quotas_between(40.0, 75.0) if quota is not None)
+    after = [quota for quota in seen.quotas_between(110.0) if quota is not None]
+    assert after and max(after) < before  # more online requests: a smaller quota for the batch
     late = [tpot for ended, tpot in seen.tpots if ended > 90.0]
     assert late and p99(late) <= target.tpot_s
     assert seen.lines_done > 0  # slowed, never stopped
 
 
-def test_the_room_is_given_back_once_online_requests_stop() -> None:
+def test_the_quota_is_given_back_once_online_requests_stop() -> None:
     target = OnlineTarget(ttft_s=3.0, tpot_s=0.15)
     seen = drive(target, 80.0, poisson(0.5, 0.0, 30.0), batch_lines=400, step_s=cpu_like)
-    assert any(room is not None for room in seen.rooms_between(10.0, 30.0))  # bounded while they came
-    assert seen.rooms_between(70.0) and all(room is None for room in seen.rooms_between(70.0))
+    assert any(quota is not None for quota in seen.quotas_between(10.0, 30.0))  # bounded while they came
+    assert seen.quotas_between(70.0) and all(quota is None for quota in seen.quotas_between(70.0))
 
 
 def test_online_requests_alone_over_the_target_are_refused_with_a_retry_after_and_then_served_again() -> None:
@@ -268,7 +269,7 @@ def test_online_requests_alone_over_the_target_are_refused_with_a_retry_after_an
 @pytest.mark.parametrize("seconds", [0.0, -1.0])
 def test_a_target_is_seconds_at_least_zero(seconds: float) -> None:
     if seconds < 0:
-        with pytest.raises(ValueError, match="online SLOs must be >= 0"):
+        with pytest.raises(ValueError, match="online_ttft_slo_s and online_tpot_slo_s must be >= 0"):
             OnlineTarget(ttft_s=seconds)
     else:
         assert not OnlineTarget(ttft_s=seconds).is_set

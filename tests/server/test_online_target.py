@@ -1,5 +1,5 @@
 """The online latency target in a real server: 429s with a true `Retry-After` when online requests alone are too
-many, the batch's room taken while online requests come and given back when they stop, and a stream's headers
+many, the batch's quota taken while online requests come and given back when they stop, and a stream's headers
 before its answer on an engine that answers whole records (Transformers), with keep-alive comments meanwhile."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from tests.server.conftest import RunningServer, chat_line, jsonl, openai, simul
 pytestmark = pytest.mark.slow
 
 MESSAGES = [{"role": "user", "content": "hi"}]
-ROOM = "batcher_online_slo_batch_room{}"
+QUOTA = "batcher_online_slo_batch_quota{}"
 IN_FLIGHT = "batcher_online_slo_batch_lines_in_flight{}"
 
 
@@ -72,12 +72,12 @@ def test_too_many_online_requests_get_429_with_a_retry_after_that_holds(start) -
     assert metrics["batcher_online_time_to_first_token_seconds_count{}"] >= len(answered)
 
 
-def _room(server: RunningServer) -> float | None:
-    """The batch's room in flight (`None`: any)."""
-    return server.metrics().get(ROOM)
+def _quota(server: RunningServer) -> float | None:
+    """The batch's quota of lines in flight (`None`: any)."""
+    return server.metrics().get(QUOTA)
 
 
-def test_the_batch_gives_room_to_online_requests_and_gets_it_back_when_they_stop(start) -> None:
+def test_the_batch_gives_its_quota_to_online_requests_and_gets_it_back_when_they_stop(start) -> None:
     engine = simulated(time_scale=1, gpu={"max_num_seqs": 64}, output_lengths={"mean": 64, "spread": 0})
     server = start(*engine, "--online-ttft-slo-s", "0.05", "--online-tpot-slo-s", "0.0085", "--max-new-tokens", "64")
     client = server.client()
@@ -85,15 +85,15 @@ def test_the_batch_gives_room_to_online_requests_and_gets_it_back_when_they_stop
     uploaded = client.files.create(file=("lines.jsonl", jsonl(lines)), purpose="batch")
     batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
     wait_for_batch(client, batch.id, until=lambda b: b.request_counts.completed > 0)
-    assert _room(server) is None  # no online request yet: the batch fills the engine
+    assert _quota(server) is None  # no online request yet: the batch fills the engine
     full = server.metrics()[IN_FLIGHT]
 
     stop = threading.Event()
-    rooms: list[float | None] = []
+    quotas: list[float | None] = []
 
     def watch() -> None:
         while not stop.is_set():
-            rooms.append(_room(server))
+            quotas.append(_quota(server))
             time.sleep(0.2)
 
     watcher = threading.Thread(target=watch)
@@ -103,14 +103,14 @@ def test_the_batch_gives_room_to_online_requests_and_gets_it_back_when_they_stop
     finally:
         stop.set()
         watcher.join()
-    taken = [room for room in rooms if room is not None]
-    assert taken and min(taken) < full / 2, f"room while online requests came: {rooms}, {full} lines alone"
+    taken = [quota for quota in quotas if quota is not None]
+    assert taken and min(taken) < full / 2, f"quota while online requests came: {quotas}, {full} lines alone"
     assert all(outcome[2] == "answered" for outcome in outcomes)
 
     deadline = time.monotonic() + 15
-    while _room(server) is not None and time.monotonic() < deadline:
+    while _quota(server) is not None and time.monotonic() < deadline:
         time.sleep(0.25)
-    assert _room(server) is None, "the room was not given back once online requests stopped"
+    assert _quota(server) is None, "the quota was not given back once online requests stopped"
     time.sleep(1.0)
     assert server.metrics()[IN_FLIGHT] > min(taken)  # the lines fill the engine again
     client.batches.cancel(batch.id)
