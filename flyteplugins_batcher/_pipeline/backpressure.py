@@ -57,7 +57,7 @@ class Backpressure:
             raise self._closed
 
     def refusal(self, batcher_name: str, records_per_s: float) -> QueueFullError:
-        """The error for a producer that will not wait for room: how full the room is, and when to come back."""
+        """The error for a producer that will not wait for room: how full the queue is, and when to come back."""
         depth = self._pending.size
         retry_after_s = max(1.0, depth / records_per_s) if records_per_s > 0 else 1.0
         return QueueFullError(

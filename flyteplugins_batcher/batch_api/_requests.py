@@ -42,7 +42,7 @@ class LineChecks(TypedDict, total=False):
             By default chat and completions; a job that also embeds passes `ENDPOINTS`.
         model_aliases: Other names a chat or completion line may give the served model: the model
             reference as the user gave it (a path, say), as `vllm run-batch --model PATH` accepts it.
-        context_length: The model's context, when known: a `max_tokens` that leaves no room in it for
+        context_length: The model's context, when known: a `max_tokens` that leaves no space in it for
             a prompt fails as `context_length_exceeded` here, before the request costs anything. 0: unknown.
         adapters: The LoRA adapters served beside the model (vLLM's `--lora-modules` names): a chat or
             completion line whose `model` names one runs with it (`BatchRequest.adapter`).

@@ -4,7 +4,7 @@ Each `step()` is one engine iteration, scheduled the way vLLM's (V1) scheduler d
 prefill: every decoding sequence gets its one token first; the step's remaining token budget
 (`max_num_batched_tokens`) then goes to prompts, first to the sequence whose prompt is part-way
 through, then to waiting requests in arrival order, each admitted while a sequence slot
-(`max_num_seqs`) and room in the KV cache remain. The KV cache is blocks with vLLM's automatic
+(`max_num_seqs`) and space in the KV cache remain. The KV cache is blocks with vLLM's automatic
 prefix caching (`_prefix_cache.py`): a request admitted finds its prompt's longest cached prefix
 there (a hit, even on blocks a request admitted earlier in the same step is computing, as in vLLM)
 and computes only the rest, so it costs fewer prefill tokens and less of the budget. A prompt
@@ -265,7 +265,7 @@ class ContinuousBatchScheduler:
             job = self._waiting[0]
             cached = self.cache.admit(job, job.block_hashes, prompt_tokens=job.prompt_tokens, footprint=job.footprint)
             if cached is None:
-                break  # no room in the KV cache: it waits, and those behind it too (first come, first served)
+                break  # no space in the KV cache: it waits, and those behind it too (first come, first served)
             self._waiting.popleft()
             to_compute = job.prompt_tokens - cached  # >= 1: the last prompt token is never a hit
             chunk = min(to_compute, budget - spent)

@@ -20,7 +20,7 @@ it and skips computing them. Where each rule comes from (vLLM 0.32, `vllm/v1/cor
   of N requests sharing a prefix admitted in one step, the first computes it and the others hit.
 - Hit blocks are pinned (`BlockPool.touch`: reference count + 1, out of the free queue); a block any
   running sequence holds is never evicted.
-- Room for a request: its new blocks plus its hit blocks that are free now (touching takes them out of the
+- Space for a request: its new blocks plus its hit blocks that are free now (touching takes them out of the
   free queue) must not exceed the free blocks (`SingleTypeKVCacheManager.get_num_blocks_to_allocate`).
 - Freeing: a request's blocks go back in reverse order, tail first (`SingleTypeKVCacheManager.free`); blocks
   without a hash go to the front of the free queue, blocks with one to its end (`BlockPool.free_blocks`).
@@ -73,7 +73,7 @@ class PrefixCacheStats:
         cached_tokens: Prompt tokens found cached, not computed (vLLM's `hits`): `hit_blocks` x `block_size`.
         hit_blocks: Full prompt blocks found cached.
         miss_blocks: Full prompt blocks computed (with caching on, each joins the cache).
-        evicted_blocks: Cached blocks whose content was dropped to make room.
+        evicted_blocks: Cached blocks whose content was dropped to make space.
     """
 
     requests: int = 0
@@ -175,7 +175,7 @@ class PrefixCache:
         return -(-tokens // self.block_size)
 
     def admit(self, sequence: Hashable, hashes: tuple[int, ...], *, prompt_tokens: int, footprint: int) -> int | None:
-        """Find the prompt's cached prefix and take every block of the sequence's footprint, if there is room.
+        """Find the prompt's cached prefix and take every block of the sequence's footprint, if there is space.
 
         Args:
             sequence: The sequence (a key, not held yet).

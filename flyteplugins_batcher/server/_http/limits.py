@@ -23,7 +23,7 @@ from flyteplugins_batcher.server._http.errors import APIError
 from flyteplugins_batcher.server._settings import ServerSettings
 
 MULTIPART_OVERHEAD = 64 * 1024
-"""Room for the multipart framing and the other fields of an upload, beyond the file itself."""
+"""Space for the multipart framing and the other fields of an upload, beyond the file itself."""
 
 
 UPLOAD_PATH = "/v1/files"
