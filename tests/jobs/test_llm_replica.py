@@ -67,8 +67,8 @@ LONG_ANSWERS = EngineSettings(
 
 
 @contextlib.asynccontextmanager
-async def always_room() -> AsyncIterator[None]:
-    """A line's room, given at once (as a server's online target gives it with no online request in sight)."""
+async def admit_at_once() -> AsyncIterator[None]:
+    """Admits a line at once (as a server's online target does with no online request in sight)."""
     yield
 
 
@@ -81,13 +81,13 @@ async def _steps_settled(engine: SimulatedEngine) -> int:
             return steps
 
 
-@pytest.mark.parametrize("admitted", [False, True], ids=["no-room", "room"])
+@pytest.mark.parametrize("admitted", [False, True], ids=["no-admission", "admitted"])
 @pytest.mark.parametrize("how", ["stop", "task-cancelled"])
 async def test_a_stopped_chunk_stops_its_running_lines_in_the_engine(admitted: bool, how: str) -> None:
     """A chunk stopped by its `stop` event (a server's cancelled batch) or cancelled as a task (a Flyte task
-    cancelled on a reusable replica) stops its lines in the engine, whether they waited for room (a server's
+    cancelled on a reusable replica) stops its lines in the engine, whether they waited to be admitted (a server's
     online target) or not: the engine makes a small part of their answers, not all of them."""
-    replica = LLMReplica(admit=always_room if admitted else None)
+    replica = LLMReplica(admit=admit_at_once if admitted else None)
     items = [RequestItem(f"r{n}", messages=[ChatMessage("user", f"Write story number {n}.")]) for n in range(LINES)]
     stop = asyncio.Event() if how == "stop" else None  # `infer_chunk` passes none
     try:
