@@ -154,6 +154,7 @@ class VLLMSupport(Engine):
         self._death_known = threading.Event()  # set once the watch thread has read how the process ended
         self._watching = False  # a watch thread reads how the engine process ends (vLLM's internals allowed it)
         self._closing = threading.Event()  # set while closing: the engine process ending then is no death
+        self._exit_grace_s = ENGINE_EXIT_GRACE_S  # 0 once this process exits (`_close_at_exit`)
 
     def _default_model_name(self) -> str:
         return model_display_name(self.model)
@@ -314,7 +315,7 @@ class VLLMEngine(VLLMSupport, BatchEngine):
         self._closing.set()
         llm, self._llm = self._llm, None
         if llm is not None:
-            shutdown_offline(llm)
+            shutdown_offline(llm, self._exit_grace_s)
         self._limits = self._vllm_config = None
         release_cuda_memory()
 
@@ -613,17 +614,20 @@ def quiet_engine_death_tracebacks() -> None:
 
 
 def _close_at_exit(engine_ref: weakref.ref[VLLMSupport]) -> None:
+    """Close an engine still loaded as this process exits, as `vllm run-batch` does (vLLM's `shutdown_timeout` 0):
+    its engine process is killed at once, since what it holds goes with it and no one waits for it any more."""
     engine = engine_ref()
     if engine is not None and engine.is_loaded:
         engine._closing.set()
+        engine._exit_grace_s = 0.0
         engine.close()
 
 
-def shutdown_offline(llm: Any) -> None:
+def shutdown_offline(llm: Any, grace_s: float = ENGINE_EXIT_GRACE_S) -> None:
     """Stop the engine-core process behind a `vllm.LLM` (best effort: its API is internal)."""
     shutdown = getattr(engine_core_client(llm), "shutdown", None)
     if callable(shutdown):
-        shutdown(timeout=ENGINE_EXIT_GRACE_S)
+        shutdown(timeout=grace_s)
 
 
 def release_cuda_memory() -> None:

@@ -23,7 +23,6 @@ from flyteplugins_batcher.engines._engine_errors import EngineDeadError, Request
 from flyteplugins_batcher.engines._prompts import PreparedPrompt
 from flyteplugins_batcher.engines.vllm._deltas import StreamedSamples, abort_when_cancelled
 from flyteplugins_batcher.engines.vllm._engine import (
-    ENGINE_EXIT_GRACE_S,
     VLLMMode,
     VLLMSupport,
     completion,
@@ -95,7 +94,7 @@ class VLLMStreamEngine(VLLMSupport, StreamingEngine):
         if loop is not None:
             if llm is not None:
                 try:
-                    loop.call(_shutdown(llm), timeout=60)
+                    loop.call(_shutdown(llm, self._exit_grace_s), timeout=60)
                 except Exception as error:  # a dead engine may not shut down cleanly; its process is gone anyway
                     self._dead.set()
                     del error
@@ -162,5 +161,5 @@ async def _start_async_llm(model: str, engine_args: dict[str, Any], stat_loggers
     )
 
 
-async def _shutdown(llm: Any) -> None:
-    llm.shutdown(timeout=ENGINE_EXIT_GRACE_S)
+async def _shutdown(llm: Any, grace_s: float) -> None:
+    llm.shutdown(timeout=grace_s)
