@@ -72,11 +72,6 @@ class EmbedStats(EngineStats):
 
     truncated: int = 0
 
-    @property
-    def documents_per_s(self) -> float:
-        """Documents embedded per second in the model."""
-        return self.records / self.generate_time_s if self.generate_time_s else 0.0
-
 
 def model_reference() -> str:
     """`EMBED_MODEL`, or the bundled all-MiniLM-L6-v2's directory."""
