@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flyteplugins_batcher._errors import (
+    BatcherError,
     ProcessFnCancelledError,
     ResultCountError,
     UnrecoverableError,
@@ -59,7 +60,7 @@ class RunnerHooks:
     on_fatal: Callable[[BaseException, Batch], None]
 
 
-class _Fatal(Exception):
+class _Fatal(BatcherError):
     """Carries an error that ends the batcher out of a runner."""
 
     def __init__(self, error: BaseException) -> None:

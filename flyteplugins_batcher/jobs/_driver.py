@@ -30,7 +30,7 @@ from typing import IO, Any, Generic, Protocol, TypeVar
 import flyte.errors
 from flyte.io import File
 
-from flyteplugins_batcher import size_in_flight
+from flyteplugins_batcher import BatcherError, size_in_flight
 from flyteplugins_batcher.jobs._environments import ReplicaPool
 from flyteplugins_batcher.jobs._outputs import PublishError, WorkFolder
 from flyteplugins_batcher.jobs._report import Progress, final_html, print_report_location
@@ -123,7 +123,7 @@ class RunOptions:
         return "" if self.resume else uuid.uuid4().hex
 
 
-class UnrecoverableRunError(RuntimeError):
+class UnrecoverableRunError(BatcherError, RuntimeError):
     """A chunk failed in a way no retry can fix; the run stops with its message."""
 
 

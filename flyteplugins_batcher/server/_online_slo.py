@@ -43,6 +43,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from flyteplugins_batcher import BatcherError
+
 if TYPE_CHECKING:
     from flyteplugins_batcher.engines import Completion, DeltaListener, TokenLogprob
 
@@ -113,7 +115,7 @@ class OnlineTarget:
         return ", ".join(f"{name} {quantile} <= {seconds:g} s" for name, seconds in bounds if seconds > 0)
 
 
-class OnlineOverloadedError(Exception):
+class OnlineOverloadedError(BatcherError):
     """Online requests alone are more than the engine serves within their target: refuse this one (429).
 
     Attributes:

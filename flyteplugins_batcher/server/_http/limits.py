@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from flyteplugins_batcher import BatcherError
 from flyteplugins_batcher.server._http.errors import APIError
 from flyteplugins_batcher.server._settings import ServerSettings
 
@@ -62,7 +63,7 @@ def http_protocol() -> type[asyncio.Protocol] | str:
     return HeadLimitedHttpTools
 
 
-class BodyTooLarge(Exception):
+class BodyTooLarge(BatcherError):
     """Raised to the app by `receive` once the body has passed its limit; `BodyLimit` answers 413 in its place."""
 
 
