@@ -39,7 +39,6 @@ BatcherError                                from flyteplugins_batcher
 ├── RowError                                jobs, not exported  (also ValueError)
 ├── RunFailedError                          server, not exported  (also RuntimeError)
 ├── APIError                                server, not exported
-├── BodyTooLarge                            server, not exported
 ├── OnlineOverloadedError                   server, not exported
 ├── StateError                              server, not exported
 │   ├── Refused                             server, not exported
