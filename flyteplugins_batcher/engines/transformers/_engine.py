@@ -87,15 +87,12 @@ class TransformersEngine(BatchEngine):
         micro_batch_size: Most rows per `model.generate` call; a larger batch runs as several calls,
             each over prompts of similar length so that little is padded. `None` runs the whole
             batch at once.
-        generation: Generation settings; `seed` (when sampling) reseeds torch's global RNG before
-            every pass, so the same batch samples the same completions.
-        system_prompt: Prepended as a system message when the chat template is used.
-        chat_template: Use the tokenizer's chat template; `None` means "when it has one".
         trust_remote_code: Passed to `from_pretrained`, for models that ship their own code.
         model_kwargs: Extra keyword arguments for `AutoModelForCausalLM.from_pretrained`.
-        model_name: The name results carry; by default the model reference.
-        lora_modules: LoRA adapters by name (name -> PEFT adapter folder), loaded with the model
-            (needs `peft`: `pip install 'flyteplugins-batcher[transformers]'`).
+        **options: `generation`, `system_prompt`, `chat_template`, `model_name`, `lora_modules`, as for
+            every `Engine`. Here a `generation` `seed` (when sampling) reseeds torch's global RNG
+            before every pass, so the same batch samples the same completions, and the LoRA adapters
+            load with the model (they need `peft`: `pip install 'flyteplugins-batcher[transformers]'`).
 
     Example:
         ```python
