@@ -186,7 +186,7 @@ class BusyClock:
 class BatchClock(BusyClock):
     """The batcher's busy clock, which also puts each call of the process function on the batcher's timeline.
 
-    It reads what the runner hands it (the call's records, their cost, its results) and writes only
+    It reads what the runner hands it (how many records a call took, their cost, its results) and writes only
     its own figures: the runner keeps its batch's.
 
     Example:
