@@ -11,7 +11,7 @@ What a user's script does, with nothing of our engines in it: load SmolLM2-135M-
    docs show.
 
 The model runs on the main thread in 1 and on a worker thread in 2, so this is where a second pool
-of OpenMP threads would show (see `flyteplugins_batcher/_process/openmp.py`). The ways take turns for
+of OpenMP threads would show (see `flyteplugins_batcher/_pipeline/openmp.py`). The ways take turns for
 `--rounds` rounds in this one process (no other model in it, so no other thread holds a pool), and
 each shows its median round. Greedy, float32, 2 torch threads.
 

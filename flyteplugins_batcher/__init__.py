@@ -35,8 +35,8 @@ from flyteplugins_batcher._measure.observers import BatchObserver
 from flyteplugins_batcher._measure.stats import BatchStats, BusyClock
 from flyteplugins_batcher._measure.timeline import Timeline
 from flyteplugins_batcher._pipeline.invoke import BlockingProcessFnWarning
+from flyteplugins_batcher._pipeline.openmp import release_openmp_pool
 from flyteplugins_batcher._process.device_monitor import DeviceMonitor
-from flyteplugins_batcher._process.openmp import release_openmp_pool
 from flyteplugins_batcher._process.sizing import InFlight, size_in_flight
 from flyteplugins_batcher._settings import BatcherOptions, BatcherSettings
 from flyteplugins_batcher._token_batcher import TokenBatcher

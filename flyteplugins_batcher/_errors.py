@@ -1,23 +1,83 @@
-"""Exceptions raised by the batchers, and the notes that tie an error to the record it hit."""
+"""The package's errors, drawn as one tree, and the notes that tie an error to the record it hit.
+
+Every error the package raises is a `BatcherError`: `except BatcherError` catches any of them. Each
+part's errors hang under it, defined beside the code that raises them, and each keeps the built-in
+class it has always had (`except ValueError` still catches an `InvalidPromptError`). `from ...`
+says where a public one is imported from; one not exported stays inside its part (the server answers
+its own in OpenAI's error shape). The warnings (`BlockingProcessFnWarning`,
+`ReplicaStarvationWarning`) are not errors. `tests/package/test_error_tree.py` checks that this
+drawing is the tree in the code:
+
+```text
+BatcherError                                from flyteplugins_batcher
+├── BatcherNotRunningError                  from flyteplugins_batcher  (also RuntimeError)
+├── BatcherClosedError                      from flyteplugins_batcher  (also RuntimeError)
+├── QueueFullError                          from flyteplugins_batcher  (also RuntimeError)
+├── BatcherFailedError                      from flyteplugins_batcher  (also RuntimeError)
+├── UnrecoverableError                      from flyteplugins_batcher  (also RuntimeError)
+│   └── EngineDeadError                     from flyteplugins_batcher.engines
+├── RecordExpiredError                      from flyteplugins_batcher  (also TimeoutError)
+├── CostBudgetExceededError                 from flyteplugins_batcher  (also ValueError)
+├── ResultCountError                        from flyteplugins_batcher  (also ValueError)
+├── ProcessFnCancelledError                 from flyteplugins_batcher  (also RuntimeError)
+├── EmptyDocumentError                      from flyteplugins_batcher.engines  (also ValueError)
+├── InvalidPromptError                      from flyteplugins_batcher.engines  (also ValueError)
+│   ├── ContextLengthExceededError          from flyteplugins_batcher.engines
+│   ├── InvalidResponseFormatError          from flyteplugins_batcher.engines
+│   ├── UnsupportedSettingError             engines, not exported
+│   └── UnknownAdapterError                 engines, not exported
+├── EngineConfigError                       from flyteplugins_batcher.engines
+│   ├── ModelNotFoundError                  from flyteplugins_batcher.engines  (also FileNotFoundError)
+│   └── InvalidModelReferenceError          from flyteplugins_batcher.engines  (also ValueError)
+├── EngineNotLoadedError                    from flyteplugins_batcher.engines  (also RuntimeError)
+├── RequestCancelledError                   from flyteplugins_batcher.engines
+├── JSONBoundsError                         from flyteplugins_batcher.batch_api  (also ValueError)
+├── RequestLineError                        from flyteplugins_batcher.batch_api
+├── UnrecoverableRunError                   from flyteplugins_batcher.jobs  (also RuntimeError)
+├── OutputDirError                          jobs, not exported  (also ValueError)
+├── PublishError                            jobs, not exported  (also RuntimeError)
+├── RowError                                jobs, not exported  (also ValueError)
+├── OnlineOverloadedError                   server, not exported
+├── RunFailedError                          server, not exported  (also RuntimeError)
+├── APIError                                server, not exported
+├── StateError                              server, not exported
+│   ├── Refused                             server, not exported
+│   ├── NotFound                            server, not exported
+│   └── TooLarge                            server, not exported
+└── LeaseLost                               server, not exported
+```
+"""
 
 from __future__ import annotations
 
 import contextlib
 
 
-class BatcherError(RuntimeError):
-    """Base class of the errors the batcher itself raises."""
+class BatcherError(Exception):
+    """The root of every error the package raises (the tree above): `except BatcherError` catches them all.
+
+    Each error under it also keeps its built-in class: the batcher's own refusals are
+    `RuntimeError`s, a bad record or setting a `ValueError`, an expired record a `TimeoutError`.
+
+    Example:
+        ```python
+        try:
+            results = await batcher.run(prompts)
+        except BatcherError as error:  # the batcher, an engine, a request line, a job: any of the package's
+            print(f"{type(error).__name__}: {error}")
+        ```
+    """
 
 
-class BatcherNotRunningError(BatcherError):
+class BatcherNotRunningError(BatcherError, RuntimeError):
     """`submit` was called before `start()` (or outside `async with`)."""
 
 
-class BatcherClosedError(BatcherError):
+class BatcherClosedError(BatcherError, RuntimeError):
     """The batcher is stopping or stopped, so it takes no new records."""
 
 
-class QueueFullError(BatcherError):
+class QueueFullError(BatcherError, RuntimeError):
     """`submit(..., wait_for_room=False)` found the queue full (backpressure, without the wait).
 
     A server turns it into `429 Too Many Requests`; `retry_after_s` estimates when there will be room.
@@ -34,7 +94,7 @@ class QueueFullError(BatcherError):
         self.retry_after_s = retry_after_s
 
 
-class BatcherFailedError(BatcherError):
+class BatcherFailedError(BatcherError, RuntimeError):
     """The batcher died (a `BaseException` escaped the process function or its own loop).
 
     Every record that was not yet resolved, and every later `submit`, gets this error; the
@@ -42,7 +102,7 @@ class BatcherFailedError(BatcherError):
     """
 
 
-class UnrecoverableError(BatcherError):
+class UnrecoverableError(BatcherError, RuntimeError):
     """Raised by a process function when no later batch can succeed either (the model or device is gone).
 
     The batcher then stops running batches: every queued and in-flight record fails with this
@@ -59,19 +119,19 @@ class UnrecoverableError(BatcherError):
     """
 
 
-class RecordExpiredError(TimeoutError):
+class RecordExpiredError(BatcherError, TimeoutError):
     """A record's `deadline_s` passed before it was dispatched; it never reached the process function."""
 
 
-class CostBudgetExceededError(ValueError):
+class CostBudgetExceededError(BatcherError, ValueError):
     """A record costs more than `target_batch_cost` and the batcher was built with `oversized="reject"`."""
 
 
-class ResultCountError(ValueError):
+class ResultCountError(BatcherError, ValueError):
     """The process function returned a different number of results than records it was given."""
 
 
-class ProcessFnCancelledError(RuntimeError):
+class ProcessFnCancelledError(BatcherError, RuntimeError):
     """The process function raised `asyncio.CancelledError` without the batcher cancelling it."""
 
 

@@ -99,3 +99,29 @@ def with_settings_signature(*, token_names: bool = False) -> Callable[[FunctionT
         return init
 
     return decorate
+
+
+def with_estimated_tokens(method: Callable[..., Any]) -> Callable[[FunctionT], FunctionT]:
+    """Decorate a `TokenBatcher` method that adds `estimated_tokens` to the `DynamicBatcher` `method` it overrides.
+
+    Its signature is `method`'s, with the override's `estimated_tokens` just before `estimated_cost`: the
+    other keywords are written once, on `method`, and the override passes them on as `**options`.
+
+    Example:
+        ```python
+        @with_estimated_tokens(DynamicBatcher.submit)
+        async def submit(self, record, *, estimated_tokens=None, estimated_cost=None, **options): ...
+        ```
+    """
+
+    def decorate(override: FunctionT) -> FunctionT:
+        signature = inspect.signature(method)
+        parameters = list(signature.parameters.values())
+        cost = [parameter.name for parameter in parameters].index("estimated_cost")
+        tokens = inspect.signature(override).parameters["estimated_tokens"]
+        override.__signature__ = signature.replace(  # type: ignore[attr-defined]
+            parameters=[*parameters[:cost], tokens, *parameters[cost:]]
+        )
+        return override
+
+    return decorate

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import Any
 
 from typing_extensions import Unpack
 
 from flyteplugins_batcher._batcher import DynamicBatcher
-from flyteplugins_batcher._keywords import TokenSettingsKeywords, with_settings_signature
+from flyteplugins_batcher._keywords import TokenSettingsKeywords, with_estimated_tokens, with_settings_signature
 from flyteplugins_batcher._pipeline.prefix import KeyFn
 from flyteplugins_batcher._settings import BatcherOptions, BatcherSettings, normalize_keywords
 from flyteplugins_batcher._types import CostEstimatorFn, ProcessFn, RecordT, ResultT
@@ -60,48 +61,31 @@ class TokenBatcher(DynamicBatcher[RecordT, ResultT]):
         values = normalize_keywords(settings, token_names_win=True)
         self._setup(fn, BatcherOptions(BatcherSettings(**values), token_estimator or cost_estimator, name, prefix_key))
 
+    @with_estimated_tokens(DynamicBatcher.submit)
     async def submit(
-        self,
-        record: RecordT,
-        *,
-        estimated_tokens: int | None = None,
-        estimated_cost: int | None = None,
-        priority: int = 0,
-        deadline_s: float | None = None,
-        wait_for_room: bool = True,
-        latency_slo_s: float | None = None,
+        self, record: RecordT, *, estimated_tokens: int | None = None, estimated_cost: int | None = None, **options: Any
     ) -> asyncio.Future[ResultT]:
         """Queue one record for batched inference; returns a future for its result (see `DynamicBatcher.submit`).
 
-        `estimated_tokens` is its cost by its token name, and wins over `estimated_cost`.
+        `estimated_tokens` is its cost by its token name, and wins over `estimated_cost`; the other
+        keywords are `DynamicBatcher.submit`'s.
         """
-        return await super().submit(
-            record,
-            estimated_cost=estimated_tokens if estimated_tokens is not None else estimated_cost,
-            priority=priority,
-            deadline_s=deadline_s,
-            wait_for_room=wait_for_room,
-            latency_slo_s=latency_slo_s,
-        )
+        cost = estimated_tokens if estimated_tokens is not None else estimated_cost
+        return await super().submit(record, estimated_cost=cost, **options)
 
+    @with_estimated_tokens(DynamicBatcher.submit_batch)
     async def submit_batch(
         self,
         records: Sequence[RecordT],
         *,
         estimated_tokens: Sequence[int] | None = None,
         estimated_cost: Sequence[int] | None = None,
-        priority: int = 0,
-        deadline_s: float | None = None,
-        latency_slo_s: float | None = None,
+        **options: Any,
     ) -> list[asyncio.Future[ResultT]]:
         """Submit several records; their futures in order (see `DynamicBatcher.submit_batch`).
 
-        `estimated_tokens`, per-record token counts as long as `records`, wins over `estimated_cost`.
+        `estimated_tokens`, per-record token counts as long as `records`, wins over `estimated_cost`;
+        the other keywords are `DynamicBatcher.submit_batch`'s.
         """
-        return await super().submit_batch(
-            records,
-            estimated_cost=estimated_tokens if estimated_tokens is not None else estimated_cost,
-            priority=priority,
-            deadline_s=deadline_s,
-            latency_slo_s=latency_slo_s,
-        )
+        costs = estimated_tokens if estimated_tokens is not None else estimated_cost
+        return await super().submit_batch(records, estimated_cost=costs, **options)

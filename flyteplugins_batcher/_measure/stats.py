@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from flyteplugins_batcher._deprecation import warn_deprecated
 from flyteplugins_batcher._measure.histogram import Distribution, LogHistogram
@@ -13,11 +13,6 @@ from flyteplugins_batcher._measure.observers import Observers
 from flyteplugins_batcher._measure.slo_stats import SloStats, SloTally
 from flyteplugins_batcher._measure.timeline import Timeline, TimelineRecorder, completion_tokens
 from flyteplugins_batcher._types import DispatchReason, RecordState, SettledOutcome
-
-if TYPE_CHECKING:
-    from flyteplugins_batcher._pipeline.envelope import Envelope
-    from flyteplugins_batcher._pipeline.staging import Batch
-
 
 DISPATCH_REASONS: tuple[DispatchReason, ...] = ("full", "budget", "timeout", "idle", "drain")
 
@@ -191,12 +186,15 @@ class BusyClock:
 class BatchClock(BusyClock):
     """The batcher's busy clock, which also puts each call of the process function on the batcher's timeline.
 
+    It reads what the runner hands it (how many records a call took, their cost, its results) and writes only
+    its own figures: the runner keeps its batch's.
+
     Example:
         ```python
         clock = BatchClock()
         started = clock.enter()
-        results = process_fn([envelope.record for envelope in batch.envelopes])
-        clock.exit_batch(started, batch.envelopes, batch, results)
+        results = process_fn(records)
+        device_s = clock.exit_call(started, len(records), cost, results)
         ```
     """
 
@@ -206,16 +204,17 @@ class BatchClock(BusyClock):
         super().__init__()
         self.timeline = TimelineRecorder()
 
-    def exit_batch(self, started: float, part: list[Envelope], batch: Batch, results: Any) -> None:
-        """`part` of `batch` (all of it, unless a failing batch was split) left the process function with `results`.
+    def exit_call(self, started: float, size: int, cost: int, results: Any) -> float:
+        """A call of `size` records costing `cost`, begun at `started`, left the process function with `results`.
 
         `results` is what the call returned (`None` when it raised).
+
+        Returns:
+            The call's seconds inside the process function.
         """
         ended = self.exit()
-        batch.device_s += ended - started  # what a latency target's controller learns from
-        batch.calls += 1
-        cost = batch.cost if part is batch.envelopes else sum(envelope.cost for envelope in part)
-        self.timeline.add(started, ended, len(part), cost, completion_tokens(results))
+        self.timeline.add(started, ended, size, cost, completion_tokens(results))
+        return ended - started
 
 
 class StatsRecorder:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flyteplugins_batcher._errors import (
+    BatcherError,
     ProcessFnCancelledError,
     ResultCountError,
     UnrecoverableError,
@@ -28,8 +29,8 @@ from flyteplugins_batcher._errors import (
 from flyteplugins_batcher._measure.stats import BatchClock
 from flyteplugins_batcher._pipeline.envelope import Envelope
 from flyteplugins_batcher._pipeline.invoke import BlockingStepMonitor, is_async_callable
+from flyteplugins_batcher._pipeline.openmp import release_openmp_pool
 from flyteplugins_batcher._pipeline.staging import Batch, StagingArea
-from flyteplugins_batcher._process.openmp import release_openmp_pool
 
 logger = logging.getLogger("flyteplugins_batcher")
 
@@ -59,7 +60,7 @@ class RunnerHooks:
     on_fatal: Callable[[BaseException, Batch], None]
 
 
-class _Fatal(Exception):
+class _Fatal(BatcherError):
     """Carries an error that ends the batcher out of a runner."""
 
     def __init__(self, error: BaseException) -> None:
@@ -209,7 +210,7 @@ class RunnerPool:
             except BaseException as error:  # KeyboardInterrupt and friends end the batcher
                 raise _Fatal(error) from error
             finally:
-                self._busy.exit_batch(started, part, batch, results)
+                self._time_call(batch, part, started, results)
             calls.answer(reply)
 
     async def _drive_async(self, batch: Batch, deliver: Deliver) -> None:
@@ -231,8 +232,14 @@ class RunnerPool:
             except BaseException as error:
                 raise _Fatal(error) from error
             finally:
-                self._busy.exit_batch(started, part, batch, results)
+                self._time_call(batch, part, started, results)
             calls.answer(reply)
+
+    def _time_call(self, batch: Batch, part: list[Envelope], started: float, results: Any) -> None:
+        """`part` of `batch` (all of it, unless a failing batch was split) left the process function with `results`."""
+        cost = batch.cost if part is batch.envelopes else sum(envelope.cost for envelope in part)
+        batch.device_s += self._busy.exit_call(started, len(part), cost, results)  # what a latency target learns from
+        batch.calls += 1
 
     def _attempts(
         self, envelopes: list[Envelope], deliver: Deliver

@@ -16,6 +16,8 @@ import math
 import re
 from typing import Any
 
+from flyteplugins_batcher import BatcherError
+
 MAX_DEPTH = 64
 """Most levels of arrays and objects one document may nest (a chat request needs about 6)."""
 
@@ -32,7 +34,7 @@ _NOT_A_BRACKET_OR_QUOTE = bytes(byte for byte in range(256) if byte not in b'[]{
 _AS_PARENTHESES = bytes.maketrans(b"[]{}", b"()()")
 
 
-class JSONBoundsError(ValueError):
+class JSONBoundsError(BatcherError, ValueError):
     """A JSON document that is not valid, or is outside the bounds a request may take; the message says which."""
 
 

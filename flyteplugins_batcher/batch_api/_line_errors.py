@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+from flyteplugins_batcher import BatcherError
 from flyteplugins_batcher.engines import InvalidPromptError
 
 ErrorCode = Literal[
@@ -22,7 +23,7 @@ ErrorCode = Literal[
 """Every code an error line can carry (see the `batch_api` module notes for what each means)."""
 
 
-class RequestLineError(Exception):
+class RequestLineError(BatcherError):
     """A request line that cannot run; it becomes one line of the errors file.
 
     Attributes:

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import abc
 import functools
+import inspect
 import json
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from flyteplugins_batcher import BatcherOptions, BatcherSettings
 from flyteplugins_batcher.engines._completion import Completion
@@ -47,6 +48,8 @@ from flyteplugins_batcher.engines._structured import check_generation
 
 if TYPE_CHECKING:
     from flyteplugins_batcher import TokenBatcher
+
+InitT = TypeVar("InitT", bound=Callable[..., None])
 
 _TOKENIZE_CACHE_SIZE = 8192
 """Rendered prompts whose token ids are kept: the batcher's estimate and `generate` each tokenize a record."""
@@ -377,6 +380,41 @@ class Engine(abc.ABC):
             name=options.name,
             prefix_key=options.prefix_key or prompt_prefix_key,
         )
+
+
+def engine_options() -> list[inspect.Parameter]:
+    """The keywords every engine takes, written once: `Engine.__init__`'s (`generation`, `system_prompt`, ...)."""
+    parameters = inspect.signature(Engine.__init__).parameters.values()
+    return [parameter for parameter in parameters if parameter.kind is parameter.KEYWORD_ONLY]
+
+
+def take_engine_options(arguments: dict[str, Any]) -> dict[str, Any]:
+    """Take the keywords every engine takes (`engine_options`) out of `arguments`, for `Engine.__init__`."""
+    return {option.name: arguments.pop(option.name) for option in engine_options() if option.name in arguments}
+
+
+def with_engine_options(init: InitT) -> InitT:
+    """Decorate an engine's `__init__` that hands `Engine`'s keywords on to it: its signature shows them.
+
+    The subclass takes them in its `**options` (replaced by them in its signature), or among further
+    keywords of its own (vLLM's `**engine_args`, kept after them), and passes them to `super().__init__`.
+
+    Example:
+        ```python
+        @with_engine_options
+        def __init__(self, model: str, *, device: str = "auto", **options: Any) -> None:
+            super().__init__(**options)
+        ```
+    """
+    signature = inspect.signature(init)
+    own = [parameter for parameter in signature.parameters.values() if parameter.kind is not parameter.VAR_KEYWORD]
+    rest = [
+        parameter
+        for parameter in signature.parameters.values()
+        if parameter.kind is parameter.VAR_KEYWORD and parameter.name != "options"
+    ]
+    init.__signature__ = signature.replace(parameters=[*own, *engine_options(), *rest])  # type: ignore[attr-defined]
+    return init
 
 
 def _checked(

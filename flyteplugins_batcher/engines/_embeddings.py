@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from flyteplugins_batcher import BatcherError
 from flyteplugins_batcher.engines._engine_stats import EngineStats
 from flyteplugins_batcher.engines._model_loading import loading_model
 from flyteplugins_batcher.engines._model_reference import model_display_name
@@ -45,7 +46,7 @@ def _default_batch_size() -> int:
     return 64 if _nvidia_gpu_visible() else 16
 
 
-class EmptyDocumentError(ValueError):
+class EmptyDocumentError(BatcherError, ValueError):
     """A document with no text: it has no embedding."""
 
 
@@ -71,11 +72,6 @@ class EmbedStats(EngineStats):
     """
 
     truncated: int = 0
-
-    @property
-    def documents_per_s(self) -> float:
-        """Documents embedded per second in the model."""
-        return self.records / self.generate_time_s if self.generate_time_s else 0.0
 
 
 def model_reference() -> str:

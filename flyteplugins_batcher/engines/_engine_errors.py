@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from flyteplugins_batcher import UnrecoverableError
+from flyteplugins_batcher import BatcherError, UnrecoverableError
 
 
 def shown(value: object, limit: int = 80) -> str:
@@ -20,7 +20,7 @@ InvalidPromptCode = Literal["invalid_prompt", "context_length_exceeded", "invali
 """The machine-readable reason an `InvalidPromptError` carries (`code`), as OpenAI's batch error lines name it."""
 
 
-class InvalidPromptError(ValueError):
+class InvalidPromptError(BatcherError, ValueError):
     """A record an engine cannot run (empty, too long for the context, wrong type).
 
     Engines return it in the record's place among the results, so only that record's future fails. Its
@@ -68,7 +68,7 @@ class UnknownAdapterError(InvalidPromptError):
     code: ClassVar[InvalidPromptCode] = "model_mismatch"
 
 
-class EngineConfigError(Exception):
+class EngineConfigError(BatcherError):
     """A configuration that cannot work, whatever the retry: a missing model, an unknown engine
     argument, a KV cache that does not fit. Raised before any long start-up where possible;
     workflows should fail at once instead of retrying."""
@@ -82,7 +82,7 @@ class InvalidModelReferenceError(EngineConfigError, ValueError):
     """The model reference is neither an existing path nor a possible Hugging Face hub id."""
 
 
-class EngineNotLoadedError(RuntimeError):
+class EngineNotLoadedError(BatcherError, RuntimeError):
     """The engine was used before `load()` (or after `close()`)."""
 
 
@@ -94,7 +94,7 @@ class EngineDeadError(UnrecoverableError):
     """
 
 
-class RequestCancelledError(Exception):
+class RequestCancelledError(BatcherError):
     """A record whose caller cancelled it (`Request.cancellation`): the engine stopped it, or never ran it.
 
     An engine returns it in the record's place among the results; `completion_tokens` says how many tokens the

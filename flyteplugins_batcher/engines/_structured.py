@@ -144,11 +144,6 @@ class Grammars:
         self._compiler: Any = None
         self._compiled: dict[tuple[str, str], Any] = {}
 
-    @property
-    def compiled_count(self) -> int:
-        """Distinct formats compiled so far."""
-        return len(self._compiled)
-
     def compiled(self, response_format: ResponseFormat) -> Any:
         """The compiled grammar for a format (compiled on first use, then cached).
 

@@ -30,7 +30,7 @@ from typing import IO, Any, Generic, Protocol, TypeVar
 import flyte.errors
 from flyte.io import File
 
-from flyteplugins_batcher import size_in_flight
+from flyteplugins_batcher import BatcherError, size_in_flight
 from flyteplugins_batcher.jobs._environments import ReplicaPool
 from flyteplugins_batcher.jobs._outputs import PublishError, WorkFolder
 from flyteplugins_batcher.jobs._report import Progress, final_html, print_report_location
@@ -123,7 +123,7 @@ class RunOptions:
         return "" if self.resume else uuid.uuid4().hex
 
 
-class UnrecoverableRunError(RuntimeError):
+class UnrecoverableRunError(BatcherError, RuntimeError):
     """A chunk failed in a way no retry can fix; the run stops with its message."""
 
 
@@ -135,8 +135,6 @@ Lane = tuple[str, str]
 class FanOutStats:
     """What the fan-out saw."""
 
-    chunks: int = 0
-    failed_chunks: int = 0
     wall_s: float = 0.0
     latest: dict[Lane, ReplicaSnapshot] = field(default_factory=dict)  # each lane's latest state
     first: dict[Lane, ReplicaSnapshot] = field(default_factory=dict)  # each lane's first state in this run
@@ -183,13 +181,11 @@ class FanOutStats:
         return amount / self.inference_s if self.inference_s > 0 else 0.0
 
     def record(self, outcome: Outcome | None, started: float, phase: Hashable = None) -> None:
-        """Count a finished chunk (`None`: it failed) and keep its lane's latest state, if this run computed it.
+        """Keep a finished chunk's lane's latest state, if this run computed it (`None`: the chunk failed).
 
         `phase`: the fan-out's phase when it was sent (`fan_out`'s `phase`).
         """
-        self.chunks += 1
         if outcome is None:
-            self.failed_chunks += 1
             return
         if outcome.finished_at < started:  # reused from an earlier run: no replica worked on it
             return

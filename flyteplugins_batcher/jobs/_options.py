@@ -109,20 +109,7 @@ def spread_options(func: TaskFunction) -> TaskFunction:
         "return": returns
     }
     with_option_sets.__doc__ = _docstring(func, option_sets)
-    with_option_sets.__option_sets__ = option_sets  # type: ignore[attr-defined]
     return with_option_sets
-
-
-def build_option_set(func: Callable[..., Any], cls: type, inputs: dict[str, Any]) -> Any:
-    """The `cls` option set a spread task function builds from these inputs (what its body receives).
-
-    Raises:
-        TypeError: `func` takes no option set of that class.
-    """
-    for option_set in getattr(func, "__option_sets__", ()):
-        if option_set.cls is cls:
-            return option_set.build(dict(inputs))
-    raise TypeError(f"{getattr(func, '__name__', func)} takes no {cls.__name__} option set")
 
 
 def option_help(cls: type) -> dict[str, str]:

@@ -26,15 +26,17 @@ from urllib.parse import unquote
 import flyte
 from flyte.io import File
 
+from flyteplugins_batcher import BatcherError
+
 REMOTE_SCHEMES = ("s3", "gs", "abfs", "abfss")
 """URI schemes of the object stores Flyte writes to."""
 
 
-class OutputDirError(ValueError):
+class OutputDirError(BatcherError, ValueError):
     """`--output_dir` cannot receive the run's files; raised before any inference."""
 
 
-class PublishError(RuntimeError):
+class PublishError(BatcherError, RuntimeError):
     """Publishing a run's files failed at the end; they are still in the work folder, which the message names."""
 
 

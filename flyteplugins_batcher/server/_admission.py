@@ -60,6 +60,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from flyteplugins_batcher import BatcherError
+
 if TYPE_CHECKING:
     from flyteplugins_batcher.engines import Completion, DeltaListener, Engine, TokenLogprob
     from flyteplugins_batcher.replica import EngineSettings
@@ -182,7 +184,7 @@ class OnlineTarget:
         return ", ".join(f"{name} {quantile} <= {seconds:g} s" for name, seconds in bounds if seconds > 0)
 
 
-class OnlineOverloadedError(Exception):
+class OnlineOverloadedError(BatcherError):
     """Online requests alone are more than the engine serves within their target: refuse this one (429).
 
     Attributes:

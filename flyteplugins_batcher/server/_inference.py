@@ -107,7 +107,8 @@ class Inference:
         ```python
         inference = Inference(EngineSettings(engine="simulated"), embeddings=False)
         await inference.load()
-        completion = await inference.complete(request)
+        record = await inference.start(request)
+        completion = await record.future
         ```
     """
 
@@ -193,20 +194,6 @@ class Inference:
             await self.embedding_replica.load()
             for observer in self._embedding_observers:
                 self.embedding_replica.embed.add_observer(observer)
-
-    async def complete(self, request: BatchRequest) -> Completion:
-        """One online request's completion, batched with everything else in flight; cancelled if this is.
-
-        Raises:
-            QueueFullError: The batcher's queue is full (answer 429).
-            InvalidPromptError: The request cannot run (too long, a schema that does not compile, ...).
-            Exception: The engine failed (it died, say).
-        """
-        record = await self.start(request)
-        try:
-            return await record.future
-        finally:
-            record.cancel()
 
     def check(self, request: BatchRequest) -> None:
         """Raise the `InvalidPromptError` the engine would answer `request` with (`Engine.check`).

@@ -41,6 +41,14 @@ def test_methods_exist(method: str):
     assert isinstance(inspect.getattr_static(ours.DynamicBatcher, "is_running"), property)
 
 
+@pytest.mark.parametrize("method", ["submit", "submit_batch"])
+def test_token_batcher_takes_the_dynamic_batchers_keywords_and_estimated_tokens(method: str):
+    dynamic = list(inspect.signature(getattr(ours.DynamicBatcher, method)).parameters)
+    token = list(inspect.signature(getattr(ours.TokenBatcher, method)).parameters)
+    cost = dynamic.index("estimated_cost")
+    assert token == [*dynamic[:cost], "estimated_tokens", *dynamic[cost:]]
+
+
 def test_batch_stats_fields_and_utilization():
     theirs = flyte_module.BatchStats(busy_time_s=3.0, idle_time_s=1.0)
     mine = ours.BatchStats(busy_time_s=3.0, idle_time_s=1.0)

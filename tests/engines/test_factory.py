@@ -144,3 +144,21 @@ def test_uncached_hub_model_offline_fails_at_load_with_a_clear_message(monkeypat
         engine.load()
     assert "flyteplugins-batcher-tests/no-such-model" in str(raised.value)
     assert not engine.is_loaded
+
+
+@needs_transformers
+def test_every_engine_takes_the_keywords_engine_writes_once_and_passes_them_on():
+    import inspect
+
+    from flyteplugins_batcher.engines.simulated import SimulatedEngine
+    from flyteplugins_batcher.engines.transformers import TransformersEngine
+    from flyteplugins_batcher.engines.vllm import VLLMStreamEngine
+    from flyteplugins_batcher.engines.vllm._engine import VLLMSupport
+
+    shared = ["generation", "system_prompt", "chat_template", "model_name", "lora_modules"]
+    for engine in (SimulatedEngine, TransformersEngine, VLLMSupport):
+        assert [name for name in inspect.signature(engine).parameters if name in shared] == shared, engine
+    vllm = VLLMStreamEngine("m", system_prompt="Be brief.", model_name="served", max_model_len=64)
+    assert (vllm.system_prompt, vllm.model_name, vllm.engine_args) == ("Be brief.", "served", {"max_model_len": 64})
+    with pytest.raises(TypeError, match="max_model_len"):
+        SimulatedEngine(max_model_len=64)

@@ -5,15 +5,20 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from pathlib import Path
+import uuid
+from pathlib import Path, PurePosixPath
 
 import flyte
 import flyte.errors
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from flyte.io import File
 
 from flyteplugins_batcher.jobs import run_batch_file, solve_gsm8k
 from flyteplugins_batcher.jobs._outputs import Destination, OutputDirError, PublishError, WorkFolder
+from flyteplugins_batcher.jobs._table.publish import check_output, publish_parts
 
 NAMES = ("results.jsonl", "errors.jsonl")
 
@@ -88,6 +93,32 @@ def test_a_failed_publish_keeps_the_work_folder_and_names_it(tmp_path: Path):
 
     assert (work.path / "results.jsonl").read_text() == "kept\n"
     work.discard()
+
+
+def test_a_tables_parts_go_to_an_object_store_replacing_an_earlier_runs(tmp_path: Path):
+    uri = f"memory://bucket-{uuid.uuid4().hex[:8]}/out"
+    memory = fsspec.filesystem("memory")
+    memory.pipe(f"{uri}/part-000000009.parquet", b"an earlier run's part")
+    work = WorkFolder("table-test-", Destination(uri=uri))  # memory:// is no scheme check_output lets through
+    parts = [work.path / f"part-{n:09d}.parquet" for n in range(2)]
+    for n, part in enumerate(parts):
+        pq.write_table(pa.table({"n": [n]}), part)
+
+    assert asyncio.run(publish_parts(parts, work)) == uri
+    assert sorted(PurePosixPath(path).name for path in memory.ls(uri, detail=False)) == [
+        "part-000000000.parquet",
+        "part-000000001.parquet",
+    ]
+    assert not work.path.exists()  # published: the work folder is gone
+
+
+def test_a_tables_output_folder_may_hold_parts_and_hidden_files_but_nothing_else(tmp_path: Path):
+    for name in ("part-000000000.parquet", ".hidden", "_half_copied"):
+        (tmp_path / name).write_bytes(b"")
+    assert check_output(str(tmp_path)).folder == tmp_path.resolve()
+    (tmp_path / "notes.txt").write_text("not a part")
+    with pytest.raises(OutputDirError, match=r"holds files that are not this job's parts \(notes.txt\)"):
+        check_output(str(tmp_path))
 
 
 @pytest.mark.parametrize("workflow", [run_batch_file, solve_gsm8k], ids=["batch_jsonl", "batch_llm"])

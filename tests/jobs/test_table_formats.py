@@ -112,27 +112,6 @@ def test_a_folder_in_an_object_store(run_locally, tmp_path: Path):
     assert answered(run_locally, bucket, tmp_path).column("question").to_pylist() == questions
 
 
-def test_the_output_goes_to_an_object_store_replacing_an_earlier_runs_parts(tmp_path: Path):
-    import asyncio
-
-    from flyteplugins_batcher.jobs._outputs import Destination, OutputDirError, WorkFolder
-    from flyteplugins_batcher.jobs._table.publish import _refuse_foreign, _remote_names, publish_parts
-
-    uri = f"memory://bucket-{uuid.uuid4().hex[:8]}/out"
-    memory = fsspec.filesystem("memory")
-    memory.pipe(f"{uri}/part-000000009.parquet", b"an earlier run's part")
-    work = WorkFolder("table-test-", Destination(uri=uri))
-    parts = [work.path / f"part-{n:09d}.parquet" for n in range(2)]
-    for n, part in enumerate(parts):
-        pq.write_table(pa.table({"n": [n]}), part)
-
-    assert asyncio.run(publish_parts(parts, work)) == uri
-    assert sorted(_remote_names(uri)) == ["part-000000000.parquet", "part-000000001.parquet"]
-    assert not work.path.exists()  # published: the work folder is gone
-    with pytest.raises(OutputDirError, match=r"holds files that are not this job's parts \(notes.txt\)"):
-        _refuse_foreign(uri, ["part-000000000.parquet", "notes.txt", ".hidden"])
-
-
 # -- a flyte.io.DataFrame, and tables in memory --------------------------------------------------------------------
 
 env = flyte.TaskEnvironment("table_formats_test", depends_on=[table_driver_env])

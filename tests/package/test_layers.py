@@ -7,7 +7,11 @@ import is still a dependency, only a later one. The parts and their order, highe
 
 A part imports only parts below it, and only their public face: the part's package (for the core,
 `flyteplugins_batcher` itself) or a public subpackage of it (`flyteplugins_batcher.engines.vllm`),
-never a module or folder whose name starts with `_`. Inside a part, anything goes but a cycle.
+never a module or folder whose name starts with `_`. Inside a part, anything goes but a cycle, except
+in the core, which has floors of its own (`CORE_FLOORS`), highest first:
+
+    the package's face > _process > _batcher, _token_batcher > _pipeline > _measure > _types, _errors, _settings, ...
+
 Each public package's `__all__` names what it exports, no more and no less (as httpx's
 `test_exported_members` checks).
 """
@@ -31,6 +35,24 @@ PACKAGE = Path(flyteplugins_batcher.__file__).parent
 ROOT = "flyteplugins_batcher"
 RANKS = {"core": 0, "engines": 1, "images": 1, "batch_api": 2, "replica": 3, "jobs": 4, "server": 5, "cli": 6}
 """Each part's place: a part may import only parts of a lower rank."""
+CORE_FLOORS = {
+    "_types": 0,
+    "_errors": 0,
+    "_settings": 0,
+    "_keywords": 0,
+    "_deprecation": 0,
+    "_version": 0,
+    "_measure": 1,
+    "_pipeline": 2,
+    "_batcher": 3,
+    "_token_batcher": 3,
+    "_process": 4,
+}
+"""The core's floors, by its top private module or folder: a core module imports only its floor and those below.
+
+What every floor shares (record types, errors, settings) < what the batcher measured < a record's way
+< the batchers over it < what lives once per process; the package's `__init__`, its face, is above them all.
+"""
 
 
 @dataclass(frozen=True)
@@ -97,6 +119,12 @@ def is_public_face(module: str) -> bool:
     return not any(part.startswith("_") for part in module.split(".")[1:])
 
 
+def floor_of(module: str) -> int | None:
+    """A core module's floor (`CORE_FLOORS`); the package itself stands above every floor; `None`: it has none."""
+    parts = module.split(".")
+    return CORE_FLOORS.get(parts[1]) if len(parts) > 1 else max(CORE_FLOORS.values()) + 1
+
+
 def cycles(imports: list[Import]) -> list[str]:
     graph: dict[str, set[str]] = {}
     for found in imports:
@@ -123,6 +151,17 @@ def upward_imports(imports: list[Import]) -> list[str]:
         if part_of(found.importer) != part_of(found.imported)
         and RANKS[part_of(found.importer)] <= RANKS[part_of(found.imported)]
     ]
+
+
+def core_climbs(imports: list[Import]) -> list[str]:
+    """Imports inside the core from a lower floor to a higher one."""
+    climbs = []
+    for found in imports:
+        if part_of(found.importer) == part_of(found.imported) == "core":
+            below, above = floor_of(found.importer), floor_of(found.imported)
+            if below is not None and above is not None and below < above:
+                climbs.append(f"{found} (floor {below} may not import floor {above})")
+    return climbs
 
 
 def export_mismatches(module: types.ModuleType) -> list[str]:
@@ -163,6 +202,15 @@ def test_a_part_imports_another_only_through_its_public_face() -> None:
 
 def test_a_part_imports_only_the_parts_below_it() -> None:
     assert upward_imports(package_imports()) == []
+
+
+def test_the_core_imports_only_its_own_floor_and_those_below() -> None:
+    assert core_climbs(package_imports()) == []
+
+
+def test_every_module_of_the_core_has_a_floor() -> None:
+    core = [name for name in module_names(PACKAGE) if part_of(name) == "core"]
+    assert [name for name in core if floor_of(name) is None] == []
 
 
 def test_every_part_of_the_package_has_a_place_in_the_order() -> None:
@@ -232,6 +280,24 @@ def test_the_order_rule_catches_a_part_that_climbs() -> None:
     sideways = [Import("flyteplugins_batcher.engines._base", "flyteplugins_batcher.images", 2)]
     down = [Import("flyteplugins_batcher.cli._serve", "flyteplugins_batcher.server", 1)]
     assert len(upward_imports(climbing)) == 1 and len(upward_imports(sideways)) == 1 and upward_imports(down) == []
+
+
+def test_the_floor_rule_catches_the_core_climbing_inside_itself() -> None:
+    core = "flyteplugins_batcher"
+    measure_writes_pipeline = Import(f"{core}._measure.stats", f"{core}._pipeline.staging", 18)
+    runner_reaches_process = Import(f"{core}._pipeline.runners", f"{core}._process.openmp", 32)
+    down = [
+        Import(f"{core}._pipeline.dispatch", f"{core}._measure.stats", 19),
+        Import(f"{core}._process.batched", f"{core}._token_batcher", 17),
+        Import(core, f"{core}._process.shared", 60),
+        Import(f"{core}._token_batcher", f"{core}._batcher", 10),  # one floor
+    ]
+    assert core_climbs([measure_writes_pipeline, runner_reaches_process]) == [
+        f"{measure_writes_pipeline} (floor 1 may not import floor 2)",
+        f"{runner_reaches_process} (floor 2 may not import floor 4)",
+    ]
+    assert core_climbs([Import(f"{core}._types", core, 3)]) != []  # nothing below imports the face
+    assert core_climbs(down) == []
 
 
 def test_the_export_rule_catches_a_missing_name_and_an_unlisted_one() -> None:

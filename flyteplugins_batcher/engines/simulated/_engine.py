@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from flyteplugins_batcher import BatcherSettings
-from flyteplugins_batcher.engines._base import LoadedModel, Outcome, StreamingEngine
+from flyteplugins_batcher.engines._base import LoadedModel, Outcome, StreamingEngine, with_engine_options
 from flyteplugins_batcher.engines._completion import Completion, FinishReason, Sample, TokenLogprob
 from flyteplugins_batcher.engines._config import GenerationConfig
 from flyteplugins_batcher.engines._engine_errors import (
@@ -87,6 +87,7 @@ class SimulatedEngine(StreamingEngine):
 
     name = "simulated"
 
+    @with_engine_options
     def __init__(
         self,
         *,

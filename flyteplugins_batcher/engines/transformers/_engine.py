@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from flyteplugins_batcher import BatcherSettings
 from flyteplugins_batcher.engines import _install
-from flyteplugins_batcher.engines._base import BatchEngine, LoadedModel, Outcome
+from flyteplugins_batcher.engines._base import BatchEngine, LoadedModel, Outcome, with_engine_options
 from flyteplugins_batcher.engines._completion import Completion, Sample, TokenLogprob, trim_at_stop
 from flyteplugins_batcher.engines._config import GenerationConfig
 from flyteplugins_batcher.engines._engine_errors import (
@@ -87,15 +87,12 @@ class TransformersEngine(BatchEngine):
         micro_batch_size: Most rows per `model.generate` call; a larger batch runs as several calls,
             each over prompts of similar length so that little is padded. `None` runs the whole
             batch at once.
-        generation: Generation settings; `seed` (when sampling) reseeds torch's global RNG before
-            every pass, so the same batch samples the same completions.
-        system_prompt: Prepended as a system message when the chat template is used.
-        chat_template: Use the tokenizer's chat template; `None` means "when it has one".
         trust_remote_code: Passed to `from_pretrained`, for models that ship their own code.
         model_kwargs: Extra keyword arguments for `AutoModelForCausalLM.from_pretrained`.
-        model_name: The name results carry; by default the model reference.
-        lora_modules: LoRA adapters by name (name -> PEFT adapter folder), loaded with the model
-            (needs `peft`: `pip install 'flyteplugins-batcher[transformers]'`).
+        **options: `generation`, `system_prompt`, `chat_template`, `model_name`, `lora_modules`, as for
+            every `Engine`. Here a `generation` `seed` (when sampling) reseeds torch's global RNG
+            before every pass, so the same batch samples the same completions, and the LoRA adapters
+            load with the model (they need `peft`: `pip install 'flyteplugins-batcher[transformers]'`).
 
     Example:
         ```python
@@ -109,6 +106,7 @@ class TransformersEngine(BatchEngine):
     name = "transformers"
     counts_passes = True
 
+    @with_engine_options
     def __init__(
         self,
         model: str | os.PathLike[str] | None = None,
@@ -118,28 +116,18 @@ class TransformersEngine(BatchEngine):
         dtype: str | torch.dtype | None = None,
         num_threads: int | None = None,
         micro_batch_size: int | None = None,
-        generation: GenerationConfig | None = None,
-        system_prompt: str | None = None,
-        chat_template: bool | None = None,
         trust_remote_code: bool = False,
         model_kwargs: Mapping[str, Any] | None = None,
-        model_name: str | None = None,
-        lora_modules: Mapping[str, str] | None = None,
+        **options: Any,
     ) -> None:
         require_transformers()
-        if lora_modules:
+        if options.get("lora_modules"):
             _install.require("LoRA adapters", ("peft",), "pip install 'flyteplugins-batcher[transformers]' (peft)")
         if num_threads is not None and num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {num_threads}")
         if micro_batch_size is not None and micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
-        super().__init__(
-            generation=generation,
-            system_prompt=system_prompt,
-            chat_template=chat_template,
-            model_name=model_name,
-            lora_modules=lora_modules,
-        )
+        super().__init__(**options)
         self.model_source, self.gguf_file = _split_model_reference(model, gguf_file)
         self.device_request = device
         self.dtype_request = dtype

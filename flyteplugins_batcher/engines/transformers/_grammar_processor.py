@@ -53,11 +53,6 @@ class GrammarLogitsProcessor(LogitsProcessor):
         self._top_p = TopPLogitsWarper(top_p) if top_p < 1.0 else None
         self._started = False
 
-    @property
-    def constrained_rows(self) -> int:
-        """Rows still under a grammar (not finished, not released)."""
-        return sum(matcher is not None for matcher in self._matchers)
-
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         if len(self._matchers) != input_ids.shape[0]:
             raise ValueError(f"the processor has {len(self._matchers)} rows, the batch {input_ids.shape[0]}")

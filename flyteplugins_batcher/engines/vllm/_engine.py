@@ -37,7 +37,14 @@ from typing import Any, Literal
 
 from flyteplugins_batcher import BatcherSettings
 from flyteplugins_batcher.engines import _install
-from flyteplugins_batcher.engines._base import BatchEngine, Engine, LoadedModel, Outcome
+from flyteplugins_batcher.engines._base import (
+    BatchEngine,
+    Engine,
+    LoadedModel,
+    Outcome,
+    take_engine_options,
+    with_engine_options,
+)
 from flyteplugins_batcher.engines._completion import LOGPROB_FLOOR, Completion, FinishReason, Sample, TokenLogprob
 from flyteplugins_batcher.engines._config import GenerationConfig
 from flyteplugins_batcher.engines._engine_errors import EngineConfigError, EngineDeadError, InvalidResponseFormatError
@@ -125,24 +132,9 @@ class VLLMSupport(Engine):
     name = "vllm"
     mode: VLLMMode = "batch"
 
-    def __init__(
-        self,
-        model: str,
-        *,
-        generation: GenerationConfig | None = None,
-        system_prompt: str | None = None,
-        chat_template: bool | None = None,
-        model_name: str | None = None,
-        lora_modules: dict[str, str] | None = None,
-        **engine_args: Any,
-    ) -> None:
-        super().__init__(
-            generation=generation,
-            system_prompt=system_prompt,
-            chat_template=chat_template,
-            model_name=model_name,
-            lora_modules=lora_modules,
-        )
+    @with_engine_options
+    def __init__(self, model: str, **engine_args: Any) -> None:
+        super().__init__(**take_engine_options(engine_args))
         self.model = model
         self.engine_args = dict(engine_args)
         self._lora_requests: dict[str, Any] = {}  # by adapter name, made at load

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from flyteplugins_batcher import BatcherError
 from flyteplugins_batcher.batch_api import BatchRequest, RequestLineError, parse_request
 from flyteplugins_batcher.engines import GenerationConfig
 from flyteplugins_batcher.jobs._table.options import Row, RowFunction, TableOptions
@@ -25,7 +26,7 @@ _SHOWN_COLUMNS = 10
 """Columns a missing column's message names (a wide table's others are counted)."""
 
 
-class RowError(ValueError):
+class RowError(BatcherError, ValueError):
     """Why one row fails alone: a code, as a batch line's error has one, and what is wrong.
 
     Example:

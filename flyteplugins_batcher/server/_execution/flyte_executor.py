@@ -31,6 +31,7 @@ import logging
 import time
 from typing import Any
 
+from flyteplugins_batcher import BatcherError
 from flyteplugins_batcher.jobs import RunOptions, read_journal_segment
 from flyteplugins_batcher.server._execution.flyte_runs import (
     TERMINAL_PHASES,
@@ -52,7 +53,7 @@ ABORT_WAIT_S = 60.0
 """Longest wait, after aborting a run, for it to reach a final phase before the batch ends anyway."""
 
 
-class RunFailedError(RuntimeError):
+class RunFailedError(BatcherError, RuntimeError):
     """A batch's run failed; the message is for the batch's client (it names the run, and no internals)."""
 
 

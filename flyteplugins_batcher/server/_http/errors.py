@@ -19,7 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from flyteplugins_batcher import BatcherSettings, QueueFullError
+from flyteplugins_batcher import BatcherError, BatcherSettings, QueueFullError
 from flyteplugins_batcher.batch_api import RequestLineError
 from flyteplugins_batcher.server._admission import OnlineOverloadedError
 from flyteplugins_batcher.server._state.errors import NotFound, StateError, TooLarge
@@ -35,7 +35,7 @@ MAX_RETRY_AFTER_S = 60
 """The longest `Retry-After` a 429 gives: the official clients honour one up to a minute, past it they guess."""
 
 
-class APIError(Exception):
+class APIError(BatcherError):
     """A request the server answers with an error.
 
     Args:

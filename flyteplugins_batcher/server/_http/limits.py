@@ -62,10 +62,6 @@ def http_protocol() -> type[asyncio.Protocol] | str:
     return HeadLimitedHttpTools
 
 
-class BodyTooLarge(Exception):
-    """Raised to the app by `receive` once the body has passed its limit; `BodyLimit` answers 413 in its place."""
-
-
 class BodyLimit:
     """ASGI middleware: bound every request's body as it arrives (see the module notes).
 
@@ -87,22 +83,25 @@ class BodyLimit:
         if declared is not None and declared > limit.max_bytes:
             await limit.refusal().response()(scope, receive, send)  # refused unread
             return
-        stream = _CountedStream(limit.max_bytes, receive, send)
+        stream = _CountedStream(limit, receive, send)
         try:
             await self.app(scope, stream.receive, stream.send)
         except Exception:
             if not stream.over:
                 raise
-            # Past the limit, whatever the app made of the error `receive` raised is replaced by the 413.
+            # Past the limit, whatever the app made of the 413 `receive` raised is replaced by the 413 itself.
         if stream.over and not stream.started:
             await limit.refusal().response()(scope, receive, send)
 
 
 class _CountedStream:
-    """One request's `receive` and `send`: bytes counted, and the app's answer dropped once the limit is passed."""
+    """One request's `receive` and `send`: bytes counted, and the app's answer dropped once the limit is passed.
 
-    def __init__(self, max_bytes: int, receive: Receive, send: Send) -> None:
-        self.max_bytes = max_bytes
+    Past the limit, `receive` raises the limit's refusal (an `APIError` 413) to the app.
+    """
+
+    def __init__(self, limit: Limit, receive: Receive, send: Send) -> None:
+        self.limit = limit
         self.read = 0
         self.over = False
         self.started = False
@@ -111,13 +110,13 @@ class _CountedStream:
 
     async def receive(self) -> Message:
         if self.over:
-            raise BodyTooLarge(f"the body passed {self.max_bytes} bytes")
+            raise self.limit.refusal()
         message = await self._receive()
         if message["type"] == "http.request":
             self.read += len(message.get("body", b""))
-            if self.read > self.max_bytes:
+            if self.read > self.limit.max_bytes:
                 self.over = True
-                raise BodyTooLarge(f"the body passed {self.max_bytes} bytes")
+                raise self.limit.refusal()
         return message
 
     async def send(self, message: Message) -> None:

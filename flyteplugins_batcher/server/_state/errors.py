@@ -7,8 +7,10 @@ the class to a status (`flyteplugins_batcher/server/_http/errors.py`).
 
 from __future__ import annotations
 
+from flyteplugins_batcher import BatcherError
 
-class StateError(Exception):
+
+class StateError(BatcherError):
     """A request the batches' and files' state refuses.
 
     Args:

@@ -34,6 +34,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
+from flyteplugins_batcher import BatcherError
 from flyteplugins_batcher.replica import FinishedLine
 from flyteplugins_batcher.server._state.statuses import ACTIVE
 
@@ -81,7 +82,7 @@ _SCHEMA_LOCK = 7_310_517_223
 """The PostgreSQL advisory lock held while a replica creates or migrates the tables."""
 
 
-class LeaseLost(Exception):
+class LeaseLost(BatcherError):
     """This store no longer owns the batch it wrote to (another server took it over): the write was refused."""
 
     def __init__(self, batch_id: str) -> None:
