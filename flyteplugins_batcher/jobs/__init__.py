@@ -38,7 +38,7 @@ Example:
 from __future__ import annotations
 
 from flyteplugins_batcher.jobs._corpus.job import embed_corpus
-from flyteplugins_batcher.jobs._driver import RunOptions, UnrecoverableRunError, fan_out
+from flyteplugins_batcher.jobs._driver import UnrecoverableRunError, fan_out
 from flyteplugins_batcher.jobs._environments import embed_env, gpu_env
 from flyteplugins_batcher.jobs._gsm8k.job import gsm8k_driver_env, solve_gsm8k
 from flyteplugins_batcher.jobs._journal import read_journal_segment
@@ -46,6 +46,7 @@ from flyteplugins_batcher.jobs._jsonl.task import jsonl_driver_env, run_batch_fi
 from flyteplugins_batcher.jobs._replica_tasks import embed_requests, infer_chunk
 from flyteplugins_batcher.jobs._report import Progress
 from flyteplugins_batcher.jobs._reruns import retrying_reused_failures
+from flyteplugins_batcher.jobs._run_options import RunOptions
 from flyteplugins_batcher.jobs._summary import RunSummary
 from flyteplugins_batcher.jobs._table.processor import TableProcessor
 from flyteplugins_batcher.jobs._table.summary import TableSummary

@@ -1,4 +1,5 @@
-"""`RunSummary`: what a batch LLM run prints and returns; `ModelRun`: one base model's part of it.
+"""`RunSummary`: what a batch LLM run prints and returns; `ModelRun`: one base model's part of it; `Counts`: the
+running counts of a run's requests it is made from.
 
 `prompt_tokens_text` says a run's prompt tokens: how many, the share its engines found in their
 prefix caches, and the prefill tokens they computed.
@@ -90,3 +91,45 @@ def prompt_tokens_text(prompt_tokens: int, cached_tokens: int) -> str:
     """
     share = cached_share(prompt_tokens, cached_tokens)
     return f"{prompt_tokens:,} prompt tokens, {share:.0%} cached, {prompt_tokens - cached_tokens:,} computed"
+
+
+class Counts:
+    """Running counts of a run's requests, for its summary and live report.
+
+    The token counts (`fresh_tokens` generated, `fresh_prompt_tokens` read, `fresh_cached_tokens` of
+    those found in the engines' prefix caches) are the answers' that this run computed.
+    """
+
+    def __init__(self) -> None:
+        self.done = self.failed = self.fresh_answers = self.fresh_tokens = self.reused = self.retried = 0
+        self.fresh_prompt_tokens = self.fresh_cached_tokens = 0
+
+    def count(
+        self,
+        *,
+        failed: bool,
+        completion_tokens: int,
+        prompt_tokens: int = 0,
+        cached_tokens: int = 0,
+        fresh: bool = True,
+        retried: bool = False,
+    ) -> None:
+        """One request finished.
+
+        Args:
+            failed: It failed.
+            completion_tokens: The tokens it generated.
+            prompt_tokens: The prompt tokens the engine read for it.
+            cached_tokens: Of those, the ones its engine found in its prefix cache.
+            fresh: This run computed it (else its answer was reused from an earlier run).
+            retried: An earlier run had failed it, and this run sent it to the engine again.
+        """
+        self.done += 1
+        self.failed += failed
+        self.reused += not fresh
+        self.retried += retried
+        if fresh and not failed:
+            self.fresh_answers += 1
+            self.fresh_tokens += completion_tokens
+            self.fresh_prompt_tokens += prompt_tokens
+            self.fresh_cached_tokens += cached_tokens

@@ -22,9 +22,10 @@ from flyte.types import TypeEngine
 from flyteplugins_batcher.batch_api import BatchRequest
 from flyteplugins_batcher.engines import Completion, GenerationConfig, Sample
 from flyteplugins_batcher.jobs import RunSummary, TableSummary, run_batch_file, run_table
-from flyteplugins_batcher.jobs._driver import Counts, summary_line
+from flyteplugins_batcher.jobs._finish import summary_line
 from flyteplugins_batcher.jobs._gsm8k.job import Tally, _rows
 from flyteplugins_batcher.jobs._report import final_html
+from flyteplugins_batcher.jobs._summary import Counts
 from flyteplugins_batcher.jobs._table import summary as table_summary
 from flyteplugins_batcher.replica import (
     ChatMessage,

@@ -9,8 +9,9 @@ from dataclasses import replace
 from flyte.io import File
 
 from flyteplugins_batcher.jobs import RunOptions, RunSummary, fan_out
-from flyteplugins_batcher.jobs._driver import FanOutStats, occupancy_warning, summary_line
+from flyteplugins_batcher.jobs._driver import FanOutStats
 from flyteplugins_batcher.jobs._environments import ReplicaPool
+from flyteplugins_batcher.jobs._finish import occupancy_warning, summary_line
 from flyteplugins_batcher.jobs._report import final_html
 from flyteplugins_batcher.replica import (
     ChatMessage,

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import asyncio
 
-from flyteplugins_batcher.jobs._driver import RunOptions
 from flyteplugins_batcher.jobs._options import task_with_options
+from flyteplugins_batcher.jobs._run_options import RunOptions
 from flyteplugins_batcher.jobs._table.options import TableOptions
 from flyteplugins_batcher.jobs._table.summary import TableSummary
 from flyteplugins_batcher.jobs._table.task import table_driver_env

@@ -15,12 +15,14 @@ from typing import Any
 from flyte.io import DataFrame
 
 from flyteplugins_batcher.engines import EmbeddingModel
-from flyteplugins_batcher.jobs._driver import FanOutStats, RunOptions, check_failures, fan_out, occupancy_warning
+from flyteplugins_batcher.jobs._driver import FanOutStats, fan_out
 from flyteplugins_batcher.jobs._environments import EMBED_POOL, LLM_POOL, ReplicaPool
+from flyteplugins_batcher.jobs._finish import check_failures, occupancy_warning
 from flyteplugins_batcher.jobs._outputs import PublishError, WorkFolder
 from flyteplugins_batcher.jobs._replica_tasks import embed_requests, infer_chunk
 from flyteplugins_batcher.jobs._report import print_report_location
 from flyteplugins_batcher.jobs._reruns import retrying_reused_failures
+from flyteplugins_batcher.jobs._run_options import RunOptions
 from flyteplugins_batcher.jobs._table.job import TableJob
 from flyteplugins_batcher.jobs._table.options import TableOptions, row_function
 from flyteplugins_batcher.jobs._table.parts import TableParts, job_columns, unify_parts

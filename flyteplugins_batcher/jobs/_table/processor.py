@@ -9,8 +9,8 @@ from typing import Any
 import flyte
 from flyte.io import DataFrame
 
-from flyteplugins_batcher.jobs._driver import RunOptions
 from flyteplugins_batcher.jobs._environments import LLM_SIZING, embed_env, gpu_env
+from flyteplugins_batcher.jobs._run_options import RunOptions
 from flyteplugins_batcher.jobs._table.options import RowFunction, TableOptions
 from flyteplugins_batcher.jobs._table.summary import TableSummary
 from flyteplugins_batcher.replica import EngineSettings

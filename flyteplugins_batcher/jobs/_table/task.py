@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from flyte.io import DataFrame
 
-from flyteplugins_batcher.jobs._driver import RunOptions
 from flyteplugins_batcher.jobs._environments import LLM_SIZING, driver_environment, embed_env, gpu_env
 from flyteplugins_batcher.jobs._options import task_with_options
+from flyteplugins_batcher.jobs._run_options import RunOptions
 from flyteplugins_batcher.jobs._table.options import TableOptions
 from flyteplugins_batcher.jobs._table.summary import TableSummary
 from flyteplugins_batcher.replica import EngineSettings
