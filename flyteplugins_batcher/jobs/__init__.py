@@ -49,7 +49,6 @@ from flyteplugins_batcher.jobs._reruns import retrying_reused_failures
 from flyteplugins_batcher.jobs._run_options import RunOptions
 from flyteplugins_batcher.jobs._summary import RunSummary
 from flyteplugins_batcher.jobs._table.processor import TableProcessor
-from flyteplugins_batcher.jobs._table.summary import TableSummary
 from flyteplugins_batcher.jobs._table.task import run_table, table_driver_env
 
 __all__ = [
@@ -57,7 +56,6 @@ __all__ = [
     "RunOptions",
     "RunSummary",
     "TableProcessor",
-    "TableSummary",
     "UnrecoverableRunError",
     "embed_corpus",
     "embed_env",

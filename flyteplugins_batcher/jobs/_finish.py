@@ -18,7 +18,7 @@ from flyteplugins_batcher.jobs._environments import ReplicaPool
 from flyteplugins_batcher.jobs._outputs import PublishError, WorkFolder
 from flyteplugins_batcher.jobs._report import Progress, final_html, print_report_location
 from flyteplugins_batcher.jobs._run_options import RunOptions
-from flyteplugins_batcher.jobs._summary import Counts, ModelRun, RunSummary, prompt_tokens_text
+from flyteplugins_batcher.jobs._summary import Counts, ModelRun, RunSummary, model_line, summary_line
 
 logger = logging.getLogger("flyteplugins_batcher.jobs._finish")
 
@@ -58,33 +58,23 @@ async def finish_run(
     scored: int = 0,
     models: list[ModelRun] | None = None,
 ) -> RunSummary:
-    """Publish the results and errors files, show the final report, print the summary and report lines.
+    """Publish the results and errors files, then close the run (`close_run`): report, summary, warning.
 
-    With the replicas' `pool`, also print one warning when their engines were starved (`occupancy_warning`);
+    With the replicas' `pool`, the warning when their engines were starved (`occupancy_warning`);
     with `models` (a run that named several base models), a line per model.
 
     Raises:
         RuntimeError: Publishing failed (the message names the folder that holds the files), or more
             requests failed than `run.max_failed_fraction` allows (after all of the above).
     """
-    summary = RunSummary(
-        source=source,
-        requests=counts.done,
-        answered=counts.done - counts.failed,
-        failed=counts.failed,
-        reused=counts.reused,
-        retried=counts.retried,
-        accuracy=accuracy,
-        scored=scored,
-        load_time_s=fanned.load_time_s,
-        inference_s=fanned.inference_s,
-        requests_per_s=fanned.per_second(counts.fresh_answers),
-        output_tokens_per_s=fanned.per_second(counts.fresh_tokens),
-        prompt_tokens=counts.fresh_prompt_tokens,
-        cached_tokens=counts.fresh_cached_tokens,
+    summary = RunSummary.of(
+        source,
+        counts,
+        fanned,
         results=File(path=str(results)),
         errors=File(path=str(errors)),
-        occupancy=fanned.occupancy(),
+        accuracy=accuracy,
+        scored=scored,
         models=list(models or []),
     )
     unpublished: PublishError | None = None
@@ -93,16 +83,30 @@ async def finish_run(
     except PublishError as error:  # the files stay in the work folder, where the summary points
         unpublished = error
     warning = occupancy_warning(fanned, run, pool) if pool is not None else ""
-    await progress.finish(final_html(summary, fanned.replicas, warning, started_at=fanned.started_at or None))
-    _print_summary(summary, noun, warning)
-    if unpublished is not None:
-        raise unpublished
-    check_failures(summary.failed, summary.requests, run.max_failed_fraction, f"see {summary.errors.path}", noun)
+    await close_run(summary, fanned, progress, warning=warning, noun=noun, unpublished=unpublished)
+    where = summary.errors.path if summary.errors is not None else errors
+    check_failures(summary.failed, summary.requests, run.max_failed_fraction, f"see {where}", noun)
     return summary
 
 
-def _print_summary(summary: RunSummary, noun: str, warning: str) -> None:
-    """The summary line, a line per model (a run of several), the warning if any, and where the report is."""
+async def close_run(
+    summary: RunSummary,
+    fanned: FanOutStats,
+    progress: Progress,
+    *,
+    warning: str,
+    noun: str,
+    unpublished: PublishError | None,
+) -> None:
+    """Show the final report; print the summary line, a line per model (a run of several), the warning if any and
+    where the report is.
+
+    Raises:
+        PublishError: `unpublished`, the error publishing the run's output met (after all of the above).
+    """
+    await progress.finish(
+        final_html(summary, fanned.replicas, warning, noun=noun, started_at=fanned.started_at or None)
+    )
     print(summary_line(summary, noun), flush=True)
     for part in summary.models:
         print(model_line(part), flush=True)
@@ -110,30 +114,8 @@ def _print_summary(summary: RunSummary, noun: str, warning: str) -> None:
         logger.warning(warning)
         print(f"WARNING: {warning}", flush=True)
     print_report_location()
-
-
-def summary_line(summary: RunSummary, noun: str) -> str:
-    """The one line a run prints: outcome, throughput (model loading excluded) and where the results are."""
-    accuracy = f"accuracy {summary.accuracy:.1%} on {summary.scored} scored | " if summary.scored else ""
-    reused = f", {summary.reused} reused from an earlier run" if summary.reused else ""
-    reused += f", {summary.retried} retried" if summary.retried else ""
-    occupancy = f", engines {summary.occupancy:.0%} full" if summary.occupancy is not None else ""
-    return (
-        f"{accuracy}answered {summary.answered}/{summary.requests} {noun}, {summary.failed} failed{reused} | "
-        f"{summary.requests_per_s:.2f} {noun}/s, {summary.output_tokens_per_s:.0f} output tokens/s{occupancy} "
-        f"(inference {summary.inference_s:.1f} s, model load {summary.load_time_s:.1f} s) | "
-        f"{prompt_tokens_text(summary.prompt_tokens, summary.cached_tokens)} | "
-        f"results: {summary.results.path} | errors: {summary.errors.path}"
-    )
-
-
-def model_line(part: ModelRun) -> str:
-    """The line a run that named several base models prints for each: its lines, its load and its share of the run."""
-    failed = f", {part.failed} failed" if part.failed else ""
-    return (
-        f"model {part.model}: {part.requests} requests{failed} | model load {part.load_time_s:.1f} s | "
-        f"{part.wall_s:.1f} s, {part.share:.0%} of the run"
-    )
+    if unpublished is not None:
+        raise unpublished
 
 
 def occupancy_warning(fanned: FanOutStats, run: RunOptions, pool: ReplicaPool) -> str:
