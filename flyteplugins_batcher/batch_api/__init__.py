@@ -78,8 +78,7 @@ Example:
             except RequestLineError as error:
                 errors.write(json.dumps(error_line(error, request_number=number)) + "\\n")
                 continue
-            record = Request(request.prompt, request.generation(engine.generation), id=request.custom_id)
-            [outcome] = engine.generate([record])
+            [outcome] = engine.generate([request.engine_request(engine.generation)])
             if isinstance(outcome, Exception):
                 failure = RequestLineError(error_code(outcome), str(outcome), line=number, custom_id=request.custom_id)
                 errors.write(json.dumps(error_line(failure, request_number=number)) + "\\n")

@@ -20,7 +20,7 @@ from flyteplugins_batcher.batch_api._line_errors import RequestLineError
 from flyteplugins_batcher.batch_api._logprobs import chat_logprobs, completion_logprobs
 from flyteplugins_batcher.batch_api._messages import chat_messages, template_kwargs
 from flyteplugins_batcher.batch_api._tools import ToolUse, tool_use
-from flyteplugins_batcher.engines import GenerationConfig, TokenLogprob
+from flyteplugins_batcher.engines import GenerationConfig, Request, TokenLogprob
 
 Endpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]
 GENERATION_ENDPOINTS: tuple[str, ...] = ("/v1/chat/completions", "/v1/completions")
@@ -86,12 +86,7 @@ class BatchRequest:
         ```python
         request = parse_request_line(text, number)
         if isinstance(request, BatchRequest):
-            record = Request(
-                request.prompt,
-                request.generation(defaults),
-                id=request.custom_id,
-                chat_template=False if request.raw_prompt else None,
-            )
+            [outcome] = engine.generate([request.engine_request(engine.generation)])
         ```
     """
 
@@ -135,6 +130,22 @@ class BatchRequest:
             return replace(defaults, **self.settings)
         except (TypeError, ValueError) as error:
             raise RequestLineError("invalid_request", str(error), line=self.line, custom_id=self.custom_id) from None
+
+    def engine_request(self, defaults: GenerationConfig) -> Request:
+        """The engine `Request` for this request: its prompt, its settings over `defaults`, adapter, tools, keywords.
+
+        Raises:
+            RequestLineError: Its settings are out of the engine's range over `defaults` (`invalid_request`).
+        """
+        return Request(
+            self.prompt,
+            self.generation(defaults),
+            id=self.custom_id,
+            chat_template=False if self.raw_prompt else None,
+            adapter=self.adapter,
+            tools=[dict(tool) for tool in self.tools.tools] if self.tools is not None else None,
+            template_kwargs=self.template_kwargs or None,
+        )
 
 
 ParsedRequest = BatchRequest | EmbeddingRequest

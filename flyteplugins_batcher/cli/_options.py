@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import types
-import typing
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import docstring_parser
 import rich_click as click
+
+from flyteplugins_batcher.jobs import DeclaredOption
 
 OptionDecorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
@@ -76,25 +75,20 @@ def flag_name(name: str) -> str:
     return f"--{name.replace('_', '-')}"
 
 
-def option_for(name: str, annotation: Any, default: Any, help_text: str) -> click.Option:
+def option_for(option: DeclaredOption) -> click.Option:
     """A click option: bools as `--x/--no-x`, `int | None` as an optional int, the rest as typed."""
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        annotation = next(arg for arg in typing.get_args(annotation) if arg is not type(None))
-    flag, shown = flag_name(name), True if default is not None else "none"
-    if annotation is bool:
-        return click.Option([f"{flag}/--no-{flag[2:]}", name], default=default, help=help_text, show_default=shown)
-    kind = annotation if annotation in (int, float, str) else str
-    return click.Option([flag, name], type=kind, default=default, help=help_text, show_default=shown)
+    flag, shown = flag_name(option.name), True if option.default is not None else "none"
+    if option.kind is bool:
+        names = [f"{flag}/--no-{flag[2:]}", option.name]
+        return click.Option(names, default=option.default, help=option.help, show_default=shown)
+    kind = option.kind if option.kind in (int, float, str) else str
+    return click.Option([flag, option.name], type=kind, default=option.default, help=option.help, show_default=shown)
 
 
 def input_options(func: Callable[..., Any], *, skip: Iterable[str] = ()) -> OptionDecorator:
     """One option per input of `func` (a job's spread task function), less `skip`, with its default."""
-    described, hints, skipped = _documented(func, "param"), typing.get_type_hints(func), set(skip)
-    return _attach(
-        option_for(parameter.name, hints[parameter.name], parameter.default, described.get(parameter.name, ""))
-        for parameter in inspect.signature(func).parameters.values()
-        if parameter.name not in skipped
-    )
+    skipped = set(skip)
+    return _attach(option_for(option) for option in DeclaredOption.inputs_of(func) if option.name not in skipped)
 
 
 def setting_options(*classes: type) -> OptionDecorator:
@@ -104,13 +98,12 @@ def setting_options(*classes: type) -> OptionDecorator:
     class too. Which options the command line gave, `given_on_command_line` tells: the rest keep
     what the settings read from the environment (`BATCH_SERVE_*`), else their defaults.
     """
-    options = []
-    for cls in classes:
-        hints, described = typing.get_type_hints(cls), _documented(cls, "attribute")
-        for item in dataclasses.fields(cls):
-            if item.init and not dataclasses.is_dataclass(hints[item.name]):
-                options.append(option_for(item.name, hints[item.name], _field_default(item), described[item.name]))
-    return _attach(options)
+    return _attach(
+        option_for(option)
+        for cls in classes
+        for option in DeclaredOption.fields_of(cls)
+        if not dataclasses.is_dataclass(option.kind)
+    )
 
 
 def given_on_command_line(ctx: click.Context, values: dict[str, Any]) -> dict[str, Any]:
@@ -137,15 +130,3 @@ def _attach(options: Iterable[click.Option]) -> OptionDecorator:
         return command
 
     return decorate
-
-
-def _documented(documented: Any, section: str) -> dict[str, str]:
-    """The help of each input (`param`: a function's `Args:`) or field (`attribute`: a dataclass's `Attributes:`)."""
-    params = docstring_parser.parse(documented.__doc__ or "").params
-    return {param.arg_name: " ".join((param.description or "").split()) for param in params if param.args[0] == section}
-
-
-def _field_default(item: dataclasses.Field[Any]) -> Any:
-    if item.default_factory is not dataclasses.MISSING:
-        return item.default_factory()  # type: ignore[misc]
-    return item.default

@@ -104,4 +104,4 @@ def run_table_command(
     if task_type == "generate":
         preload(inputs)  # the model loads while flyte starts and the table is opened
     summary = run_locally(run_table, input=_located(input_table), output_dir=_output(output), **inputs)
-    click.echo(f"output: {summary.output.uri} ({summary.rows} rows, {summary.failed} failed)")
+    click.echo(f"output: {summary.output.uri} ({summary.requests} rows, {summary.failed} failed)")

@@ -19,8 +19,9 @@ process's `EmbeddingReplica`; both in `flyteplugins_batcher.replica`). Their siz
 
 The machinery is public too, for jobs of your own: `fan_out` (bounded chunks in flight, failures
 per chunk), `retrying_reused_failures` (reruns), `Progress` (the progress line and the live
-report), and `read_journal_segment` (a run's finished lines as it goes, for a follower such as the
-Batch API server).
+report), `read_journal_segment` (a run's finished lines as it goes, for a follower such as the
+Batch API server), and `DeclaredOption` (an option as a dataclass field or a task input declares it,
+with its help: what the command line's flags and the server's variables are read from).
 
 Example:
     ```python
@@ -38,25 +39,26 @@ Example:
 from __future__ import annotations
 
 from flyteplugins_batcher.jobs._corpus.job import embed_corpus
-from flyteplugins_batcher.jobs._driver import RunOptions, UnrecoverableRunError, fan_out
+from flyteplugins_batcher.jobs._driver import UnrecoverableRunError, fan_out
 from flyteplugins_batcher.jobs._environments import embed_env, gpu_env
 from flyteplugins_batcher.jobs._gsm8k.job import gsm8k_driver_env, solve_gsm8k
 from flyteplugins_batcher.jobs._journal import read_journal_segment
 from flyteplugins_batcher.jobs._jsonl.task import jsonl_driver_env, run_batch_file
+from flyteplugins_batcher.jobs._options import DeclaredOption
 from flyteplugins_batcher.jobs._replica_tasks import embed_requests, infer_chunk
 from flyteplugins_batcher.jobs._report import Progress
 from flyteplugins_batcher.jobs._reruns import retrying_reused_failures
+from flyteplugins_batcher.jobs._run_options import RunOptions
 from flyteplugins_batcher.jobs._summary import RunSummary
 from flyteplugins_batcher.jobs._table.processor import TableProcessor
-from flyteplugins_batcher.jobs._table.summary import TableSummary
 from flyteplugins_batcher.jobs._table.task import run_table, table_driver_env
 
 __all__ = [
+    "DeclaredOption",
     "Progress",
     "RunOptions",
     "RunSummary",
     "TableProcessor",
-    "TableSummary",
     "UnrecoverableRunError",
     "embed_corpus",
     "embed_env",

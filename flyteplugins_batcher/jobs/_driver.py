@@ -1,4 +1,4 @@
-"""The driver side of the workflows: fan chunks out to the replicas, keep what finishes, account for the rest.
+"""The driver side of the jobs: fan chunks out to the replicas, keep what finishes, account for the rest.
 
 Chunks are produced lazily and at most `max_in_flight` are outstanding, so a driver reading a
 million-line file holds a bounded amount of it. Each finished chunk is handed to the workflow's
@@ -7,43 +7,30 @@ after Flyte's retries is reported by its records, and the run goes on; a failure
 cannot fix (a missing model, say) stops the whole run at once with its message.
 
 Nothing here imports a workload (an engine, a model, a replica): `fan_out` takes any `infer`
-callable, a Flyte task or a plain async function.
-
-How full the replicas' engines were comes back with every chunk (`ReplicaSnapshot`): the run's
-summary and report give the engines' occupancy, and when it stayed below `LOW_OCCUPANCY` while
-chunks waited in the driver, the run prints one warning naming the setting to raise.
+callable, a Flyte task or a plain async function. What the fan-out saw (`FanOutStats`: each
+replica's latest state, model loads, how full the engines were) goes to the run's end
+(`flyteplugins_batcher/jobs/_finish.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import sys
 import time
-import uuid
 from collections.abc import AsyncIterable, Awaitable, Callable, Hashable
 from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import IO, Any, Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 import flyte.errors
-from flyte.io import File
 
-from flyteplugins_batcher import BatcherError, size_in_flight
-from flyteplugins_batcher.jobs._environments import ReplicaPool
-from flyteplugins_batcher.jobs._outputs import PublishError, WorkFolder
-from flyteplugins_batcher.jobs._report import Progress, final_html, print_report_location
-from flyteplugins_batcher.jobs._summary import ModelRun, RunSummary, prompt_tokens_text
-from flyteplugins_batcher.replica import ChunkCutter, ReplicaSnapshot
+from flyteplugins_batcher import BatcherError
+from flyteplugins_batcher.replica import ReplicaSnapshot
 
 logger = logging.getLogger("flyteplugins_batcher.jobs._driver")
 
 LAZY_MODULES = ("pandas", "pyarrow")
 """Modules flyte imports lazily (`importlib.util.LazyLoader`): loaded at once before chunks run side by side."""
-
-LOW_OCCUPANCY = 0.8
-"""Below this share of its sequence slots, an engine that had work waiting in the driver was starved."""
 
 
 class Chunk(Protocol):
@@ -63,64 +50,6 @@ ChunkT = TypeVar("ChunkT", bound=Chunk)
 OutcomeT = TypeVar("OutcomeT", bound=Outcome)
 ChunkHandler = Callable[[ChunkT, OutcomeT | None, str], Awaitable[None]]
 """Called once per chunk, as it finishes: its outcome, or `None` and why it failed."""
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    """How a driver runs a job: its chunks, how many are outstanding, which failures it accepts, what it reuses.
-
-    Every LLM workflow takes them as inputs of their own (`flyteplugins_batcher/jobs/_options.py`), each with its own
-    defaults.
-
-    Attributes:
-        chunk_size: Requests (a table's rows) per replica call (a chunk is what Flyte caches and retries).
-        max_chunks_in_flight: Chunks outstanding at once over all replicas (bounds the driver's memory); 0:
-            replicas x concurrency of the replicas' environment, which fills every replica's slots, so that
-            adding replicas adds work in flight.
-        max_failed_fraction: Share of requests (rows) that may fail before the run exits non-zero (everything
-            that finished is written first).
-        resume: Reuse chunks finished by an earlier run with the same requests and settings (--no-resume
-            computes everything again).
-        output_dir: Where the output goes (the results and errors files; a table's Parquet dataset): a local
-            folder, a file:// URI or a remote URI (s3://, gs://, abfs://, abfss://), checked before any
-            inference; empty: the run's own Flyte storage.
-        order: How requests (a table's rows) are cut into chunks: "prefix" puts those that share a prompt
-            prefix (a document, a system prompt with few-shot examples) in the same chunks, so that the replica
-            that runs a chunk computes the prefix once and its cache stays warm; "file" keeps the input's
-            order. The answers are the same either way, and a table's output keeps its rows' order.
-        order_window: Requests (rows) grouped together at most in "prefix" order: the driver holds this many
-            at once, and requests further apart than this are placed apart.
-    """
-
-    chunk_size: int = 8
-    max_chunks_in_flight: int = 0
-    max_failed_fraction: float = 0.0
-    resume: bool = True
-    output_dir: str = ""
-    order: str = "prefix"
-    order_window: int = ChunkCutter.WINDOW
-
-    def __post_init__(self) -> None:
-        if self.order not in ChunkCutter.ORDERS:
-            raise ValueError(f"order must be one of {', '.join(ChunkCutter.ORDERS)}, got {self.order!r}")
-        if self.order_window < 1:
-            raise ValueError(f"order_window must be >= 1, got {self.order_window}")
-        if self.chunk_size < 1:
-            raise ValueError(f"chunk_size must be >= 1, got {self.chunk_size}")
-        if self.max_chunks_in_flight < 0:
-            raise ValueError(
-                f"max_chunks_in_flight must be >= 0 (0: replicas x concurrency), got {self.max_chunks_in_flight}"
-            )
-        if not 0 <= self.max_failed_fraction <= 1:
-            raise ValueError(f"max_failed_fraction must be in [0, 1], got {self.max_failed_fraction}")
-
-    def chunks_in_flight(self, pool: ReplicaPool) -> int:
-        """The driver's cap for a run on `pool`: `max_chunks_in_flight`, or every replica's slots when it is 0."""
-        return self.max_chunks_in_flight or pool.chunks_in_flight
-
-    def cache_salt(self) -> str:
-        """The chunks' cache salt for this run: empty when resuming (finished chunks are reused), else fresh."""
-        return "" if self.resume else uuid.uuid4().hex
 
 
 class UnrecoverableRunError(BatcherError, RuntimeError):
@@ -181,7 +110,7 @@ class FanOutStats:
         return amount / self.inference_s if self.inference_s > 0 else 0.0
 
     def record(self, outcome: Outcome | None, started: float, phase: Hashable = None) -> None:
-        """Keep a finished chunk's lane's latest state, if this run computed it (`None`: the chunk failed).
+        """Count a finished chunk (`None`: it failed) and keep its lane's latest state, if this run computed it.
 
         `phase`: the fan-out's phase when it was sent (`fan_out`'s `phase`).
         """
@@ -222,48 +151,6 @@ def _newer(known: ReplicaSnapshot | None, seen: ReplicaSnapshot) -> ReplicaSnaps
 
 def _older(known: ReplicaSnapshot | None, seen: ReplicaSnapshot) -> ReplicaSnapshot:
     return seen if known is None or seen.records < known.records else known
-
-
-class Counts:
-    """Running counts of a run's requests, for its summary and live report.
-
-    The token counts (`fresh_tokens` generated, `fresh_prompt_tokens` read, `fresh_cached_tokens` of
-    those found in the engines' prefix caches) are the answers' that this run computed.
-    """
-
-    def __init__(self) -> None:
-        self.done = self.failed = self.fresh_answers = self.fresh_tokens = self.reused = self.retried = 0
-        self.fresh_prompt_tokens = self.fresh_cached_tokens = 0
-
-    def count(
-        self,
-        *,
-        failed: bool,
-        completion_tokens: int,
-        prompt_tokens: int = 0,
-        cached_tokens: int = 0,
-        fresh: bool = True,
-        retried: bool = False,
-    ) -> None:
-        """One request finished.
-
-        Args:
-            failed: It failed.
-            completion_tokens: The tokens it generated.
-            prompt_tokens: The prompt tokens the engine read for it.
-            cached_tokens: Of those, the ones its engine found in its prefix cache.
-            fresh: This run computed it (else its answer was reused from an earlier run).
-            retried: An earlier run had failed it, and this run sent it to the engine again.
-        """
-        self.done += 1
-        self.failed += failed
-        self.reused += not fresh
-        self.retried += retried
-        if fresh and not failed:
-            self.fresh_answers += 1
-            self.fresh_tokens += completion_tokens
-            self.fresh_prompt_tokens += prompt_tokens
-            self.fresh_cached_tokens += cached_tokens
 
 
 async def fan_out(
@@ -386,164 +273,3 @@ class _FanOut(Generic[ChunkT, OutcomeT]):
 def not_retryable(error: BaseException) -> bool:
     """Whether a chunk failed in a way that retrying cannot fix (the task raised `NonRecoverableError`)."""
     return isinstance(error, flyte.errors.NonRecoverableError) or getattr(error, "code", "") == "NonRecoverableError"
-
-
-class JsonLines:
-    """A JSONL file written line by line as results arrive (nothing is kept in memory).
-
-    Args:
-        path: Where to write it (its folder is created).
-    """
-
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.path = path
-        self.count = 0
-        self._handle: IO[str] = path.open("w", encoding="utf-8")
-
-    def write(self, line: dict[str, Any]) -> None:
-        self._handle.write(json.dumps(line, ensure_ascii=False) + "\n")
-        self.count += 1
-
-    def close(self) -> None:
-        self._handle.close()
-
-
-def check_failures(failed: int, total: int, max_failed_fraction: float, where: str, noun: str = "requests") -> None:
-    """Fail the run (non-zero exit) when more requests failed than allowed; the results are written first.
-
-    Raises:
-        RuntimeError: More than `max_failed_fraction` of `total` failed, or everything did.
-    """
-    if not failed:
-        return
-    fraction = failed / total if total else 1.0
-    if failed == total or fraction > max_failed_fraction:
-        raise RuntimeError(
-            f"{failed} of {total} {noun} failed ({fraction:.1%}, allowed: {max_failed_fraction:.1%}); {where}. "
-            "Raise max_failed_fraction (the option of that name) to accept failures."
-        )
-
-
-async def finish_run(
-    counts: Counts,
-    fanned: FanOutStats,
-    *,
-    source: str,
-    work: WorkFolder,
-    results: Path,
-    errors: Path,
-    run: RunOptions,
-    progress: Progress,
-    pool: ReplicaPool | None = None,
-    noun: str = "requests",
-    accuracy: float = 0.0,
-    scored: int = 0,
-    models: list[ModelRun] | None = None,
-) -> RunSummary:
-    """Publish the results and errors files, show the final report, print the summary and report lines.
-
-    With the replicas' `pool`, also print one warning when their engines were starved (`occupancy_warning`);
-    with `models` (a run that named several base models), a line per model.
-
-    Raises:
-        RuntimeError: Publishing failed (the message names the folder that holds the files), or more
-            requests failed than `run.max_failed_fraction` allows (after all of the above).
-    """
-    summary = RunSummary(
-        source=source,
-        requests=counts.done,
-        answered=counts.done - counts.failed,
-        failed=counts.failed,
-        reused=counts.reused,
-        retried=counts.retried,
-        accuracy=accuracy,
-        scored=scored,
-        load_time_s=fanned.load_time_s,
-        inference_s=fanned.inference_s,
-        requests_per_s=fanned.per_second(counts.fresh_answers),
-        output_tokens_per_s=fanned.per_second(counts.fresh_tokens),
-        prompt_tokens=counts.fresh_prompt_tokens,
-        cached_tokens=counts.fresh_cached_tokens,
-        results=File(path=str(results)),
-        errors=File(path=str(errors)),
-        occupancy=fanned.occupancy(),
-        models=list(models or []),
-    )
-    unpublished: PublishError | None = None
-    try:
-        summary.results, summary.errors = await work.publish([results, errors])
-    except PublishError as error:  # the files stay in the work folder, where the summary points
-        unpublished = error
-    warning = occupancy_warning(fanned, run, pool) if pool is not None else ""
-    await progress.finish(final_html(summary, fanned.replicas, warning, started_at=fanned.started_at or None))
-    _print_summary(summary, noun, warning)
-    if unpublished is not None:
-        raise unpublished
-    check_failures(summary.failed, summary.requests, run.max_failed_fraction, f"see {summary.errors.path}", noun)
-    return summary
-
-
-def _print_summary(summary: RunSummary, noun: str, warning: str) -> None:
-    """The summary line, a line per model (a run of several), the warning if any, and where the report is."""
-    print(summary_line(summary, noun), flush=True)
-    for part in summary.models:
-        print(model_line(part), flush=True)
-    if warning:
-        logger.warning(warning)
-        print(f"WARNING: {warning}", flush=True)
-    print_report_location()
-
-
-def summary_line(summary: RunSummary, noun: str) -> str:
-    """The one line a run prints: outcome, throughput (model loading excluded) and where the results are."""
-    accuracy = f"accuracy {summary.accuracy:.1%} on {summary.scored} scored | " if summary.scored else ""
-    reused = f", {summary.reused} reused from an earlier run" if summary.reused else ""
-    reused += f", {summary.retried} retried" if summary.retried else ""
-    occupancy = f", engines {summary.occupancy:.0%} full" if summary.occupancy is not None else ""
-    return (
-        f"{accuracy}answered {summary.answered}/{summary.requests} {noun}, {summary.failed} failed{reused} | "
-        f"{summary.requests_per_s:.2f} {noun}/s, {summary.output_tokens_per_s:.0f} output tokens/s{occupancy} "
-        f"(inference {summary.inference_s:.1f} s, model load {summary.load_time_s:.1f} s) | "
-        f"{prompt_tokens_text(summary.prompt_tokens, summary.cached_tokens)} | "
-        f"results: {summary.results.path} | errors: {summary.errors.path}"
-    )
-
-
-def model_line(part: ModelRun) -> str:
-    """The line a run that named several base models prints for each: its lines, its load and its share of the run."""
-    failed = f", {part.failed} failed" if part.failed else ""
-    return (
-        f"model {part.model}: {part.requests} requests{failed} | model load {part.load_time_s:.1f} s | "
-        f"{part.wall_s:.1f} s, {part.share:.0%} of the run"
-    )
-
-
-def occupancy_warning(fanned: FanOutStats, run: RunOptions, pool: ReplicaPool) -> str:
-    """One line naming the setting to raise when the engines ran under `LOW_OCCUPANCY` while chunks waited here.
-
-    The driver's cap binds first when it is below every replica's slots; otherwise the replicas
-    take too few calls (or too small ones) to fill their engines. Empty when there is nothing to say.
-    """
-    occupancy = fanned.occupancy(while_waiting=True)
-    # An engine that counted no steps (vLLM with its statistics off) says nothing of its occupancy.
-    capacity = max((replica.max_num_seqs for replica in fanned.replicas if replica.engine_steps), default=0)
-    if not fanned.held_back or not capacity or occupancy is None or occupancy >= LOW_OCCUPANCY:
-        return ""
-    cap = run.chunks_in_flight(pool)
-    starved = (
-        f"the engines were {occupancy:.0%} full (running sequences over max_num_seqs={capacity}) while chunks "
-        f"waited in the driver"
-    )
-    if cap < pool.chunks_in_flight:
-        return (
-            f"{starved}: raise --max_chunks_in_flight (now {cap}; 0 fills every replica's slots: "
-            f"{pool.replicas} replicas x {pool.concurrency} = {pool.chunks_in_flight})"
-        )
-    setting = f"{pool.prefix}_CONCURRENCY" if pool.prefix else "the replicas' concurrency"
-    sized = size_in_flight(capacity, pool.replicas, chunk_size=run.chunk_size).concurrency
-    advice = f"size_in_flight gives {sized}" if sized > pool.concurrency else f"try {2 * pool.concurrency}"
-    return (
-        f"{starved}: raise {setting} (now {pool.concurrency} calls of {run.chunk_size} requests per replica; "
-        f"{advice} for max_num_seqs={capacity})"
-    )

@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import types
 import typing
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -56,6 +57,67 @@ class OptionSet:
         """The option set from the task's inputs (taking its fields out of `inputs`); missing fields keep defaults."""
         given = {name: inputs.pop(name) for name in self.field_names if name in inputs}
         return dataclasses.replace(self.defaults, **given)
+
+
+@dataclasses.dataclass(frozen=True)
+class DeclaredOption:
+    """An option as a dataclass's field or a function's input declares it: the one place options are read.
+
+    The jobs spread option sets into task inputs documented by it, the command line makes a flag of
+    each (`flyteplugins-batcher run-batch --chunk-size`), and the server reads its settings from the
+    environment by it (`BATCH_SERVE_*`).
+
+    Attributes:
+        name: The field's or the input's name.
+        kind: Its type, with `None` taken out of an optional one (`int | None`: `int`).
+        optional: Whether `None` is one of its values.
+        default: Its default (a field's `default_factory` called); `inspect.Parameter.empty` or
+            `dataclasses.MISSING` where it has none.
+        help: Its help, from the docstring: a dataclass's `Attributes:` section, a function's `Args:`.
+
+    Example:
+        ```python
+        chunk_size = DeclaredOption.fields_of(RunOptions)[0]
+        assert (chunk_size.name, chunk_size.kind, chunk_size.default) == ("chunk_size", int, 8)
+        ```
+    """
+
+    name: str
+    kind: Any
+    optional: bool
+    default: Any
+    help: str
+
+    @classmethod
+    def fields_of(cls, options: type) -> list[DeclaredOption]:
+        """Each field of the dataclass `options` that its `__init__` takes.
+
+        Raises:
+            TypeError: A field has no help in the docstring's `Attributes:` section.
+        """
+        hints, described = typing.get_type_hints(options), _documented(options, "attribute")
+        fields = [item for item in dataclasses.fields(options) if item.init]
+        missing = [item.name for item in fields if not described.get(item.name)]
+        if missing:
+            raise TypeError(f"{options.__name__}: document {', '.join(missing)} in its docstring's Attributes section")
+        return [cls.of(item.name, hints[item.name], _field_default(item), described[item.name]) for item in fields]
+
+    @classmethod
+    def inputs_of(cls, func: Callable[..., Any]) -> list[DeclaredOption]:
+        """Each input of `func` (a task function), its help from the `Args:` section (empty where it has none)."""
+        hints, described = typing.get_type_hints(func), input_help(func)
+        return [
+            cls.of(parameter.name, hints[parameter.name], parameter.default, described.get(parameter.name, ""))
+            for parameter in inspect.signature(func).parameters.values()
+        ]
+
+    @classmethod
+    def of(cls, name: str, annotation: Any, default: Any, help_text: str) -> DeclaredOption:
+        """The option named `name` of type `annotation` (an optional one unwrapped)."""
+        union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
+        kinds = typing.get_args(annotation) if union else (annotation,)
+        given = [kind for kind in kinds if kind is not type(None)]
+        return cls(name, given[0], len(given) < len(kinds), default, help_text)
 
 
 def task_with_options(env: flyte.TaskEnvironment, **task_options: Any) -> Callable[[TaskFunction], Any]:
@@ -118,22 +180,12 @@ def option_help(cls: type) -> dict[str, str]:
     Raises:
         TypeError: A field has no help.
     """
-    documented = {
-        param.arg_name: " ".join((param.description or "").split())
-        for param in docstring_parser.parse(cls.__doc__ or "").params
-        if param.args[0] == "attribute"
-    }
-    fields = [field.name for field in dataclasses.fields(cls) if field.init]
-    missing = [name for name in fields if not documented.get(name)]
-    if missing:
-        raise TypeError(f"{cls.__name__}: document {', '.join(missing)} in its docstring's Attributes section")
-    return {name: documented[name] for name in fields}
+    return {option.name: option.help for option in DeclaredOption.fields_of(cls)}
 
 
 def input_help(func: Callable[..., Any]) -> dict[str, str]:
     """Each input's help, from the `Args:` section of the function's docstring (as Flyte reads it)."""
-    parsed = docstring_parser.parse(func.__doc__ or "")
-    return {param.arg_name: " ".join((param.description or "").split()) for param in parsed.params}
+    return _documented(func, "param")
 
 
 def cli_help(func: Callable[..., Any]) -> str:
@@ -174,3 +226,15 @@ def _docstring(func: TaskFunction, option_sets: list[OptionSet]) -> str:
     prose = [text for text in (parsed.short_description, parsed.long_description) if text]
     args = "\n".join(f"    {name}: {text}" for name, text in entries.items())
     return "\n\n".join([*prose, f"Args:\n{args}"])
+
+
+def _documented(documented: Any, section: str) -> dict[str, str]:
+    """The help of each input (`param`: a function's `Args:`) or field (`attribute`: a dataclass's `Attributes:`)."""
+    params = docstring_parser.parse(documented.__doc__ or "").params
+    return {param.arg_name: " ".join((param.description or "").split()) for param in params if param.args[0] == section}
+
+
+def _field_default(item: dataclasses.Field[Any]) -> Any:
+    if item.default_factory is not dataclasses.MISSING:
+        return item.default_factory()
+    return item.default

@@ -12,15 +12,18 @@ folder is removed, so that a run leaves one copy of its results, in one place:
 
 The returned Flyte `File`s point at the published files. The work folder is removed only once every
 file is published; if publishing fails, it is kept and the error names it: the results are never lost.
+A JSONL file in the work folder is written line by line as results arrive (`JsonLines`).
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, Any
 from urllib.parse import unquote
 
 import flyte
@@ -180,3 +183,24 @@ def _local_run_storage() -> flyte.models.RawDataPath | None:
     if storage is None or not storage.path or "://" in storage.path.removeprefix("file://"):
         return None
     return storage
+
+
+class JsonLines:
+    """A JSONL file written line by line as results arrive (nothing is kept in memory).
+
+    Args:
+        path: Where to write it (its folder is created).
+    """
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self.count = 0
+        self._handle: IO[str] = path.open("w", encoding="utf-8")
+
+    def write(self, line: dict[str, Any]) -> None:
+        self._handle.write(json.dumps(line, ensure_ascii=False) + "\n")
+        self.count += 1
+
+    def close(self) -> None:
+        self._handle.close()

@@ -117,32 +117,25 @@ async def _replace(page: str) -> None:
 
 
 def final_html(
-    result: RunSummary, replicas: Sequence[ReplicaSnapshot], warning: str = "", *, started_at: float | None = None
+    result: RunSummary,
+    replicas: Sequence[ReplicaSnapshot],
+    warning: str = "",
+    *,
+    noun: str = "requests",
+    started_at: float | None = None,
 ) -> str:
-    """The final view: headline numbers, where the results are, where the time went, each replica's batching and device.
+    """The final view: headline numbers, where the output is, where the time went, each replica's batching and device.
 
     Args:
         result: The run's summary.
         replicas: Each replica's latest snapshot.
         warning: A line to show in red (empty: none).
+        noun: What the run counts ("requests", "rows", ...).
         started_at: When the run started (epoch seconds), where the charts begin; by default the run's
             wall time (`load_time_s + inference_s`) before the replicas' last batch.
     """
-    cards = [
-        *headline_cards(result.answered, result.requests, result.failed, result.requests_per_s),
-        ("output tokens/s", f"{result.output_tokens_per_s:.0f}"),
-        *prompt_cards(result.prompt_tokens, result.cached_tokens),
-        ("model load", f"{result.load_time_s:.1f}s"),
-        ("inference", f"{result.inference_s:.1f}s"),
-    ]
-    if result.occupancy is not None:
-        cards.append(("engine occupancy", f"{result.occupancy:.0%}"))
-    if result.scored:
-        cards.insert(
-            0, ("accuracy", f"{result.accuracy:.1%} ({round(result.accuracy * result.scored)}/{result.scored})")
-        )
     reused = (
-        f"<p>{result.reused} requests were answered by an earlier run; {result.retried} that it had failed were "
+        f"<p>{result.reused} {noun} were answered by an earlier run; {result.retried} that it had failed were "
         "sent to the engine again.</p>"
         if result.reused or result.retried
         else ""
@@ -150,13 +143,12 @@ def final_html(
     return "".join(
         [
             STYLE,
-            '<div class="bl"><h2>Batch inference: results</h2>',
+            f'<div class="bl"><h2>{"Table" if result.output is not None else "Batch inference"}: results</h2>',
             f"<p>Data: {html.escape(result.source)}</p>",
-            cards_html(cards),
+            cards_html(_result_cards(result)),
             f'<p class="bad">{html.escape(warning)}</p>' if warning else "",
             reused,
-            f"<p>Results: <code>{html.escape(str(result.results.path))}</code><br>"
-            f"Errors: <code>{html.escape(str(result.errors.path))}</code></p>",
+            _output_html(result),
             models_html(result.models),
             replicas_html(replicas),
             timeline_section(replicas, result.load_time_s + result.inference_s, started_at) if replicas else "",
@@ -165,22 +157,38 @@ def final_html(
     )
 
 
-def headline_cards(answered: int, total: int, failed: int, per_second: float) -> list[tuple[str, str]]:
-    """The cards a run's final report opens with: answered of all, failed, and how many per second of inference."""
-    return [
-        ("answered", f"{answered}/{total}"),
-        ("failed", str(failed)),
-        ("per second (inference)", f"{per_second:.2f}"),
+def _result_cards(result: RunSummary) -> list[tuple[str, str]]:
+    """The final report's cards: accuracy (where scored), answered, failed, throughput, the model's figures, time."""
+    share = cached_share(result.prompt_tokens, result.cached_tokens)
+    cards = []
+    if result.scored:
+        cards.append(("accuracy", f"{result.accuracy:.1%} ({round(result.accuracy * result.scored)}/{result.scored})"))
+    cards += [
+        ("answered", f"{result.answered}/{result.requests}"),
+        ("failed", str(result.failed)),
+        ("per second (inference)", f"{result.requests_per_s:.2f}"),
     ]
+    if result.dimensions:
+        cards += [("dimensions", str(result.dimensions)), ("padding efficiency", f"{result.padding_efficiency:.0%}")]
+    else:
+        cards += [
+            ("output tokens/s", f"{result.output_tokens_per_s:.0f}"),
+            ("prompt tokens", f"{result.prompt_tokens:,}"),
+            ("found in prefix cache", f"{share:.0%}"),
+            ("prefill tokens computed", f"{result.prompt_tokens - result.cached_tokens:,}"),
+        ]
+    cards += [("model load", f"{result.load_time_s:.1f}s"), ("inference", f"{result.inference_s:.1f}s")]
+    return cards + ([("engine occupancy", f"{result.occupancy:.0%}")] if result.occupancy is not None else [])
 
 
-def prompt_cards(prompt_tokens: int, cached_tokens: int) -> list[tuple[str, str]]:
-    """The cards of the prompt tokens a run computed answers for: all, the share found cached, those computed."""
-    return [
-        ("prompt tokens", f"{prompt_tokens:,}"),
-        ("found in prefix cache", f"{cached_share(prompt_tokens, cached_tokens):.0%}"),
-        ("prefill tokens computed", f"{prompt_tokens - cached_tokens:,}"),
-    ]
+def _output_html(result: RunSummary) -> str:
+    """Where the output is: the table, or the results and errors files."""
+    if result.output is not None:
+        return f"<p>Output: <code>{html.escape(str(result.output.uri))}</code></p>"
+    results, errors = (file.path if file is not None else "" for file in (result.results, result.errors))
+    return (
+        f"<p>Results: <code>{html.escape(str(results))}</code><br>Errors: <code>{html.escape(str(errors))}</code></p>"
+    )
 
 
 def models_html(models: Sequence[ModelRun]) -> str:

@@ -1,4 +1,5 @@
-"""`RunSummary`: what a batch LLM run prints and returns; `ModelRun`: one base model's part of it.
+"""`RunSummary`: what every job returns and prints (a JSONL file's, gsm8k's, a table's), and its summary line;
+`ModelRun`: one base model's part of a run; `Counts`: the running counts of a run's requests it is made from.
 
 `prompt_tokens_text` says a run's prompt tokens: how many, the share its engines found in their
 prefix caches, and the prefill tokens they computed.
@@ -7,8 +8,11 @@ prefix caches, and the prefill tokens they computed.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
-from flyte.io import File
+from flyte.io import DataFrame, File
+
+from flyteplugins_batcher.jobs._driver import FanOutStats
 
 
 @dataclass
@@ -40,39 +44,114 @@ class ModelRun:
 
 @dataclass
 class RunSummary:
-    """What a batch LLM run prints: counts, accuracy where there is gold, throughput, and where the rest is.
+    """What a job run returns and prints: counts, throughput (model loading excluded), and where its output is.
+
+    A JSONL run (`run_batch_file`, `solve_gsm8k`) writes `results` and `errors` files; a table run
+    (`run_table`, `embed_corpus`, `TableProcessor`) the `output` table, each row with its answer and
+    error. `requests` counts a table's rows.
 
     Throughput counts inference only: `load_time_s` (the slowest replica's model load; the sum of each
     model's, for a run whose models load one after the other) is excluded.
     `reused`: requests answered by an earlier run of the same job (Flyte's cache); `retried`: requests
-    an earlier run failed, which this run sent to the engine again.
+    an earlier run failed, which this run sent to the model again.
     `occupancy` says how full the engines were: running sequences per engine step over
     `max_num_seqs`, across the replicas; `None` for engines without continuous batching (Transformers),
-    which have no occupancy. `models`: each base model's part (its lines, load and share of the run)
-    when the run named several; empty otherwise.
+    which have no occupancy, and for embeddings.
     `prompt_tokens`: prompt tokens of the answers this run computed; `cached_tokens`: of those, the
     ones the engines found in their prefix caches, so that they computed `prompt_tokens - cached_tokens`
     (`prompt_tokens_text` says it).
+    A JSONL run's `accuracy` over `scored` requests where there is gold (gsm8k), and `models`: each
+    base model's part (its lines, load and share of the run) when the run named several; empty otherwise.
+    For embeddings, `dimensions` is the vectors' size, `truncated` counts texts cut at the model's
+    `max_seq_length`, and `padding_efficiency` and `avg_batch_size` are the busiest replica's.
+
+    Example:
+        ```python
+        summary = await run_table(input="questions.parquet", prompt="Answer briefly: {question}")
+        table = pandas.read_parquet(summary.output.uri)  # every input column, the answer, the tokens, the error
+        print(summary.answered, summary.failed)
+        ```
     """
 
     source: str
     requests: int
     answered: int
     failed: int
-    reused: int
-    accuracy: float
-    scored: int
-    load_time_s: float
-    inference_s: float
-    requests_per_s: float
-    output_tokens_per_s: float
-    results: File
-    errors: File
-    occupancy: float | None = None
+    reused: int = 0
     retried: int = 0
-    models: list[ModelRun] = field(default_factory=list)
+    load_time_s: float = 0.0
+    inference_s: float = 0.0
+    requests_per_s: float = 0.0
+    output_tokens_per_s: float = 0.0
+    occupancy: float | None = None
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    results: File | None = None
+    errors: File | None = None
+    accuracy: float = 0.0
+    scored: int = 0
+    models: list[ModelRun] = field(default_factory=list)
+    output: DataFrame | None = None
+    dimensions: int = 0
+    truncated: int = 0
+    padding_efficiency: float = 0.0
+    avg_batch_size: float = 0.0
+
+    @classmethod
+    def of(cls, source: str, counts: Counts, fanned: FanOutStats, **more: Any) -> RunSummary:
+        """The summary of a run's `counts` and what its fan-out saw, with the job's `more` fields."""
+        return cls(
+            source=source,
+            requests=counts.done,
+            answered=counts.done - counts.failed,
+            failed=counts.failed,
+            reused=counts.reused,
+            retried=counts.retried,
+            load_time_s=fanned.load_time_s,
+            inference_s=fanned.inference_s,
+            requests_per_s=fanned.per_second(counts.fresh_answers),
+            output_tokens_per_s=fanned.per_second(counts.fresh_tokens),
+            prompt_tokens=counts.fresh_prompt_tokens,
+            cached_tokens=counts.fresh_cached_tokens,
+            **({"occupancy": fanned.occupancy()} | more),
+        )
+
+    @property
+    def where(self) -> str:
+        """Where its output is: the table, or the results and errors files."""
+        if self.output is not None:
+            return f"output: {self.output.uri}"
+        results, errors = (file.path if file is not None else "" for file in (self.results, self.errors))
+        return f"results: {results} | errors: {errors}"
+
+
+def summary_line(summary: RunSummary, noun: str = "requests") -> str:
+    """The one line a run prints: outcome, throughput (model loading excluded) and where its output is."""
+    accuracy = f"accuracy {summary.accuracy:.1%} on {summary.scored} scored | " if summary.scored else ""
+    reused = f", {summary.reused} reused from an earlier run" if summary.reused else ""
+    reused += f", {summary.retried} retried" if summary.retried else ""
+    if summary.dimensions:
+        batch = f"avg batch {summary.avg_batch_size:.1f}"
+        model, prompts = f"{summary.dimensions} dimensions, {summary.truncated} truncated, {batch}", ""
+    else:
+        occupancy = f", engines {summary.occupancy:.0%} full" if summary.occupancy is not None else ""
+        model = f"{summary.output_tokens_per_s:.0f} output tokens/s{occupancy}"
+        prompts = f"{prompt_tokens_text(summary.prompt_tokens, summary.cached_tokens)} | "
+    return (
+        f"{accuracy}answered {summary.answered}/{summary.requests} {noun}, {summary.failed} failed{reused} | "
+        f"{summary.requests_per_s:.2f} {noun}/s, {model} "
+        f"(inference {summary.inference_s:.1f} s, model load {summary.load_time_s:.1f} s) | "
+        f"{prompts}{summary.where}"
+    )
+
+
+def model_line(part: ModelRun) -> str:
+    """The line a run that named several base models prints for each: its lines, its load and its share of the run."""
+    failed = f", {part.failed} failed" if part.failed else ""
+    return (
+        f"model {part.model}: {part.requests} requests{failed} | model load {part.load_time_s:.1f} s | "
+        f"{part.wall_s:.1f} s, {part.share:.0%} of the run"
+    )
 
 
 def cached_share(prompt_tokens: int, cached_tokens: int) -> float:
@@ -90,3 +169,45 @@ def prompt_tokens_text(prompt_tokens: int, cached_tokens: int) -> str:
     """
     share = cached_share(prompt_tokens, cached_tokens)
     return f"{prompt_tokens:,} prompt tokens, {share:.0%} cached, {prompt_tokens - cached_tokens:,} computed"
+
+
+class Counts:
+    """Running counts of a run's requests, for its summary and live report.
+
+    The token counts (`fresh_tokens` generated, `fresh_prompt_tokens` read, `fresh_cached_tokens` of
+    those found in the engines' prefix caches) are the answers' that this run computed.
+    """
+
+    def __init__(self) -> None:
+        self.done = self.failed = self.fresh_answers = self.fresh_tokens = self.reused = self.retried = 0
+        self.fresh_prompt_tokens = self.fresh_cached_tokens = 0
+
+    def count(
+        self,
+        *,
+        failed: bool,
+        completion_tokens: int,
+        prompt_tokens: int = 0,
+        cached_tokens: int = 0,
+        fresh: bool = True,
+        retried: bool = False,
+    ) -> None:
+        """One request finished.
+
+        Args:
+            failed: It failed.
+            completion_tokens: The tokens it generated.
+            prompt_tokens: The prompt tokens the engine read for it.
+            cached_tokens: Of those, the ones its engine found in its prefix cache.
+            fresh: This run computed it (else its answer was reused from an earlier run).
+            retried: An earlier run had failed it, and this run sent it to the engine again.
+        """
+        self.done += 1
+        self.failed += failed
+        self.reused += not fresh
+        self.retried += retried
+        if fresh and not failed:
+            self.fresh_answers += 1
+            self.fresh_tokens += completion_tokens
+            self.fresh_prompt_tokens += prompt_tokens
+            self.fresh_cached_tokens += cached_tokens

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -61,60 +61,25 @@ class ChatMessage:
 
 
 @dataclass
-class OutputFormat:
-    """A request's output constraint as it crosses the task boundary (`ResponseFormat`'s fields).
-
-    Attributes:
-        schema: The JSON schema as JSON text, or `None` for any JSON object (`json_object`).
-        name: The schema's name, for messages.
-        pattern: A regex the output matches.
-        options: The strings the output is one of.
-        rules: An EBNF grammar the output follows.
-    """
-
-    schema: str | None = None
-    name: str | None = None
-    pattern: str | None = None
-    options: list[str] = field(default_factory=list)
-    rules: str | None = None
-
-    @classmethod
-    def of(cls, response_format: ResponseFormat) -> OutputFormat:
-        return cls(
-            response_format.schema,
-            response_format.name,
-            response_format.pattern,
-            list(response_format.options),
-            response_format.rules,
-        )
-
-    def response_format(self) -> ResponseFormat:
-        return ResponseFormat(self.schema, self.name, self.pattern, tuple(self.options), self.rules)
-
-
-@dataclass
 class RequestItem:
-    """One prompt for the engine, with the generation settings its request set for itself (`None`: the run's).
+    """One prompt for the engine, with the generation settings its request set for itself.
 
-    The settings are named as in `GenerationConfig`; `generation` is the one place they become one.
-    What has no fixed shape (tools, chat template keywords) travels as JSON text.
+    The request's own settings travel as JSON text, by `GenerationConfig` field name (empty: the run's),
+    so that `GenerationConfig` stays the one place a setting is described; `generation` lays them over
+    the run's. What else has no fixed shape (tools, chat template keywords) travels as JSON text too.
+
+    Example:
+        ```python
+        item = RequestItem("q1", prompt="Name a prime.", settings='{"max_new_tokens": 8}')
+        assert item.generation(GenerationConfig()).max_new_tokens == 8
+        ```
     """
 
     key: str
     prompt: str = ""
     messages: list[ChatMessage] = field(default_factory=list)
-    max_new_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    stop: list[str] | None = None
-    seed: int | None = None
-    n: int | None = None
-    output_format: OutputFormat | None = None
+    settings: str = ""  # its own `GenerationConfig` fields, as JSON text
     raw_prompt: bool = False  # an OpenAI /v1/completions prompt: no chat template
-    logprobs: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None  # token id (as text) -> bias
     adapter: str = ""  # the LoRA adapter its `model` named; empty: the base model
     tools: str = ""  # the request's `tools`, as JSON text
     template_kwargs: str = ""  # its `chat_template_kwargs`, as JSON text
@@ -122,24 +87,18 @@ class RequestItem:
     @classmethod
     def of(cls, request: BatchRequest) -> RequestItem:
         """The chunk item for a parsed request line; its own settings travel with it, by `GenerationConfig` name."""
-        settings: dict[str, Any] = dict(request.settings)
-        if "stop" in settings:
-            settings["stop"] = list(settings["stop"])
-        if "logit_bias" in settings:
-            settings["logit_bias"] = {str(token): float(bias) for token, bias in dict(settings["logit_bias"]).items()}
-        response_format = settings.pop("response_format", None)
-        item = cls(key=request.custom_id, raw_prompt=request.raw_prompt, adapter=request.adapter or "", **settings)
-        if response_format is not None:
-            item.output_format = OutputFormat.of(response_format)
-        if isinstance(request.prompt, str):
-            item.prompt = request.prompt
-        else:
-            item.messages = [ChatMessage.of(message) for message in request.prompt]
-        if request.tools is not None:
-            item.tools = json.dumps([dict(tool) for tool in request.tools.tools])
-        if request.template_kwargs:
-            item.template_kwargs = json.dumps(request.template_kwargs)
-        return item
+        prompt = request.prompt if isinstance(request.prompt, str) else ""
+        messages = [] if isinstance(request.prompt, str) else [ChatMessage.of(message) for message in request.prompt]
+        return cls(
+            request.custom_id,
+            prompt,
+            messages,
+            _settings_text(request.settings),
+            request.raw_prompt,
+            request.adapter or "",
+            json.dumps([dict(tool) for tool in request.tools.tools]) if request.tools is not None else "",
+            json.dumps(request.template_kwargs) if request.template_kwargs else "",
+        )
 
     def generation(self, defaults: GenerationConfig) -> GenerationConfig:
         """The run's `defaults` with this item's own settings over them.
@@ -147,11 +106,7 @@ class RequestItem:
         Raises:
             ValueError: A setting is out of range.
         """
-        own = {name: getattr(self, name) for name in _OWN_SETTINGS if getattr(self, name) is not None}
-        if self.output_format is not None:
-            own["response_format"] = self.output_format.response_format()
-        if self.logit_bias:
-            own["logit_bias"] = {int(token): bias for token, bias in self.logit_bias.items()}
+        own = _settings_of(self.settings)
         return replace(defaults, **own) if own else defaults
 
     def engine_request(self, defaults: GenerationConfig) -> Request:
@@ -171,17 +126,28 @@ class RequestItem:
 _STOPPED = "cancelled"
 """The error code of a prompt stopped before it finished."""
 
-_OWN_SETTINGS = (
-    "max_new_tokens",
-    "temperature",
-    "top_p",
-    "stop",
-    "seed",
-    "n",
-    "logprobs",
-    "presence_penalty",
-    "frequency_penalty",
-)
+
+def _settings_text(settings: Mapping[str, Any]) -> str:
+    """A request's own settings (`GenerationConfig` names and values) as JSON text; empty when it has none.
+
+    A response format goes as its fields, a logit bias as `[token id, bias]` pairs (JSON keys are text).
+    """
+    if not settings:
+        return ""
+    own = dict(settings)
+    if own.get("response_format") is not None:
+        own["response_format"] = dataclasses.asdict(own["response_format"])
+    if "logit_bias" in own:
+        own["logit_bias"] = list(dict(own["logit_bias"]).items())
+    return json.dumps(own, ensure_ascii=False)
+
+
+def _settings_of(text: str) -> dict[str, Any]:
+    """The settings `_settings_text` wrote, as `GenerationConfig` takes them."""
+    own: dict[str, Any] = json.loads(text) if text else {}
+    if own.get("response_format") is not None:
+        own["response_format"] = ResponseFormat(**own["response_format"])
+    return own
 
 
 def _json_text(arguments: str | dict[str, Any]) -> str:

@@ -40,7 +40,6 @@ from flyteplugins_batcher.replica import (
     JobChunk,
     JobOutcome,
     LLMReplica,
-    RequestItem,
 )
 from flyteplugins_batcher.server._admission import (
     ONLINE_PRIORITY,
@@ -202,7 +201,7 @@ class Inference:
         """
         engine = self.engine
         if engine is not None:
-            engine.check(RequestItem.of(request).engine_request(self.engine_settings.generation()))
+            engine.check(request.engine_request(self.engine_settings.generation()))
 
     async def start(self, request: BatchRequest, *, on_delta: DeltaListener | None = None) -> OnlineRecord:
         """Submit one online request, ahead of batch lines; `on_delta` hears its text as a streaming engine makes it.
@@ -215,7 +214,7 @@ class Inference:
         timer = self._timer(on_delta)
         token = CancellationToken()
         record = dataclasses.replace(
-            RequestItem.of(request).engine_request(self.engine_settings.generation()),
+            request.engine_request(self.engine_settings.generation()),
             cancellation=token,
             on_delta=timer or on_delta,
         )

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import types
-import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flyteplugins_batcher.jobs import DeclaredOption
 from flyteplugins_batcher.replica import ChunkCutter, EngineSettings
 
 PREFIX = "BATCH_SERVE_"
@@ -185,21 +184,19 @@ class ServerSettings:
 
 
 def _read_fields(cls: type, environ: Mapping[str, str], *, skip: tuple[str, ...]) -> dict[str, Any]:
-    hints = typing.get_type_hints(cls)
     values: dict[str, Any] = {}
-    for item in dataclasses.fields(cls):
-        variable = f"{PREFIX}{item.name.upper()}"
-        if item.name in skip or variable not in environ:
-            continue
-        values[item.name] = _parse(environ[variable], hints[item.name], variable)
+    for option in DeclaredOption.fields_of(cls):
+        variable = ServerSettings.variable(option.name)
+        if option.name not in skip and variable in environ:
+            values[option.name] = _parse(environ[variable], option, variable)
     return values
 
 
-def _parse(text: str, kind: Any, variable: str) -> Any:
+def _parse(text: str, option: DeclaredOption, variable: str) -> Any:
     """A variable's text as the field's type (`int | None`: empty is `None`)."""
-    if typing.get_origin(kind) in (typing.Union, types.UnionType):
-        options = [option for option in typing.get_args(kind) if option is not type(None)]
-        return None if not text.strip() else _parse(text, options[0], variable)
+    if option.optional and not text.strip():
+        return None
+    kind = option.kind
     try:
         if kind is bool:
             return _boolean(text)

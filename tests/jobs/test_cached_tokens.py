@@ -21,11 +21,10 @@ from flyte.types import TypeEngine
 
 from flyteplugins_batcher.batch_api import BatchRequest
 from flyteplugins_batcher.engines import Completion, GenerationConfig, Sample
-from flyteplugins_batcher.jobs import RunSummary, TableSummary, run_batch_file, run_table
-from flyteplugins_batcher.jobs._driver import Counts, summary_line
+from flyteplugins_batcher.jobs import RunSummary, run_batch_file, run_table
 from flyteplugins_batcher.jobs._gsm8k.job import Tally, _rows
 from flyteplugins_batcher.jobs._report import final_html
-from flyteplugins_batcher.jobs._table import summary as table_summary
+from flyteplugins_batcher.jobs._summary import Counts, summary_line
 from flyteplugins_batcher.replica import (
     ChatMessage,
     ChunkOutcome,
@@ -142,7 +141,18 @@ def test_the_summary_line_and_the_report_give_prompt_tokens_the_cached_share_and
 ) -> None:
     empty = File(path=str(tmp_path / "x.jsonl"))
     summary = RunSummary(
-        "f", 2, 2, 0, 0, 0.0, 0, 1.0, 2.0, 1.0, 6.0, empty, empty, prompt_tokens=1400, cached_tokens=640
+        "f",
+        2,
+        2,
+        0,
+        load_time_s=1.0,
+        inference_s=2.0,
+        requests_per_s=1.0,
+        output_tokens_per_s=6.0,
+        results=empty,
+        errors=empty,
+        prompt_tokens=1400,
+        cached_tokens=640,
     )
 
     assert "| 1,400 prompt tokens, 46% cached, 760 computed | results:" in summary_line(summary, "requests")
@@ -159,13 +169,25 @@ def test_the_summary_line_and_the_report_give_prompt_tokens_the_cached_share_and
 
 def test_a_table_runs_summary_says_them_for_an_llm_and_not_for_embeddings() -> None:
     output = DataFrame.from_existing_remote("/tmp/table", format="parquet")
-    llm = TableSummary("t", 4, 4, 0, 0, 0, 1.0, 2.0, 2.0, 8.0, output, prompt_tokens=400, cached_tokens=100)
+    llm = RunSummary(
+        "t",
+        4,
+        4,
+        0,
+        load_time_s=1.0,
+        inference_s=2.0,
+        requests_per_s=2.0,
+        output_tokens_per_s=8.0,
+        output=output,
+        prompt_tokens=400,
+        cached_tokens=100,
+    )
     embedded = replace(llm, dimensions=384)
 
-    assert "| 400 prompt tokens, 25% cached, 300 computed | output:" in table_summary.summary_line(llm)
-    assert '<div class="v">25%</div><div class="k">found in prefix cache</div>' in table_summary.report_html(llm, [])
-    assert "prompt tokens" not in table_summary.summary_line(embedded)
-    assert "prefix cache" not in table_summary.report_html(embedded, [])
+    assert "| 400 prompt tokens, 25% cached, 300 computed | output:" in summary_line(llm)
+    assert '<div class="v">25%</div><div class="k">found in prefix cache</div>' in final_html(llm, [])
+    assert "prompt tokens" not in summary_line(embedded)
+    assert "prefix cache" not in final_html(embedded, [])
 
 
 def test_a_gsm8k_row_keeps_its_prompt_and_cached_tokens_and_the_tally_counts_them() -> None:
@@ -215,7 +237,7 @@ def test_a_table_runs_summary_counts_the_engines_cached_tokens(
     table = tmp_path / "questions.jsonl"
     table.write_text("".join(json.dumps({"question": f"What is {n} + {n}?"}) + "\n" for n in range(6)))
 
-    summary: TableSummary = run_locally(
+    summary: RunSummary = run_locally(
         run_table, input=str(table), prompt="{question}", output_dir=str(tmp_path / "out"), **SIMULATED
     )
 

@@ -92,15 +92,15 @@ def test_the_workflow_writes_vectors_by_id_and_reports_failures(run_locally, tmp
     assert embedded_ids(summary) == ["d0", "d1", "d2", "d3"]
     by_id = dict(zip(table.column("id").to_pylist(), table.column("embedding").to_pylist(), strict=True))
     assert np.abs(np.asarray([by_id["d2"]]) - vectors(MODEL.encode([TEXTS[2]]))).max() <= TOLERANCE
-    assert (summary.rows, summary.answered, summary.failed, summary.dimensions) == (5, 4, 1, 384)
+    assert (summary.requests, summary.answered, summary.failed, summary.dimensions) == (5, 4, 1, 384)
     [error] = [row for row in table.to_pylist() if row["error"] is not None]
     assert error["id"] == "blank" and "empty document" in error["error"] and error["embedding"] is None
-    assert 0 < summary.padding_efficiency <= 1 and summary.rows_per_s > 0
+    assert 0 < summary.padding_efficiency <= 1 and summary.requests_per_s > 0
 
 
 def test_the_default_run_embeds_our_sample_offline(run_locally):
     summary = run_locally(embed_corpus)
-    assert summary.source == "sample" and summary.answered == summary.rows - 1  # one document is blank
+    assert summary.source == "sample" and summary.answered == summary.requests - 1  # one document is blank
     assert summary.truncated == 1  # and one is longer than the model takes
 
 

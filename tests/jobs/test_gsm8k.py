@@ -12,10 +12,10 @@ from flyteplugins_batcher.jobs._gsm8k import (
     chat_prompt,
     extract_answer,
     gold_answer,
-    hub_reachable,
     is_correct,
     load_problems,
 )
+from flyteplugins_batcher.jobs._hub import hub_reachable
 
 SHARED_GSM8K = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "gsm8k" / "test.jsonl"
 

@@ -47,24 +47,25 @@ def test_an_item_runs_with_exactly_the_settings_its_line_asked_for(line: dict):
     assert engine_request.id == line["custom_id"]
     assert engine_request.prompt == request.prompt
     assert engine_request.chat_template is (False if line.get("url") == "/v1/completions" else None)
+    assert request.engine_request(DEFAULTS) == engine_request  # an online request's way, without a chunk item
 
 
 def test_an_item_without_settings_of_its_own_runs_with_the_run_defaults():
     item = RequestItem("k", prompt="x")
-    assert (item.max_new_tokens, item.temperature, item.top_p, item.stop, item.seed, item.n) == (None,) * 6
-    assert item.output_format is None
+    assert item.settings == "" and RequestItem.of(parse_request_line('{"prompt": "x"}', 1)).settings == ""
     assert item.generation(DEFAULTS) is DEFAULTS
-    assert RequestItem("k", temperature=0.0).generation(DEFAULTS) == GenerationConfig(64, 0.0, 0.8, (), 5)
+    own = RequestItem("k", settings='{"temperature": 0.0}')
+    assert own.generation(DEFAULTS) == GenerationConfig(64, 0.0, 0.8, (), 5)
 
 
 def test_an_out_of_range_setting_fails_when_the_item_becomes_a_config():
     with pytest.raises(ValueError, match="top_p must be in"):
-        RequestItem("k", top_p=2.0).generation(DEFAULTS)
+        RequestItem("k", settings='{"top_p": 2.0}').generation(DEFAULTS)
 
 
 def test_items_with_and_without_their_own_settings_cross_flyte_unchanged(run_locally):
     items = [RequestItem.of(parse_request_line(json.dumps(line), number)) for number, line in enumerate(LINES, start=1)]
-    items.append(RequestItem("empty-stop", messages=[ChatMessage("user", "x")], stop=[]))
+    items.append(RequestItem("empty-stop", messages=[ChatMessage("user", "x")], settings='{"stop": []}'))
     chunk = RequestChunk(3, items)
 
     assert run_locally(through_flyte, chunk=chunk) == chunk
@@ -74,7 +75,7 @@ def test_a_schema_crosses_as_text_with_its_key_order_and_name():
     item = RequestItem.of(parse_request_line(json.dumps(LINES[5]), 6))
     response_format = item.engine_request(DEFAULTS).generation.response_format
 
-    assert item.output_format is not None and item.output_format.name == "s"
+    assert json.loads(item.settings)["response_format"]["name"] == "s"
     assert response_format == ResponseFormat.json_schema(SCHEMA, name="s")
     assert list(json.loads(response_format.schema)["properties"]) == ["b", "a"]  # the order the line wrote
 

@@ -9,9 +9,11 @@ from dataclasses import replace
 from flyte.io import File
 
 from flyteplugins_batcher.jobs import RunOptions, RunSummary, fan_out
-from flyteplugins_batcher.jobs._driver import FanOutStats, occupancy_warning, summary_line
+from flyteplugins_batcher.jobs._driver import FanOutStats
 from flyteplugins_batcher.jobs._environments import ReplicaPool
+from flyteplugins_batcher.jobs._finish import occupancy_warning
 from flyteplugins_batcher.jobs._report import final_html
+from flyteplugins_batcher.jobs._summary import summary_line
 from flyteplugins_batcher.replica import (
     ChatMessage,
     ChunkOutcome,
@@ -132,7 +134,19 @@ def test_the_driver_cap_defaults_to_every_replicas_slots() -> None:
 
 def test_the_summary_line_says_how_full_the_engines_were(tmp_path) -> None:
     empty = File(path=str(tmp_path / "x.jsonl"))
-    summary = RunSummary("f", 10, 10, 0, 0, 0.0, 0, 1.0, 2.0, 5.0, 100.0, empty, empty, occupancy=0.874)
+    summary = RunSummary(
+        "f",
+        10,
+        10,
+        0,
+        load_time_s=1.0,
+        inference_s=2.0,
+        requests_per_s=5.0,
+        output_tokens_per_s=100.0,
+        results=empty,
+        errors=empty,
+        occupancy=0.874,
+    )
 
     assert "100 output tokens/s, engines 87% full (inference 2.0 s" in summary_line(summary, "requests")
 
@@ -141,7 +155,19 @@ def test_an_engine_without_continuous_batching_has_no_occupancy_in_the_outputs_o
     transformers = FanOutStats()
     transformers.record(ChunkOutcome(0, [], state("a", 8, 0, 0, capacity=0), finished_at=2e9), started=1e9)
     empty = File(path=str(tmp_path / "x.jsonl"))
-    summary = RunSummary("f", 10, 10, 0, 0, 0.0, 0, 1.0, 2.0, 5.0, 100.0, empty, empty, transformers.occupancy())
+    summary = RunSummary(
+        "f",
+        10,
+        10,
+        0,
+        load_time_s=1.0,
+        inference_s=2.0,
+        requests_per_s=5.0,
+        output_tokens_per_s=100.0,
+        results=empty,
+        errors=empty,
+        occupancy=transformers.occupancy(),
+    )
 
     assert summary.occupancy is None and transformers.replicas[0].occupancy is None
     assert "full" not in summary_line(summary, "requests")
@@ -150,7 +176,19 @@ def test_an_engine_without_continuous_batching_has_no_occupancy_in_the_outputs_o
 
 def test_the_report_gives_each_replicas_occupancy_and_none_for_an_engine_without_steps(tmp_path) -> None:
     empty = File(path=str(tmp_path / "x.jsonl"))
-    summary = RunSummary("f", 10, 10, 0, 0, 0.0, 0, 1.0, 2.0, 5.0, 100.0, empty, empty, occupancy=0.5)
+    summary = RunSummary(
+        "f",
+        10,
+        10,
+        0,
+        load_time_s=1.0,
+        inference_s=2.0,
+        requests_per_s=5.0,
+        output_tokens_per_s=100.0,
+        results=empty,
+        errors=empty,
+        occupancy=0.5,
+    )
     stepped = replace(state("a", 8, 100, 12_800), occupancy=0.5)
     no_steps = state("b", 8, 0, 0)
 

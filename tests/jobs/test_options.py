@@ -7,13 +7,13 @@ import os
 import subprocess
 import sys
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import flyte
 import pytest
 
-from flyteplugins_batcher.jobs import RunOptions, run_batch_file, solve_gsm8k
+from flyteplugins_batcher.jobs import DeclaredOption, RunOptions, run_batch_file, solve_gsm8k
 from flyteplugins_batcher.jobs._options import option_help, spread_options, task_with_options
 from flyteplugins_batcher.replica import EngineSettings
 
@@ -80,6 +80,38 @@ def test_each_input_is_documented_once_from_where_it_is_declared():
         "temperature": "0 for greedy decoding.",
         "stop": "Where to stop.",
     }
+
+
+def test_a_declared_option_has_its_type_unwrapped_its_default_and_its_help_from_one_reading() -> None:
+    @dataclass(frozen=True)
+    class Limits:
+        """Limits.
+
+        Attributes:
+            depth: How deep, or no limit.
+            names: Which names.
+        """
+
+        depth: int | None = None
+        names: list[str] = field(default_factory=lambda: ["a"])
+
+    async def job(prompt: str, tries: typing.Optional[int] = 2) -> None:  # noqa: UP045 (the old spelling, too)
+        """Run.
+
+        Args:
+            prompt: The prompt.
+            tries: How many tries.
+        """
+
+    assert DeclaredOption.fields_of(Limits) == [
+        DeclaredOption("depth", int, True, None, "How deep, or no limit."),
+        DeclaredOption("names", list[str], False, ["a"], "Which names."),
+    ]
+    prompt, tries = DeclaredOption.inputs_of(job)
+    assert (prompt.kind, prompt.optional, prompt.help) == (str, False, "The prompt.")
+    assert (tries.kind, tries.optional, tries.default, tries.help) == (int, True, 2, "How many tries.")
+    with pytest.raises(TypeError, match="Undocumented: document depth"):
+        DeclaredOption.fields_of(Undocumented)
 
 
 def test_an_undocumented_field_an_input_declared_twice_or_an_option_set_without_default_is_refused():

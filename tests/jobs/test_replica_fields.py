@@ -66,6 +66,7 @@ async def test_every_field_crosses_the_task_boundary_as_plain_dataclass_fields()
     )
     assert config.response_format is not None and config.response_format.pattern == "[a-z]+"
     assert config == request.generation(GenerationConfig(max_new_tokens=9))
+    assert record == request.engine_request(GenerationConfig(max_new_tokens=9))  # the online way, without the chunk
 
 
 async def test_an_answers_logprobs_cross_back_with_it() -> None:

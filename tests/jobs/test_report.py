@@ -31,7 +31,17 @@ NO_NVML = "not available: nvidia-ml-py is not installed (it comes with the GPU i
 
 def summary(wall_s: float = 10.0) -> RunSummary:
     nowhere = File(path="/tmp/results.jsonl")
-    return RunSummary("sample", 10, 10, 0, 0, 0.0, 0, 0.0, wall_s, 1.0, 10.0, nowhere, nowhere)
+    return RunSummary(
+        "sample",
+        10,
+        10,
+        0,
+        inference_s=wall_s,
+        requests_per_s=1.0,
+        output_tokens_per_s=10.0,
+        results=nowhere,
+        errors=nowhere,
+    )
 
 
 def timeline(origin: float, *points: tuple[float, float, int, int]) -> Timeline:
@@ -130,13 +140,13 @@ async def test_a_snapshot_carries_its_timeline_across_the_task_boundary() -> Non
 def test_the_table_report_draws_the_replicas_this_run_used():
     from flyte.io import DataFrame
 
-    from flyteplugins_batcher.jobs import TableSummary
     from flyteplugins_batcher.jobs._driver import FanOutStats
-    from flyteplugins_batcher.jobs._table.summary import report_html
     from flyteplugins_batcher.replica import EmbeddingOutcome
 
     output = DataFrame.from_existing_remote("/tmp/table", format="parquet")
-    run = TableSummary("docs", 4, 4, 0, 0, 0, 0.0, 5.0, 0.8, 0.0, output, dimensions=384, padding_efficiency=0.9)
+    run = RunSummary(
+        "docs", 4, 4, 0, inference_s=5.0, requests_per_s=0.8, output=output, dimensions=384, padding_efficiency=0.9
+    )
 
     def chunk(finished_at: float, name: str, records: int) -> EmbeddingOutcome:
         snapshot = ReplicaSnapshot(replica=name, records=records, timeline=timeline(1000.0, (1.0, 2.0, records, 0)))
@@ -147,7 +157,7 @@ def test_the_table_report_draws_the_replicas_this_run_used():
     for stats, outcome in ((fanned, earlier_run), (fanned, chunk(1002.0, "host/2 (embeddings)", 2))):
         stats.record(outcome, started=1000.0)
     reused_only.record(earlier_run, started=1000.0)
-    page = report_html(run, fanned.replicas, started_at=1000.0)
+    page = final_html(run, fanned.replicas, noun="documents", started_at=1000.0)
     assert "Where the time went" in page and ">384<" in page and ">90%<" in page
     assert "host/2" in page and "host/1" not in page
-    assert "No replica reported" in report_html(run, reused_only.replicas, started_at=1000.0)
+    assert "No replica reported" in final_html(run, reused_only.replicas, started_at=1000.0)

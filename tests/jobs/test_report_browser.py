@@ -129,7 +129,17 @@ async def report(tmp_path: Path, names: list[str]) -> tuple[Path, list[ReplicaSn
     replicas = list(await asyncio.gather(*(replica_snapshot(name, ROUNDS - n) for n, name in enumerate(names))))
     wall_s = time.time() - started
     nowhere = File(path=str(tmp_path / "results.jsonl"))
-    result = RunSummary("sample", 100, 99, 1, 0, 0.0, 0, 0.0, wall_s, 50.0, 500.0, nowhere, nowhere)
+    result = RunSummary(
+        "sample",
+        100,
+        99,
+        1,
+        inference_s=wall_s,
+        requests_per_s=50.0,
+        output_tokens_per_s=500.0,
+        results=nowhere,
+        errors=nowhere,
+    )
     page = tmp_path / "report.html"
     page.write_text(f"<!doctype html><html><body>{final_html(result, replicas)}{MEASURE}</body></html>")
     return page, replicas, wall_s

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 from flyte.io import DataFrame
 
-from flyteplugins_batcher.jobs import RunOptions, TableProcessor, TableSummary, gpu_env, run_table
+from flyteplugins_batcher.jobs import RunOptions, RunSummary, TableProcessor, gpu_env, run_table
 from flyteplugins_batcher.replica import EngineSettings
 from tests.jobs import table_hooks
 from tests.jobs.conftest import CountingBatcher
@@ -54,7 +54,7 @@ def test_each_row_comes_back_in_order_with_its_columns_its_answer_and_its_own_er
     table = table.set_column(0, "question", pa.array(asked))
     pq.write_table(table, tmp_path / "questions.parquet", row_group_size=3)
 
-    summary: TableSummary = run_locally(
+    summary: RunSummary = run_locally(
         run_table, input=str(tmp_path / "questions.parquet"), prompt="Answer briefly: {question}",
         output_dir=str(tmp_path / "out"), chunk_size=3, max_failed_fraction=0.5, order="file", **SIMULATED,
     )  # fmt: skip
@@ -70,7 +70,7 @@ def test_each_row_comes_back_in_order_with_its_columns_its_answer_and_its_own_er
     assert all(row["generated_text"] and row["num_generated_tokens"] == 8 for row in answered)
     assert all(row["num_input_tokens"] > len("Answer briefly: Question 0 (12345678)?") // 4 for row in answered)
     assert out.column("generated_text")[3].as_py() is None and out.column("num_input_tokens")[6].as_py() is None
-    assert (summary.rows, summary.answered, summary.failed, summary.reused) == (10, 8, 2, 0)
+    assert (summary.requests, summary.answered, summary.failed, summary.reused) == (10, 8, 2, 0)
     assert summary.output.uri == str(tmp_path / "out")
     assert pd.read_parquet(summary.output.uri)["n"].tolist() == list(range(10))  # pandas reads it whole too
     assert sorted(path.name for path in (tmp_path / "out").iterdir()) == [f"part-{n:09d}.parquet" for n in range(4)]
@@ -119,7 +119,7 @@ def test_a_rerun_after_a_crash_sends_only_the_unfinished_chunks(cached_run, tmp_
     cached_run(run_table, crashing, fails="3 of 12 rows failed", **job)
 
     healthy = CountingBatcher()
-    summary: TableSummary = cached_run(run_table, healthy, **job)
+    summary: RunSummary = cached_run(run_table, healthy, **job)
 
     assert (summary.answered, summary.failed, summary.reused, summary.retried) == (12, 0, 9, 0)
     assert sorted(healthy.prompts) == sorted(table.column("question").to_pylist()[9:])  # the one unfinished chunk
@@ -133,7 +133,7 @@ def test_a_rerun_sends_a_row_that_failed_alone_again_and_reuses_the_rest(cached_
     cached_run(run_table, refusing, fails="1 of 6 rows failed", **job)
 
     fixed = CountingBatcher()
-    summary: TableSummary = cached_run(run_table, fixed, **job)
+    summary: RunSummary = cached_run(run_table, fixed, **job)
 
     assert fixed.prompts == [table.column("question")[4].as_py()]
     assert (summary.answered, summary.failed, summary.reused, summary.retried) == (6, 0, 5, 1)

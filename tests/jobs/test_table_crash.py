@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from flyteplugins_batcher.jobs import TableSummary, run_table
+from flyteplugins_batcher.jobs import RunSummary, run_table
 from tests.jobs.conftest import CountingBatcher
 
 pytestmark = pytest.mark.slow
@@ -67,7 +67,7 @@ def test_a_rerun_after_kill_9_sends_only_what_had_not_finished(cached_run, tmp_p
 
     assert not list((tmp_path / "out").glob("*.parquet"))  # killed before it published anything
     healthy = CountingBatcher()
-    summary: TableSummary = cached_run(
+    summary: RunSummary = cached_run(
         run_table,
         healthy,
         input=str(tmp_path / "q.parquet"),

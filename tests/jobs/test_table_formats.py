@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 from flyte.io import DataFrame
 
-from flyteplugins_batcher.jobs import RunOptions, TableProcessor, TableSummary, run_table, table_driver_env
+from flyteplugins_batcher.jobs import RunOptions, RunSummary, TableProcessor, run_table, table_driver_env
 from flyteplugins_batcher.replica import EngineSettings
 from tests.jobs.test_table import SIMULATED
 
@@ -28,12 +28,12 @@ def asked(count: int) -> list[str]:
 
 def answered(run_locally, table: object, tmp_path: Path, **options: object) -> pa.Table:
     """The output of the job on `table` (a path, a URI, a Hub name), every row answered."""
-    summary: TableSummary = run_locally(
+    summary: RunSummary = run_locally(
         run_table, input=table, prompt="{question}", output_dir=str(tmp_path / "out"), chunk_size=2,
         **SIMULATED | options,
     )  # fmt: skip
     out = pq.read_table(summary.output.uri)
-    assert out.column("error").null_count == out.num_rows == summary.rows == summary.answered
+    assert out.column("error").null_count == out.num_rows == summary.requests == summary.answered
     return out
 
 
@@ -60,7 +60,7 @@ def test_a_jsonl_file_whose_row_lacks_the_field_fails_that_row_and_keeps_nested_
     del rows[2]["question"]
     (tmp_path / "q.jsonl").write_text("\n".join(json.dumps(row) for row in rows) + "\n")
 
-    summary: TableSummary = run_locally(
+    summary: RunSummary = run_locally(
         run_table, input=str(tmp_path / "q.jsonl"), prompt="{question}", output_dir=str(tmp_path / "out"),
         max_failed_fraction=0.5, **SIMULATED,
     )  # fmt: skip
@@ -119,7 +119,7 @@ in_memory = TableProcessor(column="question", settings=EngineSettings(**SIMULATE
 
 
 @env.task
-async def from_a_dataframe(questions: list[str]) -> TableSummary:
+async def from_a_dataframe(questions: list[str]) -> RunSummary:
     frame = DataFrame.wrap_df(pd.DataFrame({"question": questions, "n": range(len(questions))}))
     return await run_table(input=frame, column="question", chunk_size=2, **SIMULATED)
 
@@ -133,7 +133,7 @@ async def from_memory(questions: list[str]) -> list[str]:
 
 def test_a_flyte_dataframe_from_another_task(run_locally):
     questions = asked(5)
-    summary: TableSummary = run_locally(from_a_dataframe, questions=questions)
+    summary: RunSummary = run_locally(from_a_dataframe, questions=questions)
     out = pq.read_table(summary.output.uri)
     assert out.column("question").to_pylist() == questions and out.column("n").to_pylist() == list(range(5))
     assert out.column("error").null_count == 5

@@ -17,7 +17,7 @@ import pytest
 from flyte.io import File
 
 from flyteplugins_batcher.engines import EmbeddingModel
-from flyteplugins_batcher.jobs import RunSummary, TableSummary, run_batch_file, run_table
+from flyteplugins_batcher.jobs import RunSummary, run_batch_file, run_table
 
 pytestmark = pytest.mark.slow
 
@@ -62,7 +62,7 @@ def test_a_table_gets_the_answers_run_batch_gives_the_same_questions(run_locally
     settings = {"engine": engine, "max_new_tokens": 24}
     questions, path = gsm8k_questions(tmp_path, 6)
 
-    summary: TableSummary = run_locally(
+    summary: RunSummary = run_locally(
         run_table, input=path, prompt="{question}", chunk_size=2, output_dir=str(tmp_path / "out"), **settings
     )
 
@@ -78,7 +78,7 @@ def test_a_json_schema_makes_the_answer_a_typed_struct_column(run_locally, tmp_p
     topics = [f"a {job} ({uuid.uuid4().hex[:6]})" for job in ("baker", "pilot", "farmer")]
     pq.write_table(pa.table({"topic": topics}), tmp_path / "topics.parquet")
 
-    summary: TableSummary = run_locally(
+    summary: RunSummary = run_locally(
         run_table, input=str(tmp_path / "topics.parquet"), prompt="Invent a person who is {topic}: name and age.",
         output_column="person", response_format=json.dumps(PERSON), engine="transformers", max_new_tokens=96,
         output_dir=str(tmp_path / "out"),
@@ -99,7 +99,7 @@ def test_embeddings_go_to_a_float32_vector_column_and_odd_texts_fail_alone(run_l
     table = pa.table({"text": texts, "meta": meta})
     pq.write_table(table, tmp_path / "docs.parquet")
 
-    summary: TableSummary = run_locally(
+    summary: RunSummary = run_locally(
         run_table, input=str(tmp_path / "docs.parquet"), task_type="embed", column="text",
         output_dir=str(tmp_path / "out"), embedding_chunk_size=2, max_failed_fraction=0.5,
     )  # fmt: skip
@@ -114,4 +114,10 @@ def test_embeddings_go_to_a_float32_vector_column_and_odd_texts_fail_alone(run_l
     expected = np.asarray([embedding.vector for embedding in EmbeddingModel().encode([texts[n] for n in kept])])
     got = np.asarray([out.column("embedding")[n].as_py() for n in kept])
     assert np.abs(got - expected).max() <= TOLERANCE
-    assert (summary.rows, summary.answered, summary.failed, summary.dimensions, summary.truncated) == (5, 3, 2, 384, 1)
+    assert (summary.requests, summary.answered, summary.failed, summary.dimensions, summary.truncated) == (
+        5,
+        3,
+        2,
+        384,
+        1,
+    )

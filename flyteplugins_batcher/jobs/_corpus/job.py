@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import asyncio
 
-from flyteplugins_batcher.jobs._driver import RunOptions
 from flyteplugins_batcher.jobs._options import task_with_options
+from flyteplugins_batcher.jobs._run_options import RunOptions
+from flyteplugins_batcher.jobs._summary import RunSummary
 from flyteplugins_batcher.jobs._table.options import TableOptions
-from flyteplugins_batcher.jobs._table.summary import TableSummary
 from flyteplugins_batcher.jobs._table.task import table_driver_env
 from flyteplugins_batcher.replica import EngineSettings
 
@@ -32,7 +32,7 @@ async def embed_corpus(
     output_dir: str = "",
     max_failed_fraction: float = 0.1,
     resume: bool = True,
-) -> TableSummary:
+) -> RunSummary:
     """Embed every document of a corpus; write the corpus with each document's vector, as Parquet.
 
     Args:

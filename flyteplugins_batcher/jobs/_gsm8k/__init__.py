@@ -11,7 +11,7 @@ Example:
 
 from __future__ import annotations
 
-from flyteplugins_batcher.jobs._gsm8k.dataset import SAMPLE_PATH, LoadedProblems, Problem, hub_reachable, load_problems
+from flyteplugins_batcher.jobs._gsm8k.dataset import SAMPLE_PATH, LoadedProblems, Problem, load_problems
 from flyteplugins_batcher.jobs._gsm8k.prompt import SYSTEM_PROMPT, chat_prompt
 from flyteplugins_batcher.jobs._gsm8k.scoring import extract_answer, gold_answer, is_correct, parse_number
 
@@ -23,7 +23,6 @@ __all__ = [
     "chat_prompt",
     "extract_answer",
     "gold_answer",
-    "hub_reachable",
     "is_correct",
     "load_problems",
     "parse_number",

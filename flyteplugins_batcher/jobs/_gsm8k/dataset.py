@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import logging
-import os
-import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from flyteplugins_batcher.jobs._gsm8k.scoring import gold_answer
+from flyteplugins_batcher.jobs._hub import hub_reachable
 
 logger = logging.getLogger("flyteplugins_batcher.jobs._gsm8k")
 
 HUB_DATASET = ("openai/gsm8k", "main", "test")
 SAMPLE_PATH = Path(__file__).resolve().parent.parent / "data" / "gsm8k_sample.jsonl"
-_HUB_HOST = ("huggingface.co", 443)
 
 
 @dataclass(frozen=True)
@@ -87,17 +85,6 @@ def load_problems(source: str = "auto", limit: int | None = None) -> LoadedProbl
             )
         loaded.problems = loaded.problems[:limit]
     return loaded
-
-
-def hub_reachable(timeout_s: float = 2.0) -> bool:
-    """Whether huggingface.co answers within `timeout_s` (False at once when HF_HUB_OFFLINE is set)."""
-    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes") or os.environ.get("HF_DATASETS_OFFLINE"):
-        return False
-    try:
-        with socket.create_connection(_HUB_HOST, timeout=timeout_s):
-            return True
-    except OSError:
-        return False
 
 
 def _read_rows(source: str) -> tuple[list[dict[str, Any]], str]:

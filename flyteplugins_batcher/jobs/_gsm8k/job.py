@@ -20,15 +20,17 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-from flyteplugins_batcher.jobs._driver import Counts, JsonLines, RunOptions, fan_out, finish_run
+from flyteplugins_batcher.jobs._driver import fan_out
 from flyteplugins_batcher.jobs._environments import LLM_POOL, LLM_SIZING, driver_environment, gpu_env
+from flyteplugins_batcher.jobs._finish import finish_run
 from flyteplugins_batcher.jobs._gsm8k import SYSTEM_PROMPT, Problem, extract_answer, is_correct, load_problems
 from flyteplugins_batcher.jobs._options import task_with_options
-from flyteplugins_batcher.jobs._outputs import Destination, WorkFolder
+from flyteplugins_batcher.jobs._outputs import Destination, JsonLines, WorkFolder
 from flyteplugins_batcher.jobs._replica_tasks import infer_chunk
 from flyteplugins_batcher.jobs._report import Progress
 from flyteplugins_batcher.jobs._reruns import retrying_reused_failures
-from flyteplugins_batcher.jobs._summary import RunSummary
+from flyteplugins_batcher.jobs._run_options import RunOptions
+from flyteplugins_batcher.jobs._summary import Counts, RunSummary
 from flyteplugins_batcher.replica import ChatMessage, ChunkOutcome, EngineSettings, RequestChunk, RequestItem
 
 logger = logging.getLogger("batch_llm")

@@ -21,11 +21,12 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 from flyteplugins_batcher.batch_api import ModelMismatch, ParsedRequest, RequestLineError, SeenIds
-from flyteplugins_batcher.jobs._driver import Counts, JsonLines
 from flyteplugins_batcher.jobs._journal import JournalWriter
 from flyteplugins_batcher.jobs._jsonl.models import ModelLanes
 from flyteplugins_batcher.jobs._jsonl.spool import Spool
+from flyteplugins_batcher.jobs._outputs import JsonLines
 from flyteplugins_batcher.jobs._report import Progress
+from flyteplugins_batcher.jobs._summary import Counts
 from flyteplugins_batcher.replica import ChunkCutter, EngineSettings, FinishedLine, JobChunk, JobOutcome, LineRules
 
 

@@ -23,14 +23,16 @@ from pathlib import Path
 from flyte.io import File
 
 from flyteplugins_batcher.engines import EmbeddingModel
-from flyteplugins_batcher.jobs._driver import RunOptions, fan_out, finish_run
+from flyteplugins_batcher.jobs._driver import fan_out
 from flyteplugins_batcher.jobs._environments import LLM_POOL, LLM_SIZING, driver_environment, embed_env, gpu_env
+from flyteplugins_batcher.jobs._finish import finish_run
 from flyteplugins_batcher.jobs._journal import JournalWriter
 from flyteplugins_batcher.jobs._jsonl.job import Job
 from flyteplugins_batcher.jobs._options import task_with_options
 from flyteplugins_batcher.jobs._outputs import Destination, WorkFolder
 from flyteplugins_batcher.jobs._replica_tasks import embed_requests, infer_chunk
 from flyteplugins_batcher.jobs._reruns import retrying_reused_failures
+from flyteplugins_batcher.jobs._run_options import RunOptions
 from flyteplugins_batcher.jobs._summary import RunSummary
 from flyteplugins_batcher.replica import EmbeddingChunk, EngineSettings, JobChunk, JobOutcome
 

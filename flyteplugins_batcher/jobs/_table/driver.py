@@ -15,19 +15,20 @@ from typing import Any
 from flyte.io import DataFrame
 
 from flyteplugins_batcher.engines import EmbeddingModel
-from flyteplugins_batcher.jobs._driver import FanOutStats, RunOptions, check_failures, fan_out, occupancy_warning
+from flyteplugins_batcher.jobs._driver import FanOutStats, fan_out
 from flyteplugins_batcher.jobs._environments import EMBED_POOL, LLM_POOL, ReplicaPool
+from flyteplugins_batcher.jobs._finish import check_failures, close_run, occupancy_warning
 from flyteplugins_batcher.jobs._outputs import PublishError, WorkFolder
 from flyteplugins_batcher.jobs._replica_tasks import embed_requests, infer_chunk
-from flyteplugins_batcher.jobs._report import print_report_location
 from flyteplugins_batcher.jobs._reruns import retrying_reused_failures
+from flyteplugins_batcher.jobs._run_options import RunOptions
+from flyteplugins_batcher.jobs._summary import RunSummary
 from flyteplugins_batcher.jobs._table.job import TableJob
 from flyteplugins_batcher.jobs._table.options import TableOptions, row_function
 from flyteplugins_batcher.jobs._table.parts import TableParts, job_columns, unify_parts
 from flyteplugins_batcher.jobs._table.publish import check_output, publish_parts
 from flyteplugins_batcher.jobs._table.requests import RowRequests
 from flyteplugins_batcher.jobs._table.source import TableSource, open_table
-from flyteplugins_batcher.jobs._table.summary import TableSummary, report_html, summary_line
 from flyteplugins_batcher.replica import (
     ChunkOutcome,
     EmbeddingChunk,
@@ -72,7 +73,7 @@ async def run_table_job(
     settings: EngineSettings,
     *,
     noun: str = "rows",
-) -> TableSummary:
+) -> RunSummary:
     """Run the table job in this task (`run_table`'s body, and a `TableProcessor`'s).
 
     Raises:
@@ -149,7 +150,7 @@ def _sender(plan: TableRun, started: float) -> Callable[[JobChunk], Awaitable[Jo
     return send
 
 
-async def _finish(job: TableJob, fanned: FanOutStats, work: WorkFolder, plan: TableRun) -> TableSummary:
+async def _finish(job: TableJob, fanned: FanOutStats, work: WorkFolder, plan: TableRun) -> RunSummary:
     """Join and publish the parts, show the final report, print the summary; fail past the allowed failures."""
     try:
         await asyncio.to_thread(unify_parts, sorted(job.parts.paths))
@@ -162,35 +163,19 @@ async def _finish(job: TableJob, fanned: FanOutStats, work: WorkFolder, plan: Ta
         where, unpublished = str(work.path), error
     summary = _summary(job, fanned, where)
     warning = occupancy_warning(fanned, plan.run, plan.pool) if plan.options.task_type == "generate" else ""
-    await job.progress.finish(report_html(summary, fanned.replicas, warning, fanned.started_at or None))
-    print(summary_line(summary, plan.noun), flush=True)
-    if warning:
-        print(f"WARNING: {warning}", flush=True)
-    print_report_location()
-    if unpublished is not None:
-        raise unpublished
+    await close_run(summary, fanned, job.progress, warning=warning, noun=plan.noun, unpublished=unpublished)
     where_failed = f"first: {job.first_failure}; see the error column of {where}"
-    check_failures(summary.failed, summary.rows, plan.run.max_failed_fraction, where_failed, plan.noun)
+    check_failures(summary.failed, summary.requests, plan.run.max_failed_fraction, where_failed, plan.noun)
     return summary
 
 
-def _summary(job: TableJob, fanned: FanOutStats, where: str) -> TableSummary:
-    counts = job.counts
+def _summary(job: TableJob, fanned: FanOutStats, where: str) -> RunSummary:
     busiest = max(fanned.replicas, key=lambda replica: replica.records, default=None)
     embedded = job.parts.options.task_type == "embed"
-    return TableSummary(
-        source=job.source.description,
-        rows=counts.done,
-        answered=counts.done - counts.failed,
-        failed=counts.failed,
-        reused=counts.reused,
-        retried=counts.retried,
-        load_time_s=fanned.load_time_s,
-        inference_s=fanned.inference_s,
-        rows_per_s=fanned.per_second(counts.fresh_answers),
-        output_tokens_per_s=fanned.per_second(counts.fresh_tokens),
-        prompt_tokens=counts.fresh_prompt_tokens,
-        cached_tokens=counts.fresh_cached_tokens,
+    return RunSummary.of(
+        job.source.description,
+        job.counts,
+        fanned,
         output=DataFrame.from_existing_remote(where, format="parquet"),
         occupancy=None if embedded else fanned.occupancy(),
         dimensions=job.parts.dimensions,

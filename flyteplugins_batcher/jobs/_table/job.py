@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from flyteplugins_batcher.jobs._driver import Counts
 from flyteplugins_batcher.jobs._report import Progress
+from flyteplugins_batcher.jobs._summary import Counts
 from flyteplugins_batcher.jobs._table.parts import ChunkRows, RowAnswer, TableParts
 from flyteplugins_batcher.jobs._table.requests import RowError, RowItem, RowRequests
 from flyteplugins_batcher.jobs._table.source import TableSource

@@ -9,10 +9,10 @@ from typing import Any
 import flyte
 from flyte.io import DataFrame
 
-from flyteplugins_batcher.jobs._driver import RunOptions
 from flyteplugins_batcher.jobs._environments import LLM_SIZING, embed_env, gpu_env
+from flyteplugins_batcher.jobs._run_options import RunOptions
+from flyteplugins_batcher.jobs._summary import RunSummary
 from flyteplugins_batcher.jobs._table.options import RowFunction, TableOptions
-from flyteplugins_batcher.jobs._table.summary import TableSummary
 from flyteplugins_batcher.replica import EngineSettings
 
 
@@ -83,7 +83,7 @@ class TableProcessor(TableOptions):
         """
         return (await self.process(table)).output
 
-    async def process(self, table: Any) -> TableSummary:
+    async def process(self, table: Any) -> RunSummary:
         """What `__call__` does, returning the run's summary (counts, throughput, and the output as `output`)."""
         from flyteplugins_batcher.jobs._table.driver import run_table_job  # Arrow's: the replicas' images have none
 

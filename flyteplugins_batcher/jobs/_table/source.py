@@ -14,7 +14,6 @@ What a table can be:
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from flyteplugins_batcher.jobs._gsm8k import hub_reachable
+from flyteplugins_batcher.jobs._hub import datasets_offline, hub_reachable
 
 BatchReader = Callable[[int], Iterator[pa.RecordBatch]]
 """Reads a table from its start: record batches of at most the rows asked for, in row order."""
@@ -33,7 +32,6 @@ _FORMATS |= {".json": "json", ".ndjson": "json"}
 _NO_SUFFIX = "parquet"
 """A file without a suffix in a folder: what flyte writes a DataFrame as (`00000`)."""
 _HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?(:[\w.-]+){0,2}$")
-_OFFLINE = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
 _HUB_HELP = (
     "Where the Hub is reachable, save it with `datasets.load_dataset(...).save_to_disk(PATH)` or "
     "`.to_parquet(PATH)` and pass PATH"
@@ -218,8 +216,7 @@ def _hub(name: str) -> TableSource:
 
     repository, *rest = name.split(":")
     config, split = (rest[0], rest[1]) if len(rest) == 2 else (None, rest[0] if rest else None)
-    offline = any(os.environ.get(name, "").lower() in ("1", "true", "yes") for name in _OFFLINE)
-    if not offline and not hub_reachable():  # else `datasets` retries for half a minute before it fails
+    if not datasets_offline() and not hub_reachable():  # else `datasets` retries for half a minute before it fails
         raise ValueError(
             f"input {name!r}: no file or folder here has that name, and the Hugging Face Hub, to load "
             f"{repository!r} from, is out of reach (offline?). {_HUB_HELP}; or, with the dataset in your Hugging "

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 from flyte.io import DataFrame
 
-from flyteplugins_batcher.jobs._driver import RunOptions
 from flyteplugins_batcher.jobs._environments import LLM_SIZING, driver_environment, embed_env, gpu_env
 from flyteplugins_batcher.jobs._options import task_with_options
+from flyteplugins_batcher.jobs._run_options import RunOptions
+from flyteplugins_batcher.jobs._summary import RunSummary
 from flyteplugins_batcher.jobs._table.options import TableOptions
-from flyteplugins_batcher.jobs._table.summary import TableSummary
 from flyteplugins_batcher.replica import EngineSettings
 
 table_driver_env = driver_environment("batch_table_driver", gpu_env, embed_env)
@@ -35,7 +35,7 @@ async def run_table(
     rows: TableOptions = TableOptions(),
     run: RunOptions = RunOptions(chunk_size=LLM_SIZING.chunk_size),
     settings: EngineSettings = EngineSettings(),
-) -> TableSummary:
+) -> RunSummary:
     """Answer every row of a table with an LLM (or embed it); write the table with each row's answer.
 
     Args:
