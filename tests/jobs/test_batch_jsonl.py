@@ -124,7 +124,8 @@ def test_a_rerun_after_a_crash_recomputes_only_the_unfinished_chunks(cached_run,
     summary: RunSummary = cached_run(run_batch_file, healthy, **job)
 
     assert (summary.answered, summary.failed, summary.reused, summary.retried) == (12, 0, 9, 0)
-    assert sorted(healthy.prompts) == sorted(f"Count to {n} ({marker})" for n in (9, 10, 11))  # one chunk of four
+    # The one chunk that crashed, whichever lines placement put beside line 10 (their prompts share "Count to 1").
+    assert len(healthy.prompts) == 3 and f"Count to 10 ({marker})" in healthy.prompts
     assert sorted(line["custom_id"] for line in read_lines(summary.results.path)) == sorted(f"r{n}" for n in range(12))
 
 
