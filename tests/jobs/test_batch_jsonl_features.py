@@ -210,6 +210,7 @@ def test_a_local_run_prints_its_progress_the_summary_and_where_the_report_is(tmp
     environment = {**os.environ, "BATCH_PROGRESS_INTERVAL_S": "0", "TMPDIR": str(temp)}
     command = [str(Path(sys.executable).parent / "flyte"), "run", "--local", "workflows/batch_jsonl.py", "main"]
     command += ["--input", str(requests), "--chunk_size", "1", "--max_chunks_in_flight", "1", "--no-resume"]
+    command += ["--order", "file"]  # a chunk goes as soon as its line is read: progress shows the file still being read
 
     run = subprocess.run(command, cwd=REPO_ROOT, env=environment, capture_output=True, text=True, timeout=600)
 
