@@ -141,9 +141,13 @@ class BatchLines:
                     continue
                 self._requests[request.custom_id] = request
                 for chunk in cutter.add(request):
+                    if self.should_stop():  # placement hands many chunks at once: each is sent only while it may run
+                        return
                     yield chunk
                     await asyncio.sleep(0)  # let finished chunks record between reads
         for chunk in cutter.rest():
+            if self.should_stop():
+                return
             yield chunk
 
     async def _run(self, chunk: JobChunk) -> JobOutcome:
