@@ -219,3 +219,16 @@ def test_a_rerun_reuses_every_chunk_placement_made(cached_run, tmp_path: Path) -
     # The same chunks: every answered row from the cache; only the row that failed in the engine is tried again.
     assert len(first.prompts) == 16 and [prompt.split()[1:3] for prompt in again.prompts] == [["word", "word"]]
     assert (summary.answered, summary.failed, summary.reused, summary.retried) == (15, 2, 15, 1)
+
+
+def test_one_group_of_twenty_thousand_lines_fills_whole_chunks_window_after_window() -> None:
+    cutter = ChunkCutter(chunk_size=8, embedding_chunk_texts=8, window=8192)
+    shared = "Read this contract and answer: " + "clause " * 300
+    chunks = []
+    for number in range(1, 20_001):
+        line = chat_line(f"r{number}", SYSTEM, f"{shared} question {number}")
+        chunks += cutter.add(parse_request_line(line, number, endpoints=ENDPOINTS))
+    chunks += cutter.rest()
+
+    assert [len(chunk.items) for chunk in chunks] == [8] * 2500  # 8,192 and 3,616 lines: every window divides by 8
+    assert sorted(int(item.key[1:]) for chunk in chunks for item in chunk.items) == list(range(1, 20_001))
