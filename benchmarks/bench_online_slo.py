@@ -54,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repositor
 from benchmarks._contenders import chat_line
 from benchmarks._harness import GSM8K, benchmark_parser, gsm8k_questions
 from benchmarks._line_charts import LineChartData, Panel, write_line_chart_data
-from benchmarks._sse import DONE, delta_text, sse_data
+from benchmarks._sse import first_content_and_tokens
 from benchmarks._tables import markdown_table
 from benchmarks.bench_serve import percentile
 from benchmarks.server_process import ServerProcess, our_server, vllm_server
@@ -114,8 +114,6 @@ def p99(seen: list[Seen], figure: str) -> float:
 async def ask(http: httpx.AsyncClient, body: dict[str, Any], started: float) -> Seen:
     """One streamed chat request: its time to first byte (headers), first content, and per token after it."""
     sent = time.perf_counter()
-    first = headers = 0.0
-    tokens = 0
     async with http.stream("POST", "/v1/chat/completions", json=body) as response:
         headers = time.perf_counter() - sent
         if response.status_code != 200:
@@ -123,12 +121,7 @@ async def ask(http: httpx.AsyncClient, body: dict[str, Any], started: float) -> 
             retry = int(response.headers.get("Retry-After", "0") or 0)
             ended = time.perf_counter() - started
             return Seen(sent - started, response.status_code, headers, retry_after=retry, ended=ended)
-        async for event in sse_data(response):
-            if event == DONE:
-                break
-            if not first and delta_text(event):
-                first = time.perf_counter() - sent
-            tokens = (event.get("usage") or {}).get("completion_tokens", tokens)
+        first, tokens = await first_content_and_tokens(response, sent)
     total = time.perf_counter() - sent
     tpot = (total - first) / (tokens - 1) if tokens > 1 and first else None
     return Seen(sent - started, 200, headers, first or total, tpot, ended=sent - started + total)

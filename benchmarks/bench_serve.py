@@ -54,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repositor
 
 from benchmarks._charts import write_chart_data
 from benchmarks._harness import GSM8K, benchmark_parser, gsm8k_questions
-from benchmarks._sse import DONE, delta_text, sse_data
+from benchmarks._sse import first_content_and_tokens
 from benchmarks._tables import markdown_table
 from benchmarks.server_process import ServerProcess, free_port, our_server, start, vllm_server
 from flyteplugins_batcher.engines import GenerationConfig, Request
@@ -183,17 +183,11 @@ async def _streamed(http: httpx.AsyncClient, body: dict[str, Any]) -> tuple[floa
     """One request streamed: (latency to `[DONE]`, time to the first content delta, output tokens)."""
     body = {**body, "stream": True, "stream_options": {"include_usage": True}}
     sent = time.perf_counter()
-    first, tokens = 0.0, 0
     async with http.stream("POST", "/v1/chat/completions", json=body) as response:
         if response.status_code != 200:
             await response.aread()
             response.raise_for_status()
-        async for event in sse_data(response):
-            if event == DONE:
-                break
-            if not first and delta_text(event):
-                first = time.perf_counter() - sent
-            tokens = (event.get("usage") or {}).get("completion_tokens", tokens)
+        first, tokens = await first_content_and_tokens(response, sent)
     latency = time.perf_counter() - sent
     return latency, first or latency, tokens
 
