@@ -9,7 +9,6 @@ so a chart cannot go stale against its numbers.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -17,7 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: `benchmarks` imports
 
 from benchmarks._charts import ChartData, render_svg
-from benchmarks._harness import REPO_ROOT
+from benchmarks._harness import REPO_ROOT, benchmark_parser
 from benchmarks._line_charts import LineChartData, render_line_svg
 
 DATA_DIR = REPO_ROOT / "docs" / "benchmarks" / "data"
@@ -46,7 +45,7 @@ def render_all(data_dir: Path = DATA_DIR, chart_dir: Path = CHART_DIR) -> list[P
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser = benchmark_parser(__doc__, chart=False)
     parser.add_argument("--data-dir", type=Path, default=DATA_DIR, help="the charts' JSON data")
     parser.add_argument("--out-dir", type=Path, default=CHART_DIR, help="where the SVGs go")
     args = parser.parse_args(argv)
