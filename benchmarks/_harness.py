@@ -84,6 +84,16 @@ def add_common_flags(parser: argparse.ArgumentParser, **defaults: Any) -> None:
         parser.add_argument(f"--{name.replace('_', '-')}", default=default, **COMMON_FLAGS[name])
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """`--help` with the docstring as written, and each flag's default after its help (where it has one)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        # As argparse.ArgumentDefaultsHelpFormatter does, but silent on the defaults that say nothing.
+        if not action.help or "%(default)" in action.help or action.default in (None, "", False, argparse.SUPPRESS):
+            return action.help
+        return f"{action.help} (default: %(default)s)"
+
+
 def benchmark_parser(doc: str | None, *, chart: bool = True, **defaults: Any) -> argparse.ArgumentParser:
     """A benchmark's parser: its docstring as `--help` (as written), the common flags named, and `--chart-data`.
 
@@ -94,7 +104,7 @@ def benchmark_parser(doc: str | None, *, chart: bool = True, **defaults: Any) ->
         args = parser.parse_args()
         ```
     """
-    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=doc, formatter_class=HelpFormatter)
     add_common_flags(parser, **defaults)
     if chart:
         add_chart_flag(parser)
