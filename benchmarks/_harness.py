@@ -50,7 +50,7 @@ COMMON_FLAGS: dict[str, dict[str, Any]] = {
     "quick": {"action": "store_true", "help": "small sizes, for a smoke run"},
     "threads": {"type": int, "help": "torch CPU threads"},
     "time_scale": {"type": float, "help": "the simulated GPU's speed-up over real time"},
-    "model": {"help": "a hub id or path (default: the bundled SmolLM2-135M-Instruct)"},
+    "model": {"help": "a hub id or path; none: the bundled SmolLM2-135M-Instruct"},
     "dtype": {"help": "float32: bf16 is emulated on AVX2-only CPUs"},
     "max_model_len": {"type": int, "help": "the engine's context, in tokens"},
     "max_num_seqs": {"type": int, "help": "the engine's sequences per step"},
@@ -59,29 +59,8 @@ COMMON_FLAGS: dict[str, dict[str, Any]] = {
 }
 """The flags several benchmarks take, by their `args` name; each benchmark gives its own defaults."""
 
-VLLM_ENGINE = {
-    "model": "",
-    "dtype": "float32",
-    "max_model_len": 2048,
-    "max_num_seqs": 256,
-    "kv_cache_gb": 2.0,
-    "enforce_eager": True,
-}
+VLLM_ENGINE = dict(model="", dtype="float32", max_model_len=2048, max_num_seqs=256, kv_cache_gb=2.0, enforce_eager=True)
 """The engine flags every contender on vLLM takes, with their defaults (`benchmark_parser(__doc__, **VLLM_ENGINE)`)."""
-
-
-def add_common_flags(parser: argparse.ArgumentParser, **defaults: Any) -> None:
-    """Add the common flags named (`COMMON_FLAGS`), each with the default given.
-
-    Example:
-        ```python
-        add_common_flags(parser, data=GSM8K, rounds=3)  # --data PATH, --rounds N
-        ```
-    """
-    for name, default in defaults.items():
-        if name not in COMMON_FLAGS:
-            raise ValueError(f"no common flag {name!r}; choose from {', '.join(COMMON_FLAGS)}")
-        parser.add_argument(f"--{name.replace('_', '-')}", default=default, **COMMON_FLAGS[name])
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -95,17 +74,20 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 
 def benchmark_parser(doc: str | None, *, chart: bool = True, **defaults: Any) -> argparse.ArgumentParser:
-    """A benchmark's parser: its docstring as `--help` (as written), the common flags named, and `--chart-data`.
+    """A benchmark's parser: its docstring as `--help`, the common flags named with their defaults, `--chart-data`.
 
     Example:
         ```python
-        parser = benchmark_parser(__doc__, data=GSM8K, rounds=3)
+        parser = benchmark_parser(__doc__, data=GSM8K, rounds=3)  # --data PATH, --rounds N (COMMON_FLAGS)
         parser.add_argument("--texts", type=int, default=1024)
         args = parser.parse_args()
         ```
     """
     parser = argparse.ArgumentParser(description=doc, formatter_class=HelpFormatter)
-    add_common_flags(parser, **defaults)
+    for name, default in defaults.items():
+        if name not in COMMON_FLAGS:
+            raise ValueError(f"no common flag {name!r}; choose from {', '.join(COMMON_FLAGS)}")
+        parser.add_argument(f"--{name.replace('_', '-')}", default=default, **COMMON_FLAGS[name])
     if chart:
         add_chart_flag(parser)
     return parser
