@@ -6,7 +6,7 @@ flags `_harness.VLLM_ENGINE` adds), run each command to its exit (`run_command`)
 answers it wrote (`batch_answers`).
 
     out = fresh_folder(scratch)
-    run = run_command([*our_command("run-batch", "-i", str(requests), "-o", str(out)), *our_vllm_flags(args)], scratch)
+    run = run_command(ours_on_vllm(args, "run-batch", "-i", str(requests), "-o", str(out)), scratch)
     answers, tokens = batch_answers(out / "results.jsonl")
 """
 
@@ -35,16 +35,14 @@ def vllm_engine_flags(args: argparse.Namespace) -> list[str]:
     return [*flags, "--enforce-eager"] if args.enforce_eager else [*flags, "--no-enforce-eager"]
 
 
-def our_command(subcommand: str, *arguments: str) -> list[str]:
-    """`python -m flyteplugins_batcher SUBCOMMAND ...`, with this interpreter."""
-    return [sys.executable, "-m", "flyteplugins_batcher", subcommand, *arguments]
+def ours_on_vllm(args: argparse.Namespace, subcommand: str, *arguments: str, models: tuple[str, ...] = ()) -> list[str]:
+    """`python -m flyteplugins_batcher SUBCOMMAND ARGUMENTS...` on vLLM, with this interpreter.
 
-
-def our_vllm_flags(args: argparse.Namespace, models: tuple[str, ...] = ()) -> list[str]:
-    """Our commands' flags for vLLM: the models (`args.model` unless given), the KV cache, no resume, the engine's."""
+    Then the models (`args.model` unless given), the KV cache, no resume, and the engine flags.
+    """
     named = [flag for model in (models or (args.model,)) for flag in ("--model", model)]
-    ours = [*named, "--engine", "vllm", "--kv-cache-gb", str(args.kv_cache_gb), "--no-resume"]
-    return [*ours, *vllm_engine_flags(args)]
+    ours = [sys.executable, "-m", "flyteplugins_batcher", subcommand, *arguments, *named, "--engine", "vllm"]
+    return [*ours, "--kv-cache-gb", str(args.kv_cache_gb), "--no-resume", *vllm_engine_flags(args)]
 
 
 def vllm_run_batch(requests: Path, results: Path, args: argparse.Namespace) -> list[str]:

@@ -35,7 +35,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: `benchmarks` imports
 
 from benchmarks._charts import write_chart_data
-from benchmarks._contenders import batch_answers, chat_line, fresh_folder, our_command, our_vllm_flags, run_command
+from benchmarks._contenders import batch_answers, chat_line, fresh_folder, ours_on_vllm, run_command
 from benchmarks._harness import SAMPLE_GSM8K, VLLM_ENGINE, benchmark_parser, gsm8k_rows
 from benchmarks._lora_models import make_adapters, make_merged_model
 from benchmarks._tables import markdown_table
@@ -91,8 +91,7 @@ def write_requests(way: Way, questions: list[str], max_tokens: int, target: Path
 
 def command(way: Way, requests: Path, out: Path, adapters: dict[str, str], args: argparse.Namespace) -> list[str]:
     lora = ["--lora-modules", *(f"{name}={path}" for name, path in adapters.items())] if way.adapters else []
-    run_batch = our_command("run-batch", "-i", str(requests), "-o", str(out))
-    return [*run_batch, *our_vllm_flags(args, models=way.models), *lora]
+    return [*ours_on_vllm(args, "run-batch", "-i", str(requests), "-o", str(out), models=way.models), *lora]
 
 
 def run_once(way: Way, requests: Path, adapters: dict[str, str], args: argparse.Namespace, scratch: Path) -> Run:

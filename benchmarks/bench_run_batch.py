@@ -36,8 +36,7 @@ from benchmarks._contenders import (
     batch_answers,
     chat_line,
     fresh_folder,
-    our_command,
-    our_vllm_flags,
+    ours_on_vllm,
     run_command,
     vllm_engine_flags,
     vllm_run_batch,
@@ -72,7 +71,7 @@ def write_requests(data: Path, count: int, max_tokens: int, model: str, target: 
 def command(way: str, args: argparse.Namespace, requests: Path, out: Path) -> list[str]:
     if way == "vllm run-batch":
         return vllm_run_batch(requests, out / "results.jsonl", args)
-    return [*our_command("run-batch", "-i", str(requests), "-o", str(out)), *our_vllm_flags(args)]
+    return ours_on_vllm(args, "run-batch", "-i", str(requests), "-o", str(out))
 
 
 def run_once(way: str, args: argparse.Namespace, requests: Path, scratch: Path) -> Run:

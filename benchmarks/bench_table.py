@@ -47,8 +47,7 @@ from benchmarks._contenders import (
     batch_answers,
     chat_line,
     fresh_folder,
-    our_command,
-    our_vllm_flags,
+    ours_on_vllm,
     run_command,
     vllm_engine_flags,
     vllm_run_batch,
@@ -119,9 +118,9 @@ def command(way: str, args: argparse.Namespace, inputs: Inputs, out: Path) -> li
     if way == "table job":
         table = ["-i", str(inputs.parquet), "-o", str(out / "table"), "--prompt", "{question}"]
         generation = ["--system-prompt", SYSTEM_PROMPT, "--max-new-tokens", str(args.max_tokens), "--temperature", "0"]
-        return [*our_command("run-table", *table, *generation), *our_vllm_flags(args)]
+        return ours_on_vllm(args, "run-table", *table, *generation)
     if way == "run-batch":
-        return [*our_command("run-batch", "-i", str(inputs.jsonl), "-o", str(out)), *our_vllm_flags(args)]
+        return ours_on_vllm(args, "run-batch", "-i", str(inputs.jsonl), "-o", str(out))
     if way == "vllm run-batch":
         return vllm_run_batch(inputs.jsonl, out / "results.jsonl", args)
     script = [sys.executable, str(REPO_ROOT / "benchmarks" / "_vllm_chat.py")]
