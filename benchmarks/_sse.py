@@ -7,6 +7,7 @@ arrives, and a soak can stop reading after any event.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -26,6 +27,21 @@ async def sse_data(response: httpx.Response) -> AsyncIterator[dict[str, Any] | s
             continue
         payload = line[len("data:") :].strip()
         yield DONE if payload == DONE else json.loads(payload)
+
+
+async def first_content_and_tokens(response: httpx.Response, sent: float) -> tuple[float, int]:
+    """Read a streamed answer to `[DONE]`: seconds from `sent` (a `perf_counter`) to its first content, and its tokens.
+
+    The first is 0.0 when no event carried content; the tokens are the usage event's completion tokens (0 without it).
+    """
+    first, tokens = 0.0, 0
+    async for event in sse_data(response):
+        if event == DONE:
+            break
+        if not first and delta_text(event):
+            first = time.perf_counter() - sent
+        tokens = (event.get("usage") or {}).get("completion_tokens", tokens)
+    return first, tokens
 
 
 def delta_text(event: dict[str, Any]) -> str:

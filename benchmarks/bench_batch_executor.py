@@ -41,11 +41,12 @@ from typing import Any
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: `benchmarks` imports
 
-from benchmarks._charts import add_chart_flag, write_chart_data
+from benchmarks._charts import write_chart_data
+from benchmarks._harness import GSM8K, benchmark_parser, gsm8k_questions
 from benchmarks._tables import markdown_table
-from benchmarks.bench_serve import DEFAULT_DATA, Drive, drive, percentile, questions
+from benchmarks.bench_serve import Drive, drive, percentile
 from benchmarks.server_process import ServerProcess, our_server
 
 
@@ -226,26 +227,21 @@ def ingest_rate(folder: Path, lines: int, database: str) -> float:
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = benchmark_parser(__doc__, data=GSM8K, rounds=3, time_scale=1.0, max_num_seqs=256)
     parser.add_argument("--lines", type=int, default=2000, help="chat lines in the batch file")
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="gsm8k JSONL the prompts come from")
-    parser.add_argument("--time-scale", type=float, default=1.0, help="the simulated engine's time scale")
-    parser.add_argument("--max-num-seqs", type=int, default=256, help="the simulated engine's sequences per step")
     parser.add_argument("--max-tokens", type=int, default=256, help="tokens per answer (the engine's default)")
     parser.add_argument("--ingest-lines", type=int, default=20000, help="journal lines for the ingest rate")
     parser.add_argument("--database-url", default="", help="also measure the ingest rate on this PostgreSQL")
     parser.add_argument("--local-runs", default="process", help="the flyte server's local runs: process or server")
-    parser.add_argument("--rounds", type=int, default=3, help="timed rounds of the three ways (the median is kept)")
     parser.add_argument("--online-clients", type=int, default=4, help="closed-loop online clients")
     parser.add_argument("--online-requests", type=int, default=64, help="online requests per load")
     parser.add_argument("--online-max-tokens", type=int, default=64, help="tokens per online answer")
-    add_chart_flag(parser)
     return parser.parse_args()
 
 
 def main() -> None:
     args = parse_args()
-    prompts = questions(args.data, args.lines)
+    prompts = gsm8k_questions(args.data, args.lines)
     with tempfile.TemporaryDirectory(prefix="bench-executor-") as temporary:
         folder = Path(temporary)
         servers = start_servers(args, folder)

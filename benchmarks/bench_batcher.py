@@ -39,10 +39,11 @@ from typing import Any
 
 from flyte import extras
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: `benchmarks` imports
 
 import flyteplugins_batcher as ours
-from benchmarks._charts import add_chart_flag, write_chart_data
+from benchmarks._charts import write_chart_data
+from benchmarks._harness import benchmark_parser
 from benchmarks._tables import markdown_table
 
 # -- 1. per-record overhead -------------------------------------------------------------------------
@@ -473,11 +474,7 @@ def bench_correctness() -> list[list[object]]:
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="smaller workloads, for a smoke run")
-    parser.add_argument("--json", type=Path, help="also write the raw rows to this file")
-    add_chart_flag(parser)
-    return parser.parse_args()
+    return benchmark_parser(__doc__, quick=False, json=None).parse_args()
 
 
 PIPELINE_HEADERS = [

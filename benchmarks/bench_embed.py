@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
 import threading
@@ -37,20 +36,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: `benchmarks` imports
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+import flyteplugins_batcher as ours
+from benchmarks._charts import write_chart_data
+from benchmarks._harness import (
+    SHARED_GSM8K,
+    benchmark_parser,
+    gsm8k_rows,
+    median_run,
+    through_producers,
+    write_rows_json,
+)
+from benchmarks._tables import markdown_table
+from flyteplugins_batcher.engines import EmbeddingModel
 
-import numpy as np  # noqa: E402
-
-import flyteplugins_batcher as ours  # noqa: E402
-from benchmarks._charts import add_chart_flag, write_chart_data  # noqa: E402
-from benchmarks._tables import markdown_table  # noqa: E402
-from flyteplugins_batcher.engines import EmbeddingModel  # noqa: E402
-
-DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "gsm8k" / "test.jsonl"
 BATCH = 64
 PRODUCERS = 8
 TOLERANCE = 1e-4
@@ -90,32 +93,18 @@ class Model:
 
 
 def load_corpus(path: Path, count: int) -> list[str]:
-    if not path.is_file():
-        raise SystemExit(f"bench_embed: no gsm8k file at {path}; pass --data")
-    texts: list[str] = []
-    with path.open() as handle:
-        for line in handle:
-            row = json.loads(line)
-            texts += [row["question"], row["answer"]]  # short and long, interleaved
-            if len(texts) >= count:
-                break
-    return texts[:count]
+    """The first `count` texts of a gsm8k file: each row's question and answer, short and long, interleaved."""
+    return [text for row in gsm8k_rows(path)[:count] for text in (row["question"], row["answer"])][:count]
 
 
-def shares(texts: list[str]) -> list[list[int]]:
-    return [list(range(producer, len(texts), PRODUCERS)) for producer in range(PRODUCERS)]
+async def through_batched(embed: Any, texts: list[str]) -> list[Any]:
+    """`PRODUCERS` producers calling a `@batched` function, each all of its share at once; then it is closed."""
 
+    async def submit(text: str) -> asyncio.Future[Any]:
+        return asyncio.ensure_future(embed(text))
 
-async def through_producers(call: Callable[[str], Any], texts: list[str]) -> list[Any]:
-    """8 producers, each submitting its share at once and awaiting the vectors."""
-    results: list[Any] = [None] * len(texts)
-
-    async def produce(indices: list[int]) -> None:
-        vectors = await asyncio.gather(*(call(texts[i]) for i in indices))
-        for i, vector in zip(indices, vectors, strict=True):
-            results[i] = vector
-
-    await asyncio.gather(*(produce(indices) for indices in shares(texts)))
+    results = await through_producers(submit, texts, PRODUCERS)
+    await embed.aclose()
     return results
 
 
@@ -134,23 +123,14 @@ def run_way(name: str, model: Model, texts: list[str], way: Callable[[], list[An
     }
 
 
-def median_round(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    return sorted(runs, key=lambda run: run["wall_s"])[len(runs) // 2]
-
-
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="gsm8k test.jsonl")
+    parser = benchmark_parser(__doc__, data=SHARED_GSM8K, threads=2, rounds=3, json=None)
     parser.add_argument("--texts", type=int, default=1024)
-    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds over all ways; each way's median is shown")
-    parser.add_argument("--json", type=Path, help="also write the rows here")
     parser.add_argument(
         "--ways",
         default="",
         help="comma-separated way numbers to run (e.g. 1,3,4,6; default: all; 1, 3, 3b, 4 always run)",
     )
-    add_chart_flag(parser)
     return parser.parse_args()
 
 
@@ -172,17 +152,12 @@ def all_ways(model: Model, texts: list[str]) -> list[tuple[str, Callable[[], lis
     def count_tokens(text: str) -> int:
         return len(model.model.tokenizer(text, truncation=True, max_length=model.model.max_seq_length)["input_ids"])
 
-    def through_batched(**options: Any) -> list[Any]:
+    def batched(**options: Any) -> list[Any]:
         @ours.batched(max_batch_size=BATCH, **options)
         def embed(batch: list[str]) -> list[np.ndarray]:
             return list(model.encode(batch, len(batch)))
 
-        async def run() -> list[Any]:
-            results = await through_producers(embed, texts)
-            await embed.aclose()
-            return results
-
-        return asyncio.run(run())
+        return asyncio.run(through_batched(embed, texts))
 
     def flyte_extras() -> list[Any]:
         async def process(batch: list[str]) -> list[np.ndarray]:
@@ -192,9 +167,9 @@ def all_ways(model: Model, texts: list[str]) -> list[tuple[str, Callable[[], lis
             async with extras.DynamicBatcher(process_fn=process, max_batch_size=BATCH) as batcher:
 
                 async def submit(text: str) -> Any:
-                    return await (await batcher.submit(text, estimated_cost=count_tokens(text)))
+                    return await batcher.submit(text, estimated_cost=count_tokens(text))
 
-                return await through_producers(submit, texts)
+                return await through_producers(submit, texts, PRODUCERS)
 
         return asyncio.run(run())
 
@@ -207,12 +182,12 @@ def all_ways(model: Model, texts: list[str]) -> list[tuple[str, Callable[[], lis
         ("3. model.encode(all, batch_size=64): sorted by characters", lambda: list(model.encode(texts, BATCH))),
         ("3b. sorted by tokens, batches of 64: the offline ideal", lambda: token_sorted(model, texts, count_tokens)),
         ("4. flyte.extras DynamicBatcher, as its docs show", flyte_extras),
-        ("5. @batched, FIFO batches", lambda: through_batched(grouping="fifo", cost_estimator=count_tokens)),
+        ("5. @batched, FIFO batches", lambda: batched(grouping="fifo", cost_estimator=count_tokens)),
         (
             '6. @batched, grouping="by_cost", cost = token count',
-            lambda: through_batched(grouping="by_cost", cost_estimator=count_tokens),
+            lambda: batched(grouping="by_cost", cost_estimator=count_tokens),
         ),
-        ("7. @batched(max_batch_size=64), the default (by words)", through_batched),
+        ("7. @batched(max_batch_size=64), the default (by words)", batched),
     ]
 
 
@@ -269,14 +244,14 @@ def main() -> None:
     # Wall time on a shared CPU drifts by 10-20% between minutes: run every way once per round, in
     # turn, and keep each way's median round, so that no way is favoured by when it ran.
     rounds = [[run_way(name, model, texts, way) for name, way in ways] for _ in range(args.rounds)]
-    rows = table_rows([median_round([one_round[index] for one_round in rounds]) for index in range(len(ways))], texts)
+    medians = [median_run([one[index] for one in rounds], lambda run: run["wall_s"]) for index in range(len(ways))]
+    rows = table_rows(medians, texts)
     print(
         f"\n{len(texts)} gsm8k questions and answers interleaved, all-MiniLM-L6-v2 on CPU ({args.threads} threads), "
         f"batches of up to {BATCH}, {PRODUCERS} producers in 4-7, median of {args.rounds} rounds\n"
     )
     print(markdown_table(HEADERS, rows))
-    if args.json:
-        args.json.write_text(json.dumps([dict(zip(HEADERS, row, strict=True)) for row in rows], indent=2, default=str))
+    write_rows_json(args.json, HEADERS, rows)
     write_chart_data(
         args.chart_data,
         title=f"Embedding {len(texts):,} mixed-length gsm8k texts with all-MiniLM-L6-v2, batches of up to {BATCH}",

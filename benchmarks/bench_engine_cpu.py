@@ -36,28 +36,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
-import itertools
-import json
 import os
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: `benchmarks` imports
 
+from benchmarks._charts import write_chart_data
+from benchmarks._harness import SHARED_GSM8K, benchmark_parser, gsm8k_rows, median_run, through_producers
+from benchmarks._tables import markdown_table
 from flyteplugins_batcher.engines import Completion, GenerationConfig
 from flyteplugins_batcher.engines.transformers import TransformersEngine
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
-from benchmarks._charts import add_chart_flag, write_chart_data  # noqa: E402
-
-DEFAULT_DATA = REPO_ROOT / ".." / "shared" / "data" / "gsm8k" / "test.jsonl"
 
 SYSTEM_PROMPT = (
     "You are a careful math tutor. Solve the word problem step by step, showing each calculation. "
@@ -84,8 +78,7 @@ class ModeResult:
 
 def load_questions(path: Path, count: int) -> list[str]:
     """The first `count` questions of a gsm8k JSONL file."""
-    with path.open() as handle:
-        questions = [json.loads(line)["question"] for line in itertools.islice(handle, count)]
+    questions = [row["question"] for row in gsm8k_rows(path)[:count]]
     if len(questions) < count:
         raise SystemExit(f"{path} has only {len(questions)} questions, fewer than --questions {count}")
     return questions
@@ -124,22 +117,16 @@ def fixed_batches(engine: TransformersEngine, questions: list[str], batch_size: 
     return [text for chunk in chunks for text in texts(engine.generate(chunk))], len(chunks)
 
 
-async def through_producers(
-    batcher: Any, questions: list[str], producers: int, stop_batcher: Callable[[], Awaitable[None]]
-) -> list[str]:
-    """Deal questions round-robin to concurrent producers; each submits all of its own, then awaits them."""
-    shares = [list(range(producer, len(questions), producers)) for producer in range(producers)]
+async def answers_of(batcher: Any, questions: list[str], producers: int) -> tuple[list[str], int]:
+    """The answers to `questions` through a started batcher, fed by `producers` producers; then it is stopped.
 
-    async def produce(indices: list[int]) -> list[tuple[int, Completion | Exception]]:
-        futures = [await batcher.submit(questions[index]) for index in indices]
-        return list(zip(indices, await asyncio.gather(*futures), strict=True))
-
+    Also returns how many batches the batcher sent.
+    """
     try:
-        per_producer = await asyncio.gather(*(produce(indices) for indices in shares))
+        results = await through_producers(batcher.submit, questions, producers)
     finally:
-        await stop_batcher()
-    by_index = dict(pair for pairs in per_producer for pair in pairs)
-    return texts([by_index[index] for index in range(len(questions))])
+        await batcher.stop()
+    return texts(results), batcher.stats.total_batches
 
 
 def batcher_settings(engine: TransformersEngine, questions: list[str], batch_size: int) -> dict[str, Any]:
@@ -163,8 +150,7 @@ def flyte_extras_batcher(
     async def main() -> tuple[list[str], int]:
         batcher = TokenBatcher(inference_fn=inference, **batcher_settings(engine, questions, batch_size))
         await batcher.start()
-        answers = await through_producers(batcher, questions, producers, batcher.stop)
-        return answers, batcher.stats.total_batches
+        return await answers_of(batcher, questions, producers)
 
     return asyncio.run(main())
 
@@ -175,8 +161,7 @@ def through_our_batcher(make_batcher: Callable[[], Any], questions: list[str], p
     async def main() -> tuple[list[str], int]:
         batcher = make_batcher()
         await batcher.start()
-        answers = await through_producers(batcher, questions, producers, batcher.stop)
-        return answers, batcher.stats.total_batches
+        return await answers_of(batcher, questions, producers)
 
     return asyncio.run(main())
 
@@ -199,41 +184,42 @@ def our_ways(engine: TransformersEngine, questions: list[str], batch_size: int) 
     }
 
 
-def markdown_table(
+def modes_table(
     results: list[ModeResult], ideal: ModeResult, flyte: ModeResult, reference: ModeResult, paired: dict[str, str]
 ) -> str:
-    lines = [
-        "| mode | questions/s | avg batch | vs fixed batches | paired rounds | vs flyte.extras | padding eff. "
-        "| answers = one-at-a-time |",
-        "|---|---:|---:|---:|---|---:|---:|---|",
-    ]
+    """Each mode's questions/s against the fixed batches and flyte.extras, its batches and its answers."""
+    rows = []
     for result in results:
         same = sum(a == b for a, b in zip(result.answers, reference.answers, strict=True))
-        lines.append(
-            f"| {result.name} | {result.questions_per_s():.2f} | {result.avg_batch_size():.1f} "
-            f"| {result.questions_per_s() / ideal.questions_per_s():.2f}x | {paired.get(result.name, '')} "
-            f"| {result.questions_per_s() / flyte.questions_per_s():.2f}x "
-            f"| {result.padding_efficiency:.2f} | {same}/{len(result.answers)} |"
+        rows.append(
+            [
+                result.name,
+                f"{result.questions_per_s():.2f}",
+                f"{result.avg_batch_size():.1f}",
+                f"{result.questions_per_s() / ideal.questions_per_s():.2f}x",
+                paired.get(result.name, ""),
+                f"{result.questions_per_s() / flyte.questions_per_s():.2f}x",
+                f"{result.padding_efficiency:.2f}",
+                f"{same}/{len(result.answers)}",
+            ]
         )
-    return "\n".join(lines)
+    headers = ["mode", "questions/s", "avg batch", "vs fixed batches", "paired rounds", "vs flyte.extras"]
+    headers += ["padding eff.", "answers = one-at-a-time"]
+    return markdown_table(headers, rows, align="lrrrlrrl")
 
 
 def workload_parser(description: str) -> argparse.ArgumentParser:
     """The flags of the CPU LLM benchmarks: the questions, the generation, the batches, the rounds."""
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="gsm8k test.jsonl")
+    parser = benchmark_parser(description, data=SHARED_GSM8K, threads=2, rounds=3)
     parser.add_argument("--questions", type=int, default=32)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--producers", type=int, default=4)
-    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds, the ways taken in turn; medians are shown")
-    add_chart_flag(parser)
     return parser
 
 
 def parse_args() -> argparse.Namespace:
-    return workload_parser(__doc__.split("\n", 1)[0]).parse_args()
+    return workload_parser(__doc__).parse_args()
 
 
 def main() -> None:
@@ -266,7 +252,7 @@ def main() -> None:
     for _ in range(args.rounds):
         for name, run in ways.items():
             runs[name].append(measure(name, engine, run))
-    medians = [sorted(rounds, key=lambda r: r.seconds)[len(rounds) // 2] for rounds in runs.values()]
+    medians = [median_run(rounds, lambda result: result.seconds) for rounds in runs.values()]
     fixed_rounds = next(iter(runs.values()))
     paired = {
         name: " / ".join(f"{base.seconds / mine.seconds:.2f}" for base, mine in zip(fixed_rounds, rounds, strict=True))
@@ -278,7 +264,7 @@ def main() -> None:
         f"{args.max_new_tokens}, {len(questions)} gsm8k questions, {args.producers} producers; "
         f"modes 2-6: median of {args.rounds} rounds\n"
     )
-    print(markdown_table([reference, *medians], medians[0], medians[1], reference, paired))
+    print(modes_table([reference, *medians], medians[0], medians[1], reference, paired))
     write_chart_data(
         args.chart_data,
         title=f"SmolLM2-135M-Instruct on CPU: {len(questions)} gsm8k questions, max_new_tokens {args.max_new_tokens}",

@@ -39,10 +39,10 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: `benchmarks` imports
 
 import flyteplugins_batcher as ours
-from benchmarks._charts import add_chart_flag
+from benchmarks._harness import benchmark_parser
 from benchmarks._line_charts import LineChartData, Panel, write_line_chart_data
 from benchmarks._tables import markdown_table
 
@@ -340,7 +340,7 @@ def chart(rows: list[dict], name: str, args: argparse.Namespace, per_record_s: f
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser = benchmark_parser(__doc__, rounds=2, quick=False, json=None)
     parser.add_argument("--records", type=int, default=3_000)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--hidden", type=int, default=4_096)
@@ -348,10 +348,6 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--ratios", default="0,0.25,0.5,1,2", help="CPU time per record, as multiples of the device's")
     parser.add_argument("--switch-intervals", default="", help="ours again with these GIL switch intervals (ms)")
     parser.add_argument("--ways", default="", help="only these ways (comma-separated), serial first")
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--quick", action="store_true", help="toy sizes, for a smoke run on the CPU")
-    parser.add_argument("--json", default="", help="also write the rows here")
-    add_chart_flag(parser)
     return parser.parse_args()
 
 
@@ -376,9 +372,7 @@ def main() -> None:
     print()
     print(table(rows))
     if args.json:
-        Path(args.json).write_text(
-            json.dumps({"device": name, "args": vars(args), "rows": rows}, indent=2, default=str)
-        )
+        args.json.write_text(json.dumps({"device": name, "args": vars(args), "rows": rows}, indent=2, default=str))
     write_line_chart_data(args.chart_data, chart(rows, name, args, per_record))
     PROCESSES.shutdown()
 

@@ -31,12 +31,12 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: `benchmarks` imports
 
-from benchmarks._charts import add_chart_flag, write_chart_data
+from benchmarks._charts import write_chart_data
+from benchmarks._harness import SHARED_GSM8K, benchmark_parser, median_run
 from benchmarks._tables import markdown_table
 from benchmarks.bench_engine_cpu import (
-    DEFAULT_DATA,
     SYSTEM_PROMPT,
     fixed_batches,
     flyte_extras_batcher,
@@ -129,7 +129,7 @@ def run_all(engine: TransformersEngine, questions: list[str], args: argparse.Nam
         for name, run in modes(engine, questions, args.batch_size, args.producers).items():
             runs.setdefault(name, []).append(measured(name, engine, run))
     for results in runs.values():
-        rows.append(sorted(results, key=lambda row: row["wall_s"])[len(results) // 2])
+        rows.append(median_run(results, lambda row: row["wall_s"]))
     return rows
 
 
@@ -172,20 +172,15 @@ def write_chart(path: Path | None, rows: list[dict[str, Any]], name: str, args: 
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser = benchmark_parser(__doc__, data=SHARED_GSM8K, rounds=3, quick=False, json=None)
     parser.add_argument(
         "--tokenizer", type=Path, help="a folder of SmolLM2's tokenizer files (default: the bundled model's)"
     )
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="gsm8k test.jsonl")
     parser.add_argument("--questions", type=int, default=128)
     parser.add_argument("--single", type=int, default=4, help="questions run one at a time (mode 1)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--producers", type=int, default=4)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--quick", action="store_true", help="a tiny model and few questions, for a CPU smoke run")
-    parser.add_argument("--json", default="", help="also write the rows here")
-    add_chart_flag(parser)
     return parser.parse_args()
 
 
@@ -216,16 +211,7 @@ def main() -> None:
     print(table(rows))
     write_chart(args.chart_data, rows, name, args)
     if args.json:
-        Path(args.json).write_text(
-            json.dumps(
-                {
-                    "device": name,
-                    "args": vars(args) | {"tokenizer": str(args.tokenizer), "data": str(args.data)},
-                    "rows": rows,
-                },
-                indent=2,
-            )
-        )
+        args.json.write_text(json.dumps({"device": name, "args": vars(args), "rows": rows}, indent=2, default=str))
 
 
 if __name__ == "__main__":

@@ -11,22 +11,17 @@ the process's peak resident memory and the peak of Python allocations (tracemall
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
-import resource
-import subprocess
 import sys
 import tempfile
 import time
-import tracemalloc
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: `benchmarks` imports
 
-from benchmarks._charts import add_chart_flag, write_chart_data  # noqa: E402
+from benchmarks._charts import write_chart_data
+from benchmarks._harness import add_fresh_process_flag, benchmark_parser, in_fresh_process, memory_table, peak_memory
 
 
 def write_requests(path: Path, count: int) -> None:
@@ -70,58 +65,24 @@ def measure(count: int, chunk_size: int, max_in_flight: int) -> dict[str, float]
     folder = Path(tempfile.mkdtemp(prefix="jsonl-input-"))
     path = folder / "requests.jsonl"
     write_requests(path, count)
-    tracemalloc.start()
-    started = time.perf_counter()
-    done = asyncio.run(run_driver(path, chunk_size, max_in_flight))
-    seconds = time.perf_counter() - started
-    _, python_peak = tracemalloc.get_traced_memory()
-    tracemalloc.stop()
+    done, figures = peak_memory(lambda: asyncio.run(run_driver(path, chunk_size, max_in_flight)))
     assert done == count, f"{done} of {count} requests done"
-    return {
-        "lines": count,
-        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "python_peak_mib": python_peak / 2**20,
-        "seconds": seconds,
-        "input_mib": path.stat().st_size / 2**20,
-    }
+    return {"lines": count, **figures, "input_mib": path.stat().st_size / 2**20}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--sizes", default="20000,200000", help="comma-separated line counts")
     parser.add_argument("--chunk-size", type=int, default=32)
     parser.add_argument("--max-chunks-in-flight", type=int, default=16)
-    parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # internal: measure one size, print JSON
-    add_chart_flag(parser)
+    add_fresh_process_flag(parser)
     args = parser.parse_args()
     if args.one:
         print(json.dumps(measure(args.one, args.chunk_size, args.max_chunks_in_flight)))
         return
-
-    from benchmarks._tables import markdown_table
-
-    rows = []
-    for size in (int(text) for text in args.sizes.split(",")):
-        command = [sys.executable, __file__, "--one", str(size), "--chunk-size", str(args.chunk_size)]
-        command += ["--max-chunks-in-flight", str(args.max_chunks_in_flight)]
-        output = subprocess.run(command, capture_output=True, text=True, check=True, cwd=REPO_ROOT).stdout
-        rows.append(json.loads(output.strip().splitlines()[-1]))
-    base = rows[0]
-    table = [
-        [
-            f"{row['lines']:,}",
-            f"{row['input_mib']:.1f}",
-            f"{row['peak_rss_mib']:.0f}",
-            f"{row['peak_rss_mib'] / base['peak_rss_mib']:.2f}",
-            f"{row['python_peak_mib']:.1f}",
-            f"{row['python_peak_mib'] / base['python_peak_mib']:.2f}",
-            f"{row['seconds']:.1f}",
-        ]
-        for row in rows
-    ]
-    headers = ["lines", "input MiB", "peak RSS MiB", "x first", "peak Python allocations MiB", "x first", "seconds"]
+    rows = [in_fresh_process(__file__, int(size)) for size in args.sizes.split(",")]
     print(f"\nJSONL driver, chunks of {args.chunk_size}, at most {args.max_chunks_in_flight} in flight\n")
-    print(markdown_table(headers, table))
+    print(memory_table(rows, "lines"))
     write_chart_data(
         args.chart_data,
         title="The JSONL driver's peak memory against the file's size",

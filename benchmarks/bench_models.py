@@ -23,29 +23,24 @@ machine's drift reaches all of them; the tables give medians. Answers are compar
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: `benchmarks` imports
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+from benchmarks._charts import write_chart_data
+from benchmarks._contenders import batch_answers, chat_line, fresh_folder, ours_on_vllm, run_command
+from benchmarks._harness import SAMPLE_GSM8K, VLLM_ENGINE, benchmark_parser, gsm8k_rows
+from benchmarks._lora_models import make_adapters, make_merged_model
+from benchmarks._tables import markdown_table
+from flyteplugins_batcher.engines import bundled_smollm2_path
 
-from benchmarks._charts import add_chart_flag, write_chart_data  # noqa: E402
-from benchmarks._lora_models import make_adapters, make_merged_model  # noqa: E402
-from benchmarks._tables import markdown_table  # noqa: E402
-from flyteplugins_batcher.engines import bundled_smollm2_path  # noqa: E402
-
-SAMPLE_DATA = REPO_ROOT / "flyteplugins_batcher" / "jobs" / "data" / "gsm8k_sample.jsonl"
 SUMMARY = re.compile(r"\(inference ([\d.]+) s, model load ([\d.]+) s\)")
 ADAPTERS = ("alpha", "beta")
 
@@ -90,43 +85,30 @@ def write_requests(way: Way, questions: list[str], max_tokens: int, target: Path
     with target.open("w") as out:
         for key, model in way.lines.items():
             question = questions[int(key[1:]) % len(questions)]
-            body = {"model": model, "messages": [{"role": "user", "content": question}], "max_tokens": max_tokens}
-            body["temperature"] = 0
-            out.write(json.dumps({"custom_id": key, "method": "POST", "url": "/v1/chat/completions", "body": body}))
-            out.write("\n")
+            out.write(chat_line(key, [{"role": "user", "content": question}], model, max_tokens) + "\n")
     return target
 
 
 def command(way: Way, requests: Path, out: Path, adapters: dict[str, str], args: argparse.Namespace) -> list[str]:
-    models = [flag for model in way.models for flag in ("--model", model)]
     lora = ["--lora-modules", *(f"{name}={path}" for name, path in adapters.items())] if way.adapters else []
-    return [
-        sys.executable, "-m", "flyteplugins_batcher", "run-batch", "-i", str(requests), "-o", str(out), *models,
-        "--engine", "vllm", "--no-resume", "--dtype", "float32", "--max-model-len", str(args.max_model_len),
-        "--max-num-seqs", str(args.max_num_seqs), "--kv-cache-gb", str(args.kv_cache_gb), "--enforce-eager", *lora,
-    ]  # fmt: skip
+    return [*ours_on_vllm(args, "run-batch", "-i", str(requests), "-o", str(out), models=way.models), *lora]
 
 
 def run_once(way: Way, requests: Path, adapters: dict[str, str], args: argparse.Namespace, scratch: Path) -> Run:
     """Run one way's command to its exit and read its summary line and its answers."""
-    out = Path(tempfile.mkdtemp(dir=scratch))
-    started = time.perf_counter()
-    finished = subprocess.run(command(way, requests, out, adapters, args), capture_output=True, text=True, cwd=scratch)
-    wall = time.perf_counter() - started
+    out = fresh_folder(scratch)
+    finished = run_command(command(way, requests, out, adapters, args), scratch)
     if finished.returncode != 0:
-        raise SystemExit(
-            f"{way.name} failed ({finished.returncode}):\n{finished.stdout[-2000:]}{finished.stderr[-4000:]}"
-        )
+        raise SystemExit(finished.failure(way.name))
     found = SUMMARY.search(finished.stdout)
     inference, load = (float(found.group(1)), float(found.group(2))) if found else (0.0, 0.0)
-    run = Run(way.name, wall, inference, load)
-    for line in (out / "results.jsonl").read_text().splitlines():
-        result = json.loads(line)
-        run.answers[result["custom_id"]] = result["response"]["body"]["choices"][0]["message"]["content"]
-    models = [line for line in finished.stdout.splitlines() if line.startswith("model ")]
-    print(f"{way.name}: {wall:.1f} s (inference {inference:.1f} s, load {load:.1f} s), {len(run.answers)} answers")
-    for line in models:
-        print(f"    {line}")
+    run = Run(way.name, finished.exit_s, inference, load, batch_answers(out / "results.jsonl")[0])
+    print(
+        f"{way.name}: {run.wall_s:.1f} s (inference {inference:.1f} s, load {load:.1f} s), {len(run.answers)} answers"
+    )
+    for line in finished.stdout.splitlines():
+        if line.startswith("model "):
+            print(f"    {line}")
     sys.stdout.flush()
     return run
 
@@ -170,21 +152,18 @@ def tables(runs: list[Run], plan: list[Way]) -> tuple[str, dict[str, float]]:
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, default=SAMPLE_DATA, help="gsm8k JSONL (questions)")
+    # A smaller engine than the other contenders'; no --model: the models are SmolLM2 and a merged copy of it.
+    engine = {**VLLM_ENGINE, "max_model_len": 1024, "max_num_seqs": 64, "kv_cache_gb": 1.0}
+    del engine["model"]
+    parser = benchmark_parser(__doc__, data=SAMPLE_GSM8K, rounds=2, **engine)
     parser.add_argument("--lines", type=int, default=48, help="chat lines in the one-model and mixed files")
     parser.add_argument("--max-tokens", type=int, default=32, help="each line's max_tokens")
-    parser.add_argument("--rounds", type=int, default=2, help="runs of each way, alternating")
-    parser.add_argument("--max-model-len", type=int, default=1024)
-    parser.add_argument("--max-num-seqs", type=int, default=64)
-    parser.add_argument("--kv-cache-gb", type=float, default=1.0)
-    add_chart_flag(parser)
     return parser.parse_args()
 
 
 def main() -> None:
     args = parse_args()
-    questions = [json.loads(line)["question"] for line in args.data.read_text().splitlines() if line.strip()]
+    questions = [row["question"] for row in gsm8k_rows(args.data)]
     with tempfile.TemporaryDirectory(prefix="bench-models-") as folder:
         scratch = Path(folder)
         base = str(bundled_smollm2_path())
@@ -204,7 +183,7 @@ def report(runs: list[Run], plan: list[Way], args: argparse.Namespace) -> None:
     rendered, ratios = tables(runs, plan)
     print(
         f"\n{args.lines} gsm8k chat lines of at most {args.max_tokens} tokens, greedy; SmolLM2-135M-Instruct and a "
-        f"merged checkpoint of it; vLLM CPU build, float32, --max-num-seqs {args.max_num_seqs}, KV cache "
+        f"merged checkpoint of it; vLLM CPU build, {args.dtype}, --max-num-seqs {args.max_num_seqs}, KV cache "
         f"{args.kv_cache_gb:g} GiB; wall time per command, start and loads included; medians of {args.rounds} "
         "alternating rounds\n"
     )

@@ -49,13 +49,14 @@ from typing import Any
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: `benchmarks` imports
 
-from benchmarks._charts import add_chart_flag
+from benchmarks._contenders import chat_line
+from benchmarks._harness import GSM8K, benchmark_parser, gsm8k_questions
 from benchmarks._line_charts import LineChartData, Panel, write_line_chart_data
-from benchmarks._sse import DONE, delta_text, sse_data
+from benchmarks._sse import first_content_and_tokens
 from benchmarks._tables import markdown_table
-from benchmarks.bench_serve import DEFAULT_DATA, percentile, questions
+from benchmarks.bench_serve import percentile
 from benchmarks.server_process import ServerProcess, our_server, vllm_server
 from flyteplugins_batcher.engines.simulated import SimulatedGpu
 
@@ -113,8 +114,6 @@ def p99(seen: list[Seen], figure: str) -> float:
 async def ask(http: httpx.AsyncClient, body: dict[str, Any], started: float) -> Seen:
     """One streamed chat request: its time to first byte (headers), first content, and per token after it."""
     sent = time.perf_counter()
-    first = headers = 0.0
-    tokens = 0
     async with http.stream("POST", "/v1/chat/completions", json=body) as response:
         headers = time.perf_counter() - sent
         if response.status_code != 200:
@@ -122,12 +121,7 @@ async def ask(http: httpx.AsyncClient, body: dict[str, Any], started: float) -> 
             retry = int(response.headers.get("Retry-After", "0") or 0)
             ended = time.perf_counter() - started
             return Seen(sent - started, response.status_code, headers, retry_after=retry, ended=ended)
-        async for event in sse_data(response):
-            if event == DONE:
-                break
-            if not first and delta_text(event):
-                first = time.perf_counter() - sent
-            tokens = (event.get("usage") or {}).get("completion_tokens", tokens)
+        first, tokens = await first_content_and_tokens(response, sent)
     total = time.perf_counter() - sent
     tpot = (total - first) / (tokens - 1) if tokens > 1 and first else None
     return Seen(sent - started, 200, headers, first or total, tpot, ended=sent - started + total)
@@ -156,12 +150,9 @@ def batch_file(folder: Path, prompts: list[str], salt: str, model: str, tokens: 
     path = folder / f"batch-{salt}.jsonl"
     with path.open("w") as out:
         for number, prompt in enumerate(prompts):
-            messages = [{"role": "user", "content": f"{prompt} ({salt})"}]
-            body = {"model": model, "messages": messages, "max_tokens": tokens, "temperature": 0}
             out.write(
-                json.dumps({"custom_id": f"q{number}", "method": "POST", "url": "/v1/chat/completions", "body": body})
+                chat_line(f"q{number}", [{"role": "user", "content": f"{prompt} ({salt})"}], model, tokens) + "\n"
             )
-            out.write("\n")
     return path
 
 
@@ -422,18 +413,14 @@ def frontier_chart(gpu: SimulatedGpu, online: int) -> LineChartData:
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser = benchmark_parser(__doc__, data=GSM8K, time_scale=2.0, max_num_seqs=256, model="")
     parser.add_argument("--part", choices=("simulated", "vllm", "both", "frontier"), default="simulated")
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="gsm8k test.jsonl")
     parser.add_argument("--rates", default="2,4,8", help="online requests/s (Poisson), simulated")
     parser.add_argument("--targets", default="30/11,30/20", help="online targets, TTFT ms / TPOT ms, comma-separated")
     parser.add_argument("--lines", type=int, default=2000, help="the batch's lines, simulated")
     parser.add_argument("--batch-tokens", type=int, default=256, help="most tokens of a batch line's answer")
     parser.add_argument("--online-tokens", type=int, default=64, help="tokens of an online answer")
     parser.add_argument("--idle-s", type=float, default=15.0, help="seconds of online load before the batch comes")
-    parser.add_argument("--time-scale", type=float, default=2.0, help="the simulated GPU's speed-up over real time")
-    parser.add_argument("--max-num-seqs", type=int, default=256, help="the simulated engine's sequence slots")
-    parser.add_argument("--model", default="", help="the real-vLLM part's model (default: the bundled SmolLM2)")
     parser.add_argument("--real-lines", type=int, default=96, help="the batch's lines on real vLLM")
     parser.add_argument("--real-batch-tokens", type=int, default=64, help="most tokens of a line's answer, real vLLM")
     parser.add_argument("--real-rate", type=float, default=0.5, help="online requests/s on real vLLM")
@@ -448,10 +435,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--real-max-model-len", type=int, default=2048)
     parser.add_argument("--real-kv-cache-gb", type=float, default=2.0)
     parser.add_argument("--runs-json", type=Path, help="write every run's requests here (for a closer look)")
-    add_chart_flag(parser)
     args = parser.parse_args()
     args.rates = [float(rate) for rate in args.rates.split(",") if rate]
-    found = questions(args.data.resolve(), args.lines + 64)
+    found = gsm8k_questions(args.data.resolve(), args.lines + 64)
     args.prompts, args.batch_prompts = found[:64], found[64:]
     if not args.model and args.part != "simulated":
         from flyteplugins_batcher.engines import bundled_smollm2_path

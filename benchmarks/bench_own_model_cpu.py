@@ -32,12 +32,13 @@ from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: `benchmarks` imports
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from benchmarks._charts import write_chart_data
+from benchmarks._harness import through_producers
 from benchmarks._tables import markdown_table
 from benchmarks.bench_engine_cpu import SYSTEM_PROMPT, load_questions, workload_parser
 from flyteplugins_batcher.engines import bundled_smollm2_path
@@ -79,18 +80,6 @@ def fixed_batches(model: OwnModel, questions: list[str], batch_size: int) -> tup
     return [answer for chunk in chunks for answer in model.generate(chunk)], len(chunks)
 
 
-async def through_producers(batcher: Any, questions: list[str], producers: int) -> list[str]:
-    """Deal questions round-robin to concurrent producers; each submits all of its own, then awaits them."""
-
-    async def produce(indices: range) -> list[tuple[int, str]]:
-        futures = [await batcher.submit(questions[index]) for index in indices]
-        return list(zip(indices, await asyncio.gather(*futures), strict=True))
-
-    shares = [range(producer, len(questions), producers) for producer in range(producers)]
-    by_index = dict(pair for pairs in await asyncio.gather(*(produce(share) for share in shares)) for pair in pairs)
-    return [by_index[index] for index in range(len(questions))]
-
-
 def batched(batcher_class: Any, generate: Callable[[list[str]], Any], questions: list[str], producers: int, size: int):
     """Answers and batch count of `questions` through `batcher_class(inference_fn=generate, ...)`."""
 
@@ -98,7 +87,7 @@ def batched(batcher_class: Any, generate: Callable[[list[str]], Any], questions:
         batcher = batcher_class(inference_fn=generate, max_batch_size=size, target_batch_tokens=2000)
         await batcher.start()
         try:
-            answers = await through_producers(batcher, questions, producers)
+            answers = await through_producers(batcher.submit, questions, producers)
         finally:
             await batcher.stop()
         return answers, batcher.stats.total_batches
@@ -126,7 +115,7 @@ def ways(model: OwnModel, questions: list[str], size: int, producers: int) -> di
 
 
 def parse_args() -> argparse.Namespace:
-    return workload_parser(__doc__.split("\n", 1)[0]).parse_args()
+    return workload_parser(__doc__).parse_args()
 
 
 def main() -> None:

@@ -32,25 +32,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: `benchmarks` imports
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
-from benchmarks import bench_table  # noqa: E402
-from benchmarks._charts import add_chart_flag, write_chart_data  # noqa: E402
-from benchmarks._tables import markdown_table  # noqa: E402
-from flyteplugins_batcher.engines import bundled_smollm2_path  # noqa: E402
-from flyteplugins_batcher.jobs._gsm8k.prompt import SYSTEM_PROMPT  # noqa: E402
+from benchmarks import bench_table
+from benchmarks._charts import write_chart_data
+from benchmarks._contenders import batch_bodies, chat_line, fresh_folder, run_command
+from benchmarks._harness import GSM8K, VLLM_ENGINE, benchmark_parser, gsm8k_rows, medians_by, round_order
+from benchmarks._tables import markdown_table
+from flyteplugins_batcher.engines import bundled_smollm2_path
+from flyteplugins_batcher.jobs._gsm8k.prompt import SYSTEM_PROMPT
 
 WAYS = ("ours, prefix", "ours, file", "vllm run-batch", "LLM.chat", "Ray Data LLM")
 WORKLOADS = ("documents", "few-shot", "plain")
@@ -79,15 +75,6 @@ class Result:
     cached_tokens: int | None
 
 
-def gsm8k(data: Path) -> list[dict[str, str]]:
-    return [json.loads(line) for line in data.read_text().splitlines() if line.strip()]
-
-
-def chat_line(custom_id: str, messages: list[dict[str, str]], args: argparse.Namespace) -> str:
-    body = {"model": args.model, "messages": messages, "max_tokens": args.max_tokens, "temperature": 0}
-    return json.dumps({"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body})
-
-
 def documents_lines(rows: list[dict[str, str]], args: argparse.Namespace) -> list[str]:
     """Each document asked each question, question by question: a document's questions `--documents` lines apart."""
     documents = [
@@ -102,7 +89,7 @@ def documents_lines(rows: list[dict[str, str]], args: argparse.Namespace) -> lis
                 {"role": "system", "content": DOCUMENT_SYSTEM},
                 {"role": "user", "content": f"Document:\n{document}\n\nQuestion: {question}"},
             ]
-            lines.append(chat_line(f"doc{number}-q{asked}", messages, args))
+            lines.append(chat_line(f"doc{number}-q{asked}", messages, args.model, args.max_tokens))
     return lines
 
 
@@ -110,23 +97,20 @@ def few_shot_lines(rows: list[dict[str, str]], args: argparse.Namespace) -> list
     """Eight worked examples, then the question: one long prefix on every line."""
     examples = "\n\n".join(f"Question: {row['question']}\nAnswer: {row['answer']}" for row in rows[-8:])
     system = f"{SYSTEM_PROMPT}\n\nWorked examples:\n\n{examples}"
-    return [
-        chat_line(
-            f"q{number}", [{"role": "system", "content": system}, {"role": "user", "content": row["question"]}], args
-        )
-        for number, row in enumerate(rows[: args.few_shot_lines])
-    ]
+    return system_and_question_lines(system, rows[: args.few_shot_lines], args)
 
 
 def plain_lines(rows: list[dict[str, str]], args: argparse.Namespace) -> list[str]:
-    return [
-        chat_line(
-            f"q{number}",
-            [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": row["question"]}],
-            args,
-        )
-        for number, row in enumerate(rows[: args.plain_lines])
-    ]
+    return system_and_question_lines(SYSTEM_PROMPT, rows[: args.plain_lines], args)
+
+
+def system_and_question_lines(system: str, rows: list[dict[str, str]], args: argparse.Namespace) -> list[str]:
+    """A line `q<n>` per row: the system prompt, then the row's question."""
+    lines = []
+    for number, row in enumerate(rows):
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": row["question"]}]
+        lines.append(chat_line(f"q{number}", messages, args.model, args.max_tokens))
+    return lines
 
 
 MAKERS = {"documents": documents_lines, "few-shot": few_shot_lines, "plain": plain_lines}
@@ -156,7 +140,7 @@ def cached_tokens(way: str, out: Path) -> int | None:
     """The prompt tokens the contender's answers say vLLM found cached (None: it does not say)."""
     if as_table_way(way) not in ("run-batch", "vllm run-batch"):
         return None
-    bodies = [json.loads(line)["response"]["body"] for line in (out / "results.jsonl").open() if '"body"' in line]
+    bodies = batch_bodies(out / "results.jsonl").values()
     details = [(body["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") for body in bodies]
     return None if not details or any(value is None for value in details) else sum(details)
 
@@ -165,27 +149,20 @@ def run_once(
     workload: str, way: str, number: int, args: argparse.Namespace, inputs: bench_table.Inputs
 ) -> Result | None:
     """One contender on one workload, a fresh process timed whole; None (its error shown) if it failed."""
-    out = Path(tempfile.mkdtemp(dir=inputs.scratch))
-    launched, started = time.time(), time.perf_counter()
-    finished = subprocess.run(command(way, args, inputs, out), capture_output=True, text=True, cwd=inputs.scratch)
-    exit_s = time.perf_counter() - started
+    out = fresh_folder(inputs.scratch)
+    finished = run_command(command(way, args, inputs, out), inputs.scratch)
     if finished.returncode != 0:
-        print(f"{workload}, round {number + 1}, {way} failed ({finished.returncode}):\n{finished.stderr[-3000:]}")
+        print(finished.failure(f"{workload}, round {number + 1}, {way}"), flush=True)
         return None
-    marks = [line for line in finished.stderr.splitlines() if line.startswith("phases: ")]
-    phases = json.loads(marks[-1].removeprefix("phases: ")) if marks else {}
-    seconds = phases["written_at"] - launched if "written_at" in phases else exit_s
     answers, _ = bench_table.read_answers(as_table_way(way), out)
     cached = cached_tokens(way, out)
-    print(
-        f"{workload}, round {number + 1}, {way}: {seconds:.1f} s, {len(answers)} answers, cached {cached}", flush=True
-    )
-    return Result(workload, way, number, seconds, answers, cached)
+    said = f"{finished.seconds:.1f} s, {len(answers)} answers, cached {cached}"
+    print(f"{workload}, round {number + 1}, {way}: {said}", flush=True)
+    return Result(workload, way, number, finished.seconds, answers, cached)
 
 
 def medians(results: list[Result]) -> dict[tuple[str, str], float]:
-    keys = dict.fromkeys((result.workload, result.way) for result in results)
-    return {key: statistics.median(r.seconds for r in results if (r.workload, r.way) == key) for key in keys}
+    return medians_by(results, lambda result: (result.workload, result.way), lambda result: result.seconds)
 
 
 def contenders_table(results: list[Result], lines: dict[str, int]) -> str:
@@ -235,8 +212,8 @@ def goals_table(results: list[Result]) -> str:
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, default=bench_table.DEFAULT_DATA)
+    vllm = {**VLLM_ENGINE, "kv_cache_gb": 0.25}  # about 5,800 tokens: fewer than the documents
+    parser = benchmark_parser(__doc__, data=GSM8K, rounds=1, time_scale=20.0, **vllm)
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--ways", default="|".join(WAYS), help="the contenders, separated by |")
     parser.add_argument("--documents", type=int, default=16)
@@ -244,22 +221,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--few-shot-lines", type=int, default=128)
     parser.add_argument("--plain-lines", type=int, default=128)
     parser.add_argument("--max-tokens", type=int, default=16)
-    parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--model", default="")
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--max-model-len", type=int, default=2048)
-    parser.add_argument("--max-num-seqs", type=int, default=256)
-    parser.add_argument(
-        "--kv-cache-gb", type=float, default=0.25, help="0.25: about 5,800 tokens, fewer than the documents"
-    )
-    parser.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--ray-python", type=Path, default=bench_table.RAY_PYTHON)
     parser.add_argument("--simulated", action="store_true", help="the documents on 1-8 simulated GPUs instead")
     parser.add_argument("--sim-documents", type=int, default=2048)
     parser.add_argument("--sim-replicas", default="1,2,4,8")
     parser.add_argument("--sim-kv-cache-tokens", type=int, default=442_368, help="each simulated GPU's KV cache")
-    parser.add_argument("--time-scale", type=float, default=20.0, help="the simulated GPUs run this much faster")
-    add_chart_flag(parser)
     args = parser.parse_args()
     args.sim_replicas = [int(value) for value in args.sim_replicas.split(",")]
     args.ways = tuple(way.strip() for way in args.ways.split("|"))
@@ -280,7 +246,7 @@ def simulated(args: argparse.Namespace) -> None:
     args.documents, args.model = args.sim_documents, "simulated"
     with tempfile.TemporaryDirectory(prefix="bench-prefix-sim-") as folder:
         path = Path(folder) / "documents.jsonl"
-        path.write_text("\n".join(documents_lines(gsm8k(args.data), args)) + "\n")
+        path.write_text("\n".join(documents_lines(gsm8k_rows(args.data), args)) + "\n")
         ideal, runs = _prefix_simulated.measure(path, args)
     rows = [
         [run["replicas"], run["order"], f"{run['prompt']:,}", f"{run['prefill']:,}", f"{run['prefill'] / ideal:.2f}x",
@@ -298,7 +264,7 @@ def main() -> None:
         simulated(args)
         return
     args.model = args.model or str(bundled_smollm2_path())
-    rows = gsm8k(args.data)
+    rows = gsm8k_rows(args.data)
     results: list[Result] = []
     lines: dict[str, int] = {}
     with tempfile.TemporaryDirectory(prefix="bench-prefix-") as folder:
@@ -310,7 +276,7 @@ def main() -> None:
             )
             inputs.jsonl.write_text("\n".join(made) + "\n")
             for number in range(args.rounds):
-                for way in bench_table.round_order(number, args.ways):
+                for way in round_order(number, args.ways):
                     result = run_once(workload, way, number, args, inputs)
                     results += [result] if result is not None else []
     print(

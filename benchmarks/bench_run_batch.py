@@ -21,29 +21,31 @@ the two should agree, but vLLM promises no batch-invariant numerics).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: `benchmarks` imports
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+from benchmarks._charts import write_chart_data
+from benchmarks._contenders import (
+    batch_answers,
+    chat_line,
+    fresh_folder,
+    ours_on_vllm,
+    run_command,
+    vllm_engine_flags,
+    vllm_run_batch,
+)
+from benchmarks._harness import GSM8K, VLLM_ENGINE, benchmark_parser, gsm8k_questions, medians_by
+from benchmarks._tables import markdown_table
+from flyteplugins_batcher.engines import bundled_smollm2_path
+from flyteplugins_batcher.engines._smollm2 import BUNDLED_MODEL_NAME
 
-from benchmarks._charts import add_chart_flag, write_chart_data  # noqa: E402
-from benchmarks._tables import markdown_table  # noqa: E402
-from flyteplugins_batcher.engines import bundled_smollm2_path  # noqa: E402
-from flyteplugins_batcher.engines._smollm2 import BUNDLED_MODEL_NAME  # noqa: E402
-
-DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "gsm8k" / "test.jsonl"
-SAMPLE_DATA = REPO_ROOT / "flyteplugins_batcher" / "jobs" / "data" / "gsm8k_sample.jsonl"
 WAYS = ("vllm run-batch", "ours")
 
 
@@ -59,63 +61,28 @@ class Run:
 
 def write_requests(data: Path, count: int, max_tokens: int, model: str, target: Path) -> int:
     """Chat lines for the first `count` questions of a gsm8k JSONL file (repeated if it has fewer)."""
-    questions = [json.loads(line)["question"] for line in data.read_text().splitlines() if line.strip()]
+    questions = gsm8k_questions(data, count)
     with target.open("w") as lines:
-        for number in range(count):
-            body = {
-                "model": model,
-                "messages": [{"role": "user", "content": questions[number % len(questions)]}],
-                "max_tokens": max_tokens,
-                "temperature": 0,
-            }
-            request = {"custom_id": f"q{number}", "method": "POST", "url": "/v1/chat/completions", "body": body}
-            lines.write(json.dumps(request) + "\n")
+        for number, text in enumerate(questions):
+            lines.write(chat_line(f"q{number}", [{"role": "user", "content": text}], model, max_tokens) + "\n")
     return count
-
-
-def engine_flags(args: argparse.Namespace) -> list[str]:
-    """The engine arguments both commands take, in vLLM's spelling."""
-    flags = [
-        "--dtype",
-        args.dtype,
-        "--max-model-len",
-        str(args.max_model_len),
-        "--max-num-seqs",
-        str(args.max_num_seqs),
-    ]
-    return [*flags, "--enforce-eager"] if args.enforce_eager else flags
 
 
 def command(way: str, args: argparse.Namespace, requests: Path, out: Path) -> list[str]:
     if way == "vllm run-batch":
-        kv_cache = ["--kv-cache-memory-bytes", str(int(args.kv_cache_gb * 2**30))]
-        return [
-            sys.executable, "-m", "vllm.entrypoints.openai.run_batch", "-i", str(requests), "-o",
-            str(out / "results.jsonl"), "--model", args.model, *engine_flags(args), *kv_cache,
-        ]  # fmt: skip
-    return [
-        sys.executable, "-m", "flyteplugins_batcher", "run-batch", "-i", str(requests), "-o", str(out),
-        "--model", args.model, "--engine", "vllm", "--kv-cache-gb", str(args.kv_cache_gb), "--no-resume",
-        *engine_flags(args),
-    ]  # fmt: skip
+        return vllm_run_batch(requests, out / "results.jsonl", args)
+    return ours_on_vllm(args, "run-batch", "-i", str(requests), "-o", str(out))
 
 
 def run_once(way: str, args: argparse.Namespace, requests: Path, scratch: Path) -> Run:
     """Run one command to its exit and read what it wrote."""
-    out = Path(tempfile.mkdtemp(dir=scratch))
-    started = time.perf_counter()
-    finished = subprocess.run(command(way, args, requests, out), capture_output=True, text=True, cwd=scratch)
-    wall = time.perf_counter() - started
+    out = fresh_folder(scratch)
+    finished = run_command(command(way, args, requests, out), scratch)
     if finished.returncode != 0:
-        raise SystemExit(f"{way} failed ({finished.returncode}):\n{finished.stderr[-4000:]}")
-    answers, tokens = {}, 0
-    for line in (out / "results.jsonl").read_text().splitlines():
-        result = json.loads(line)
-        body = result["response"]["body"]
-        answers[result["custom_id"]] = body["choices"][0]["message"]["content"]
-        tokens += body["usage"]["completion_tokens"]
-    print(f"{way}: {wall:.1f} s, {len(answers)} answers, {tokens} output tokens", flush=True)
-    return Run(way, wall, answers, tokens)
+        raise SystemExit(finished.failure(way))
+    answers, tokens = batch_answers(out / "results.jsonl")
+    print(f"{way}: {finished.exit_s:.1f} s, {len(answers)} answers, {tokens} output tokens", flush=True)
+    return Run(way, finished.exit_s, answers, tokens)
 
 
 def table(runs: list[Run], lines: int) -> tuple[str, float]:
@@ -137,18 +104,9 @@ def table(runs: list[Run], lines: int) -> tuple[str, float]:
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA if DEFAULT_DATA.exists() else SAMPLE_DATA)
+    parser = benchmark_parser(__doc__, data=GSM8K, rounds=2, **VLLM_ENGINE)
     parser.add_argument("--lines", type=int, default=256, help="chat lines in the file")
     parser.add_argument("--max-tokens", type=int, default=64, help="each line's max_tokens")
-    parser.add_argument("--rounds", type=int, default=2, help="runs of each way, alternating")
-    parser.add_argument("--model", default="", help=f"hub id or path (default: the bundled {BUNDLED_MODEL_NAME})")
-    parser.add_argument("--dtype", default="float32", help="float32: bf16 is emulated on AVX2-only CPUs")
-    parser.add_argument("--max-model-len", type=int, default=2048)
-    parser.add_argument("--max-num-seqs", type=int, default=256)
-    parser.add_argument("--kv-cache-gb", type=float, default=2.0)
-    parser.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=True)
-    add_chart_flag(parser)
     return parser.parse_args()
 
 
@@ -164,7 +122,7 @@ def main() -> None:
     rendered, ratio = table(runs, lines)
     print(
         f"\n{lines} gsm8k chat lines of at most {args.max_tokens} tokens, greedy; model {label}; "
-        f"engine: {' '.join(engine_flags(args))}, KV cache {args.kv_cache_gb:g} GiB; wall time per command, "
+        f"engine: {' '.join(vllm_engine_flags(args))}, KV cache {args.kv_cache_gb:g} GiB; wall time per command, "
         f"loading included; medians of {args.rounds} alternating rounds\n"
     )
     print(rendered)
@@ -180,7 +138,7 @@ def main() -> None:
 
 
 def _medians(runs: list[Run]) -> dict[str, float]:
-    return {way: statistics.median(run.wall_s for run in runs if run.way == way) for way in WAYS}
+    return medians_by(runs, lambda run: run.way, lambda run: run.wall_s)
 
 
 if __name__ == "__main__":

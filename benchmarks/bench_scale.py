@@ -43,13 +43,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: `benchmarks` imports
 
-from benchmarks import scale_report  # noqa: E402
-from benchmarks._charts import add_chart_flag, write_chart_data  # noqa: E402
-from benchmarks.scale_harness import (  # noqa: E402
+from benchmarks import scale_report
+from benchmarks._charts import write_chart_data
+from benchmarks._harness import SHARED_GSM8K, benchmark_parser
+from benchmarks.scale_harness import (
     JobRun,
     ReplicaProcess,
     engine_requests,
@@ -59,15 +58,14 @@ from benchmarks.scale_harness import (  # noqa: E402
     warm_up,
     write_requests,
 )
-from flyteplugins_batcher import InFlight, size_in_flight  # noqa: E402
-from flyteplugins_batcher.engines.simulated import (  # noqa: E402
+from flyteplugins_batcher import InFlight, size_in_flight
+from flyteplugins_batcher.engines.simulated import (
     OutputLengths,
     SimulatedEngine,
     SimulatedGpu,
 )
-from flyteplugins_batcher.replica import EngineSettings  # noqa: E402
+from flyteplugins_batcher.replica import EngineSettings
 
-DEFAULT_QUESTIONS = REPO_ROOT.parent / "shared" / "data" / "gsm8k" / "test.jsonl"
 BEFORE = InFlight(chunk_size=32, concurrency=10, chunks_in_flight=16, requests_per_replica=320)
 """Before issue 15: workflows/batch_jsonl.py's chunk_size 32 and max_chunks_in_flight 16 (over all replicas),
 BATCH_LLM_CONCURRENCY 10 (batch_llm.py had 8 / 64; this harness drives the JSONL job)."""
@@ -264,7 +262,7 @@ async def bench(args: argparse.Namespace) -> dict[str, object]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = benchmark_parser(__doc__, json=None, max_num_seqs=SimulatedGpu.max_num_seqs)
     parser.add_argument("--replicas", default="1,2,4,8", help="replica counts to measure, comma-separated")
     parser.add_argument("--requests", type=int, default=20_000, help="requests per job")
     parser.add_argument("--max-tokens", type=int, default=512, help="each request's max_tokens (the long run: 2048)")
@@ -279,14 +277,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--chunk-size", type=int, default=None, help="override the rule's chunk size")
     parser.add_argument("--scale-check", action="store_true", help="first compare time scale 1 with auto at R=2")
     parser.add_argument("--scale-check-requests", type=int, default=8000, help="the scale check's job size")
-    parser.add_argument("--max-num-seqs", type=int, default=SimulatedGpu.max_num_seqs)
     parser.add_argument("--max-num-batched-tokens", type=int, default=SimulatedGpu.max_num_batched_tokens)
-    parser.add_argument("--questions", type=Path, default=DEFAULT_QUESTIONS, help="gsm8k-style JSONL (else synthetic)")
+    parser.add_argument("--questions", type=Path, default=SHARED_GSM8K, help="gsm8k-style JSONL (else synthetic)")
     parser.add_argument("--engine", choices=("simulated", "vllm"), default="simulated")
     parser.add_argument("--model", default="", help="vllm: the model (a hub id or path)")
     parser.add_argument("--engine-args", default="", help="vllm: engine arguments as a JSON object")
-    parser.add_argument("--json", type=Path, help="also write the figures here")
-    add_chart_flag(parser)
     args = parser.parse_args(argv)
     if args.engine == "vllm":
         args.replicas = "1"

@@ -50,18 +50,16 @@ from typing import Any
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: `benchmarks` imports
 
-from benchmarks._charts import add_chart_flag, write_chart_data
-from benchmarks._sse import DONE, delta_text, sse_data
+from benchmarks._charts import write_chart_data
+from benchmarks._harness import GSM8K, benchmark_parser, gsm8k_questions
+from benchmarks._sse import first_content_and_tokens
 from benchmarks._tables import markdown_table
-from benchmarks.server_process import REPO_ROOT, ServerProcess, free_port, our_server, start, vllm_server
+from benchmarks.server_process import ServerProcess, free_port, our_server, start, vllm_server
 from flyteplugins_batcher.engines import GenerationConfig, Request
 from flyteplugins_batcher.engines.simulated import SimulatedEngine
 
-SHARED_DATA = REPO_ROOT.parent / "shared" / "data" / "gsm8k" / "test.jsonl"
-SAMPLE_DATA = REPO_ROOT / "flyteplugins_batcher" / "jobs" / "data" / "gsm8k_sample.jsonl"
-DEFAULT_DATA = SHARED_DATA if SHARED_DATA.is_file() else SAMPLE_DATA
 MAX_TOKENS = 512
 REAL_MAX_TOKENS = 64
 SIMULATED_WAYS = ("straight", "ours", "flyte-extras")
@@ -111,15 +109,6 @@ def percentile(values: list[float], fraction: float) -> float:
 
 def engine_options(args: argparse.Namespace) -> dict[str, Any]:
     return {"time_scale": args.time_scale, "gpu": {"max_num_seqs": args.max_num_seqs}}
-
-
-def questions(path: Path, count: int) -> list[str]:
-    """The first `count` questions of a gsm8k JSONL file, repeated in order if it has fewer."""
-    with path.open() as lines:
-        found = [json.loads(line)["question"] for line, _ in zip(lines, range(count), strict=False)]
-    if not found:
-        raise SystemExit(f"{path} has no questions")
-    return [found[number % len(found)] for number in range(count)]
 
 
 async def straight(args: argparse.Namespace, prompts: list[str]) -> Load:
@@ -194,17 +183,11 @@ async def _streamed(http: httpx.AsyncClient, body: dict[str, Any]) -> tuple[floa
     """One request streamed: (latency to `[DONE]`, time to the first content delta, output tokens)."""
     body = {**body, "stream": True, "stream_options": {"include_usage": True}}
     sent = time.perf_counter()
-    first, tokens = 0.0, 0
     async with http.stream("POST", "/v1/chat/completions", json=body) as response:
         if response.status_code != 200:
             await response.aread()
             response.raise_for_status()
-        async for event in sse_data(response):
-            if event == DONE:
-                break
-            if not first and delta_text(event):
-                first = time.perf_counter() - sent
-            tokens = (event.get("usage") or {}).get("completion_tokens", tokens)
+        first, tokens = await first_content_and_tokens(response, sent)
     latency = time.perf_counter() - sent
     return latency, first or latency, tokens
 
@@ -277,24 +260,17 @@ def rows(loads: list[Load], reference: Load) -> list[list[object]]:
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="gsm8k test.jsonl")
+    vllm = {"model": "", "dtype": "float32", "max_model_len": 2048, "kv_cache_gb": 2.0}  # the real-vLLM ways'
+    parser = benchmark_parser(__doc__, data=GSM8K, time_scale=2.0, max_num_seqs=64, **vllm)
     parser.add_argument("--requests", type=int, default=512, help="requests per way and client count")
     parser.add_argument("--clients", default="8,32,64,128", help="client counts for our server")
     parser.add_argument("--extras-clients", default="32,64", help="client counts for the flyte.extras pattern")
-    parser.add_argument("--time-scale", type=float, default=2.0, help="the simulated GPU's speed-up over real time")
-    parser.add_argument("--max-num-seqs", type=int, default=64, help="the simulated engine's sequence slots")
     parser.add_argument("--time-limit-s", type=float, default=180.0, help="longest one load may run")
     parser.add_argument("--ways", default=",".join(SIMULATED_WAYS), help=f"of {[*SIMULATED_WAYS, *REAL_WAYS]}")
     parser.add_argument("--real-clients", default="16,64", help="client counts for the real-vLLM ways")
     parser.add_argument("--real-requests", type=int, default=128, help="requests per real-vLLM load")
-    parser.add_argument("--model", default="", help="the real-vLLM ways' model (default: the bundled SmolLM2)")
-    parser.add_argument("--dtype", default="float32", help="the real-vLLM ways' dtype")
-    parser.add_argument("--max-model-len", type=int, default=2048, help="the real-vLLM ways' context")
-    parser.add_argument("--kv-cache-gb", type=float, default=2.0, help="the real-vLLM ways' KV cache")
     parser.add_argument("--real-max-num-seqs", type=int, default=128, help="the real-vLLM ways' sequence slots")
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="the real-vLLM ways' tokens a step")
-    add_chart_flag(parser)
     args = parser.parse_args()
     args.ways = args.ways.split(",")
     unknown = set(args.ways) - {*SIMULATED_WAYS, *REAL_WAYS}
@@ -399,7 +375,7 @@ def real_engine_flags(args: argparse.Namespace, way: str) -> list[str]:
 def real_prompts(args: argparse.Namespace) -> tuple[list[str], dict[tuple[int, bool], list[str]]]:
     """The warm-up's prompts, and each (clients, streamed) load's: prompts of its own, the same for every way."""
     keys = [(clients, streamed) for clients in _counts(args.real_clients) for streamed in (False, True)]
-    found = questions(args.data.resolve(), REAL_WARMUP + args.real_requests * len(keys))
+    found = gsm8k_questions(args.data.resolve(), REAL_WARMUP + args.real_requests * len(keys))
     loads = {key: found[REAL_WARMUP + n * args.real_requests :][: args.real_requests] for n, key in enumerate(keys)}
     return found[:REAL_WARMUP], loads
 
@@ -543,7 +519,7 @@ def simulated_loads(args: argparse.Namespace, folder: Path) -> list[Load]:
     """The simulated ways chosen, and the straight call first whenever one of them runs (it is their reference)."""
     if not set(args.ways) & set(SIMULATED_WAYS):
         return []
-    prompts = questions(args.data.resolve(), args.requests)
+    prompts = gsm8k_questions(args.data.resolve(), args.requests)
     reference = asyncio.run(straight(args, prompts))
     print(f"straight call: {reference.requests_per_s:.1f} requests/s", flush=True)
     loads = [reference]

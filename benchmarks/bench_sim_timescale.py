@@ -17,7 +17,6 @@ ever fell behind its clock (near 0: the timings are faithful).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import sys
@@ -25,14 +24,13 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: `benchmarks` imports
 
-from benchmarks._charts import add_chart_flag, write_chart_data  # noqa: E402
-from benchmarks._tables import markdown_table  # noqa: E402
-from flyteplugins_batcher.engines import GenerationConfig  # noqa: E402
-from flyteplugins_batcher.engines.simulated import OutputLengths, SimulatedEngine  # noqa: E402
+from benchmarks._charts import write_chart_data
+from benchmarks._harness import benchmark_parser
+from benchmarks._tables import markdown_table
+from flyteplugins_batcher.engines import GenerationConfig
+from flyteplugins_batcher.engines.simulated import OutputLengths, SimulatedEngine
 
 _WORDS = [
     "the",
@@ -152,14 +150,12 @@ def table(runs: list[ScaleRun]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = benchmark_parser(__doc__, json=None)
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--scales", default="1,10,30", help="time scales to compare, comma-separated")
     parser.add_argument("--max-new-tokens", type=int, default=512)
     parser.add_argument("--mean-output", type=int, default=200, help="mean output tokens of the ordinary requests")
     parser.add_argument("--long-fraction", type=float, default=0.0, help="share of 2,000-token outputs")
-    parser.add_argument("--json", type=Path, help="also write the rows here")
-    add_chart_flag(parser)
     args = parser.parse_args()
 
     lengths = OutputLengths(mean=args.mean_output, long_fraction=args.long_fraction, long_tokens=2000)

@@ -42,18 +42,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: `benchmarks` imports
 
-from benchmarks._virtual_clock import install  # noqa: E402
+from benchmarks._virtual_clock import install
 
 CLOCK = install()  # before the batchers are imported: they keep a reference to `time.monotonic`
 
 from flyte import extras  # noqa: E402
 
 import flyteplugins_batcher as ours  # noqa: E402
-from benchmarks._charts import add_chart_flag  # noqa: E402
+from benchmarks._harness import benchmark_parser  # noqa: E402
 from benchmarks._line_charts import LineChartData, Panel, write_line_chart_data  # noqa: E402
 from benchmarks._padded_gpu import Doc, PaddedGpu, poisson_arrivals  # noqa: E402
 from benchmarks._tables import markdown_table  # noqa: E402
@@ -270,12 +268,10 @@ PER_LOAD_HEADERS = [
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--quick", action="store_true", help="fewer loads, fewer static configurations, shorter runs")
+    parser = benchmark_parser(__doc__, quick=False)
     parser.add_argument("--loads", default=None, help="comma-separated records/s (default 50 to 600 by 50)")
     parser.add_argument("--duration", type=float, default=None, help="simulated seconds of arrivals per run")
     parser.add_argument("--warmup", type=float, default=3.0, help="simulated seconds left out of the p99")
-    add_chart_flag(parser)
     return parser.parse_args()
 
 

@@ -12,7 +12,6 @@ is counted apart. The tests check the greedy answers; this gives the whole table
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import inspect
 import os
@@ -21,9 +20,10 @@ from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: `benchmarks` imports
 
-from benchmarks._charts import add_chart_flag, write_chart_data
+from benchmarks._charts import write_chart_data
+from benchmarks._harness import benchmark_parser
 from benchmarks._tables import markdown_table
 from benchmarks.structured_cases import Validity, held_out_requests
 from flyteplugins_batcher.engines import create_engine
@@ -46,9 +46,8 @@ async def score(engine: Any) -> Validity:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--engines", default="transformers,vllm-batch,vllm-stream")
-    add_chart_flag(parser)
     args = parser.parse_args()
     rows = []
     for name in args.engines.split(","):

@@ -34,27 +34,38 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: `benchmarks` imports
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+from benchmarks._charts import write_chart_data
+from benchmarks._contenders import (
+    batch_answers,
+    chat_line,
+    fresh_folder,
+    ours_on_vllm,
+    run_command,
+    vllm_engine_flags,
+    vllm_run_batch,
+)
+from benchmarks._harness import (
+    GSM8K,
+    REPO_ROOT,
+    VLLM_ENGINE,
+    benchmark_parser,
+    gsm8k_questions,
+    medians_by,
+    round_order,
+)
+from benchmarks._tables import markdown_table
+from flyteplugins_batcher.engines import bundled_smollm2_path
+from flyteplugins_batcher.engines._smollm2 import BUNDLED_MODEL_NAME
+from flyteplugins_batcher.jobs._gsm8k.prompt import SYSTEM_PROMPT
 
-from benchmarks._charts import add_chart_flag, write_chart_data  # noqa: E402
-from benchmarks._tables import markdown_table  # noqa: E402
-from flyteplugins_batcher.engines import bundled_smollm2_path  # noqa: E402
-from flyteplugins_batcher.engines._smollm2 import BUNDLED_MODEL_NAME  # noqa: E402
-from flyteplugins_batcher.jobs._gsm8k.prompt import SYSTEM_PROMPT  # noqa: E402
-
-DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "gsm8k" / "test.jsonl"
-SAMPLE_DATA = REPO_ROOT / "flyteplugins_batcher" / "jobs" / "data" / "gsm8k_sample.jsonl"
 RAY_PYTHON = REPO_ROOT / ".venv-ray" / "bin" / "python"  # made by `make ray-env`
 WAYS = ("table job", "run-batch", "vllm run-batch", "LLM.chat", "Ray Data LLM")
 GOALS = (
@@ -88,12 +99,6 @@ class Inputs:
     scratch: Path
 
 
-def questions(data: Path, count: int) -> list[str]:
-    """The first `count` questions of a gsm8k JSONL file (repeated if it has fewer)."""
-    texts = [json.loads(line)["question"] for line in data.read_text().splitlines() if line.strip()]
-    return [texts[number % len(texts)] for number in range(count)]
-
-
 def write_inputs(texts: list[str], args: argparse.Namespace, scratch: Path) -> Inputs:
     """The questions as a Parquet table (`question`) and as chat lines with the gsm8k system prompt."""
     import pyarrow as pa
@@ -104,39 +109,25 @@ def write_inputs(texts: list[str], args: argparse.Namespace, scratch: Path) -> I
     with inputs.jsonl.open("w") as lines:
         for number, text in enumerate(texts):
             messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": text}]
-            body = {"model": args.model, "messages": messages, "max_tokens": args.max_tokens, "temperature": 0}
-            request = {"custom_id": f"q{number}", "method": "POST", "url": "/v1/chat/completions", "body": body}
-            lines.write(json.dumps(request) + "\n")
+            lines.write(chat_line(f"q{number}", messages, args.model, args.max_tokens) + "\n")
     return inputs
-
-
-def engine_flags(args: argparse.Namespace) -> list[str]:
-    """The engine arguments every contender takes, in vLLM's spelling (the KV cache's apart)."""
-    flags = ["--dtype", args.dtype, "--max-model-len", str(args.max_model_len)]
-    flags += ["--max-num-seqs", str(args.max_num_seqs)]
-    return [*flags, "--enforce-eager"] if args.enforce_eager else [*flags, "--no-enforce-eager"]
 
 
 def command(way: str, args: argparse.Namespace, inputs: Inputs, out: Path) -> list[str]:
     """The command line of one contender, writing under `out`."""
-    ours = [sys.executable, "-m", "flyteplugins_batcher"]
-    our_engine = ["--model", args.model, "--engine", "vllm", "--kv-cache-gb", str(args.kv_cache_gb), "--no-resume"]
-    kv_cache = ["--kv-cache-gb", str(args.kv_cache_gb)]
     if way == "table job":
-        table = ["run-table", "-i", str(inputs.parquet), "-o", str(out / "table"), "--prompt", "{question}"]
+        table = ["-i", str(inputs.parquet), "-o", str(out / "table"), "--prompt", "{question}"]
         generation = ["--system-prompt", SYSTEM_PROMPT, "--max-new-tokens", str(args.max_tokens), "--temperature", "0"]
-        return [*ours, *table, *generation, *our_engine, *engine_flags(args)]
+        return ours_on_vllm(args, "run-table", *table, *generation)
     if way == "run-batch":
-        return [*ours, "run-batch", "-i", str(inputs.jsonl), "-o", str(out), *our_engine, *engine_flags(args)]
+        return ours_on_vllm(args, "run-batch", "-i", str(inputs.jsonl), "-o", str(out))
     if way == "vllm run-batch":
-        vllm = [sys.executable, "-m", "vllm.entrypoints.openai.run_batch", "-i", str(inputs.jsonl)]
-        kv_bytes = ["--kv-cache-memory-bytes", str(int(args.kv_cache_gb * 2**30))]
-        return [*vllm, "-o", str(out / "results.jsonl"), "--model", args.model, *engine_flags(args), *kv_bytes]
+        return vllm_run_batch(inputs.jsonl, out / "results.jsonl", args)
     script = [sys.executable, str(REPO_ROOT / "benchmarks" / "_vllm_chat.py")]
     if way == "Ray Data LLM":
         script = [str(args.ray_python), str(REPO_ROOT / "benchmarks" / "_ray_data_llm.py")]
     io = ["-i", str(inputs.jsonl), "-o", str(out / "answers.jsonl"), "--model", args.model]
-    return [*script, *io, *engine_flags(args), *kv_cache]
+    return [*script, *io, *vllm_engine_flags(args), "--kv-cache-gb", str(args.kv_cache_gb)]
 
 
 def read_answers(way: str, out: Path) -> tuple[dict[str, str], int]:
@@ -147,43 +138,29 @@ def read_answers(way: str, out: Path) -> tuple[dict[str, str], int]:
         table = pq.read_table(out / "table").to_pydict()
         answers = {f"q{number}": text for number, text in enumerate(table["generated_text"]) if text is not None}
         return answers, sum(tokens or 0 for tokens in table["num_generated_tokens"])
-    lines = [json.loads(line) for line in (out / ("answers.jsonl" if way in WAYS[3:] else "results.jsonl")).open()]
-    if way in WAYS[3:]:
-        answered = [line for line in lines if "content" in line]
-        tokens = sum(line["completion_tokens"] for line in answered)
-        return {line["custom_id"]: line["content"] for line in answered}, tokens
-    bodies = {line["custom_id"]: line["response"]["body"] for line in lines if line.get("response")}
-    tokens = sum(body["usage"]["completion_tokens"] for body in bodies.values())
-    return {key: body["choices"][0]["message"]["content"] for key, body in bodies.items()}, tokens
+    if way not in WAYS[3:]:
+        return batch_answers(out / "results.jsonl")
+    answered = [line for line in map(json.loads, (out / "answers.jsonl").open()) if "content" in line]
+    tokens = sum(line["completion_tokens"] for line in answered)
+    return {line["custom_id"]: line["content"] for line in answered}, tokens
 
 
 def run_once(way: str, number: int, args: argparse.Namespace, inputs: Inputs) -> Run | None:
     """Run one contender to its exit and read what it wrote (None, its error shown, if it failed)."""
-    out = Path(tempfile.mkdtemp(dir=inputs.scratch))
-    launched, started = time.time(), time.perf_counter()
-    finished = subprocess.run(command(way, args, inputs, out), capture_output=True, text=True, cwd=inputs.scratch)
-    exit_s = time.perf_counter() - started
+    out = fresh_folder(inputs.scratch)
+    finished = run_command(command(way, args, inputs, out), inputs.scratch)
     if finished.returncode != 0:
-        print(f"round {number + 1}, {way} failed ({finished.returncode}):\n{finished.stderr[-4000:]}", flush=True)
+        print(finished.failure(f"round {number + 1}, {way}"), flush=True)
         return None
-    marks = [line for line in finished.stderr.splitlines() if line.startswith("phases: ")]
-    phases = json.loads(marks[-1].removeprefix("phases: ")) if marks else {}
-    seconds = phases["written_at"] - launched if "written_at" in phases else exit_s
     answers, tokens = read_answers(way, out)
-    shown = {name: value for name, value in phases.items() if name != "written_at"}
-    print(f"round {number + 1}, {way}: {seconds:.1f} s (exit {exit_s:.1f} s), {len(answers)} answers, "
-          f"{tokens} output tokens {shown or ''}", flush=True)  # fmt: skip
-    return Run(way, number, seconds, exit_s, answers, tokens)
-
-
-def round_order(number: int, ways: tuple[str, ...]) -> tuple[str, ...]:
-    """Forward in even rounds, backward in odd ones: each contender's neighbours change from round to round."""
-    return ways if number % 2 == 0 else ways[::-1]
+    timing = f"{finished.seconds:.1f} s (exit {finished.exit_s:.1f} s)"
+    said = f"{len(answers)} answers, {tokens} output tokens {finished.phases or ''}"
+    print(f"round {number + 1}, {way}: {timing}, {said}", flush=True)
+    return Run(way, number, finished.seconds, finished.exit_s, answers, tokens)
 
 
 def medians(runs: list[Run]) -> dict[str, float]:
-    ways = dict.fromkeys(run.way for run in runs)
-    return {way: statistics.median(run.seconds for run in runs if run.way == way) for way in ways}
+    return medians_by(runs, lambda run: run.way, lambda run: run.seconds)
 
 
 def agreement(runs: list[Run], way: str, reference: str) -> str:
@@ -231,20 +208,11 @@ def goals_table(runs: list[Run]) -> str:
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA if DEFAULT_DATA.exists() else SAMPLE_DATA)
+    parser = benchmark_parser(__doc__, data=GSM8K, rounds=2, **VLLM_ENGINE)
     parser.add_argument("--lines", type=int, default=256, help="questions (table rows, batch lines)")
     parser.add_argument("--max-tokens", type=int, default=64, help="new tokens per answer at most")
-    parser.add_argument("--rounds", type=int, default=2, help="runs of each contender, alternating the order")
     parser.add_argument("--ways", default=",".join(WAYS), help="the contenders, comma-separated")
-    parser.add_argument("--model", default="", help=f"hub id or path (default: the bundled {BUNDLED_MODEL_NAME})")
-    parser.add_argument("--dtype", default="float32", help="float32: bf16 is emulated on AVX2-only CPUs")
-    parser.add_argument("--max-model-len", type=int, default=2048)
-    parser.add_argument("--max-num-seqs", type=int, default=256)
-    parser.add_argument("--kv-cache-gb", type=float, default=2.0)
-    parser.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--ray-python", type=Path, default=RAY_PYTHON, help="a Python with Ray Data LLM and vLLM")
-    add_chart_flag(parser)
     args = parser.parse_args()
     args.ways = tuple(way.strip() for way in args.ways.split(","))
     unknown = set(args.ways) - set(WAYS)
@@ -261,7 +229,7 @@ def main() -> None:
     label = Path(args.model).name if args.model else BUNDLED_MODEL_NAME
     args.model = args.model or str(bundled_smollm2_path())
     with tempfile.TemporaryDirectory(prefix="bench-table-") as folder:
-        inputs = write_inputs(questions(args.data, args.lines), args, Path(folder))
+        inputs = write_inputs(gsm8k_questions(args.data, args.lines), args, Path(folder))
         tried = [
             run_once(way, number, args, inputs)
             for number in range(args.rounds)
@@ -270,7 +238,7 @@ def main() -> None:
     runs = [run for run in tried if run is not None]
     print(
         f"\n{args.lines} gsm8k questions (the gsm8k system prompt), at most {args.max_tokens} new tokens, greedy; "
-        f"model {label}; engine: {' '.join(engine_flags(args))}, KV cache {args.kv_cache_gb:g} GiB; "
+        f"model {label}; engine: {' '.join(vllm_engine_flags(args))}, KV cache {args.kv_cache_gb:g} GiB; "
         f"seconds until the answers are written, loading included; medians of {args.rounds} alternating rounds\n"
     )
     print(contenders_table(runs, args.lines))

@@ -20,19 +20,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
-import subprocess
 import sys
 import tempfile
-import time
-import tracemalloc
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: `benchmarks` imports
 
-from benchmarks._charts import add_chart_flag, write_chart_data  # noqa: E402
+from benchmarks._charts import write_chart_data
+from benchmarks._harness import add_fresh_process_flag, benchmark_parser, in_fresh_process, memory_table, peak_memory
 
 
 def write_table(path: Path, count: int, row_group: int = 10_000) -> None:
@@ -72,7 +67,7 @@ def run_job(path: Path, out: Path, args: argparse.Namespace) -> tuple[int, int]:
         summary = flyte.with_runcontext(mode="local").run(run_table, str(path), rows, run, settings).outputs()[0]
     else:  # the replica's task runs as a plain call in this process: the driver and one replica, no runner
         summary = asyncio.run(run_table_job(str(path), rows, run, settings))
-    return summary.rows, summary.failed
+    return summary.requests, summary.failed
 
 
 def measure(count: int, args: argparse.Namespace) -> dict[str, float]:
@@ -84,56 +79,14 @@ def measure(count: int, args: argparse.Namespace) -> dict[str, float]:
     folder = Path(tempfile.mkdtemp(prefix="table-memory-"))
     path = folder / "questions.parquet"
     write_table(path, count)
-    tracemalloc.start()
-    started = time.perf_counter()
-    done, failed = run_job(path, folder / "out", args)
-    seconds = time.perf_counter() - started
-    _, python_peak = tracemalloc.get_traced_memory()
-    tracemalloc.stop()
-    peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # before this check reads the output
+    (done, failed), figures = peak_memory(lambda: run_job(path, folder / "out", args))
     assert (done, failed) == (count, 0), f"{done} rows of {count}, {failed} failed"
     assert pq.ParquetDataset(str(folder / "out")).read(columns=["id"]).num_rows == count
-    return {
-        "rows": count,
-        "peak_rss_mib": peak_rss_mib,
-        "python_peak_mib": python_peak / 2**20,
-        "seconds": seconds,
-        "input_mib": path.stat().st_size / 2**20,
-    }
-
-
-def measure_in_fresh_process(size: int, args: argparse.Namespace) -> dict[str, float]:
-    command = [sys.executable, __file__, "--one", str(size), "--chunk-size", str(args.chunk_size)]
-    command += ["--max-chunks-in-flight", str(args.max_chunks_in_flight), "--time-scale", str(args.time_scale)]
-    command += ["--max-new-tokens", str(args.max_new_tokens), *(["--via-runner"] if args.via_runner else [])]
-    finished = subprocess.run(command, capture_output=True, text=True, cwd=REPO_ROOT)
-    if finished.returncode != 0:
-        raise SystemExit(f"{size} rows failed:\n{finished.stderr[-4000:]}")
-    return json.loads(finished.stdout.strip().splitlines()[-1])
-
-
-def table(rows: list[dict[str, float]]) -> str:
-    from benchmarks._tables import markdown_table
-
-    base = rows[0]
-    cells = [
-        [
-            f"{row['rows']:,}",
-            f"{row['input_mib']:.1f}",
-            f"{row['peak_rss_mib']:.0f}",
-            f"{row['peak_rss_mib'] / base['peak_rss_mib']:.2f}",
-            f"{row['python_peak_mib']:.1f}",
-            f"{row['python_peak_mib'] / base['python_peak_mib']:.2f}",
-            f"{row['seconds']:.1f}",
-        ]
-        for row in rows
-    ]
-    headers = ["rows", "input MiB", "peak RSS MiB", "x first", "peak Python allocations MiB", "x first", "seconds"]
-    return markdown_table(headers, cells)
+    return {"rows": count, **figures, "input_mib": path.stat().st_size / 2**20}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = benchmark_parser(__doc__, time_scale=1000.0)
     parser.add_argument("--sizes", default="20000,200000", help="comma-separated row counts")
     parser.add_argument("--chunk-size", type=int, default=64, help="rows per chunk")
     parser.add_argument(
@@ -142,19 +95,17 @@ def main() -> None:
     parser.add_argument(
         "--via-runner", action="store_true", help="through flyte's local runner (it keeps every action)"
     )
-    parser.add_argument("--time-scale", type=float, default=1000.0, help="the simulated GPU's speed-up")
     parser.add_argument("--max-new-tokens", type=int, default=8)
-    parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # internal: measure one size, print JSON
-    add_chart_flag(parser)
+    add_fresh_process_flag(parser)
     args = parser.parse_args()
     if args.one:
         print(json.dumps(measure(args.one, args)))
         return
-    rows = [measure_in_fresh_process(int(size), args) for size in args.sizes.split(",")]
+    rows = [in_fresh_process(__file__, int(size)) for size in args.sizes.split(",")]
     in_flight = args.max_chunks_in_flight or "the replicas' slots"
     how = "run_table through flyte's local runner" if args.via_runner else "the driver in this process"
     print(f"\nThe table job (simulated engine), chunks of {args.chunk_size}, {in_flight} in flight")
-    print(f"\n{table(rows)}")
+    print(f"\n{memory_table(rows, 'rows')}")
     write_chart_data(
         args.chart_data,
         title="The table job's peak memory against the table's size",

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
 import time
@@ -40,19 +39,16 @@ from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: `benchmarks` imports
 
-from benchmarks._charts import add_chart_flag, write_chart_data  # noqa: E402
-from benchmarks._tables import markdown_table  # noqa: E402
-from flyteplugins_batcher import TokenBatcher  # noqa: E402
-from flyteplugins_batcher.engines import Completion, GenerationConfig, bundled_smollm2_path, create_engine  # noqa: E402
-from flyteplugins_batcher.engines._smollm2 import BUNDLED_MODEL_NAME  # noqa: E402
-from flyteplugins_batcher.engines.vllm import parse_engine_args  # noqa: E402
-from flyteplugins_batcher.engines.vllm._args import running_on_cpu, with_device_defaults  # noqa: E402
+from benchmarks._charts import write_chart_data
+from benchmarks._harness import SHARED_GSM8K, benchmark_parser, gsm8k_rows, write_rows_json
+from benchmarks._tables import markdown_table
+from flyteplugins_batcher import TokenBatcher
+from flyteplugins_batcher.engines import Completion, GenerationConfig, bundled_smollm2_path, create_engine
+from flyteplugins_batcher.engines.vllm import parse_engine_args
+from flyteplugins_batcher.engines.vllm._args import running_on_cpu, with_device_defaults
 
-DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "gsm8k" / "test.jsonl"
 SYSTEM_PROMPT = "You are a careful math tutor. Solve the problem step by step, then give the final number."
 WAYS = {
     "a": "(a) vLLM LLM.generate(all prompts)",
@@ -92,10 +88,7 @@ def engine_steps() -> tuple[int, float]:
 
 
 def load_questions(path: Path, count: int) -> list[list[dict[str, str]]]:
-    if not path.is_file():
-        raise SystemExit(f"bench_vllm: no gsm8k file at {path}; pass --data")
-    with path.open() as handle:
-        questions = [json.loads(line)["question"] for line, _ in zip(handle, range(count), strict=False)]
+    questions = [row["question"] for row in gsm8k_rows(path)[:count]]
     return [[{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": q}] for q in questions]
 
 
@@ -219,19 +212,13 @@ def arrival_bound_steps(result: WayResult) -> int:
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="gsm8k test.jsonl")
+    parser = benchmark_parser(__doc__, data=SHARED_GSM8K, json=None, model=str(bundled_smollm2_path()))
     parser.add_argument("--questions", type=int, default=128)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--chunk-size", type=int, default=8, help="questions per arriving chunk (b-d)")
     parser.add_argument("--interval-s", type=float, default=1.5, help="seconds between chunks (b-d)")
-    parser.add_argument(
-        "--model", default=str(bundled_smollm2_path()), help=f"default: the bundled {BUNDLED_MODEL_NAME}"
-    )
     parser.add_argument("--engine-args", default="", help='vLLM engine arguments as JSON, e.g. {"max_model_len": 2048}')
     parser.add_argument("--ways", default="abcd", help="which of a, b, c, d to run")
-    parser.add_argument("--json", type=Path, help="also write the rows here")
-    add_chart_flag(parser)
     return parser.parse_args()
 
 
@@ -294,8 +281,7 @@ def main() -> None:
         f"{args.chunk_size} every {args.interval_s} s; model loading excluded\n"
     )
     print(markdown_table(HEADERS, rows))
-    if args.json:
-        args.json.write_text(json.dumps([dict(zip(HEADERS, row, strict=True)) for row in rows], indent=2, default=str))
+    write_rows_json(args.json, HEADERS, rows)
     write_chart_data(
         args.chart_data,
         title=f"vLLM engine steps for {args.questions} gsm8k questions, {args.max_new_tokens} new tokens, greedy",

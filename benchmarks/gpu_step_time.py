@@ -21,13 +21,19 @@ these, so the fitted numbers are an upper bound on vLLM's step cost for the same
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
+import sys
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: `benchmarks` imports
+
+from benchmarks._harness import benchmark_parser
+from benchmarks._tables import markdown_table
 
 LLAMA3_8B = {
     "hidden_size": 4096,
@@ -142,14 +148,12 @@ def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = benchmark_parser(__doc__, chart=False, quick=False, json=None)
     parser.add_argument("--layers", type=int, default=LLAMA3_8B["num_hidden_layers"])
     parser.add_argument("--batches", default="1,8,32,64,128,192,256")
     parser.add_argument("--contexts", default="512,1024", help="tokens each decoding sequence already holds")
     parser.add_argument("--prefill", default="512,1024,2048,4096,8192", help="prompt tokens per prefill pass")
-    parser.add_argument("--repeats", type=int, default=30)
-    parser.add_argument("--quick", action="store_true", help="few repeats, for a smoke run")
-    parser.add_argument("--json", default="", help="also write the measurements and the fit here")
+    parser.add_argument("--repeats", type=int, default=30, help="timed steps per measurement (3 with --quick)")
     args = parser.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     repeats = 3 if args.quick else args.repeats
@@ -172,9 +176,8 @@ def main() -> None:
     prefill = [m for m in measurements if m.kind == "prefill"]
     intercept, b = fit_line([m.tokens for m in prefill], [m.ms for m in prefill])
     fits["prefill"] = {"intercept_ms": intercept, "b_ms_per_token": b}
-    print("\n| kind | batch | tokens | ms | CUDA graph |\n|---|---:|---:|---:|---|")
-    for m in measurements:
-        print(f"| {m.kind} | {m.batch} | {m.tokens} | {m.ms:.3f} | {'yes' if m.graph else 'no'} |")
+    rows = [[m.kind, m.batch, m.tokens, f"{m.ms:.3f}", "yes" if m.graph else "no"] for m in measurements]
+    print("\n" + markdown_table(["kind", "batch", "tokens", "ms", "CUDA graph"], rows, align="lrrrl"))
     print("\nfit (step time = t0 + a * decode_seqs + b * prefill_tokens):")
     for label, fit in fits.items():
         print(f"  {label}: " + ", ".join(f"{key} = {value:.4f}" for key, value in fit.items()))

@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import cProfile
 import itertools
+import os
 import pstats
 import statistics
 import sys
@@ -32,16 +33,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+import numpy as np
 
-import numpy as np  # noqa: E402
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: `benchmarks` imports
 
-import flyteplugins_batcher as ours  # noqa: E402
-from benchmarks._tables import markdown_table  # noqa: E402
-from benchmarks.bench_embed import BATCH, DEFAULT_DATA, load_corpus, through_producers  # noqa: E402
-from flyteplugins_batcher.engines import EmbeddingModel  # noqa: E402
+import flyteplugins_batcher as ours
+from benchmarks._harness import SHARED_GSM8K, benchmark_parser, median_run
+from benchmarks._tables import markdown_table
+from benchmarks.bench_embed import BATCH, load_corpus, through_batched
+from flyteplugins_batcher.engines import EmbeddingModel
 
 
 @dataclass
@@ -131,12 +132,7 @@ def default_batched(model: TimedModel, texts: list[str]) -> list[Any]:
     def embed(batch: list[str]) -> list[np.ndarray]:
         return list(model.encode(batch))
 
-    async def run() -> list[Any]:
-        results = await through_producers(embed, texts)
-        await embed.aclose()
-        return results
-
-    return asyncio.run(run())
+    return asyncio.run(through_batched(embed, texts))
 
 
 def breakdown(timeline: Timeline) -> list[tuple[str, float]]:
@@ -153,16 +149,9 @@ def breakdown(timeline: Timeline) -> list[tuple[str, float]]:
     ]
 
 
-def median_timeline(timelines: list[Timeline]) -> Timeline:
-    return sorted(timelines, key=lambda timeline: timeline.wall_s)[len(timelines) // 2]
-
-
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="gsm8k test.jsonl")
+    parser = benchmark_parser(__doc__, chart=False, data=SHARED_GSM8K, threads=2, rounds=3)
     parser.add_argument("--texts", type=int, default=1024)
-    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
-    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--cprofile", action="store_true", help="profile the event loop's thread in one more round")
     return parser.parse_args()
 
@@ -184,7 +173,7 @@ def main() -> None:
     for _ in range(args.rounds):
         for name, way in ways.items():
             runs[name].append(model.run(way))
-    medians = {name: median_timeline(timelines) for name, timelines in runs.items()}
+    medians = {name: median_run(timelines, lambda timeline: timeline.wall_s) for name, timelines in runs.items()}
     reference = medians["model.encode(all)"].wall_s
     rows: list[list[Any]] = []
     labels = [label for label, _ in breakdown(medians["model.encode(all)"])]

@@ -9,18 +9,28 @@ so a chart cannot go stale against its numbers.
 
 from __future__ import annotations
 
-import argparse
+import json
 import sys
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: `benchmarks` imports
 
-from benchmarks._charts import render_file  # noqa: E402
+from benchmarks._charts import ChartData, render_svg
+from benchmarks._harness import REPO_ROOT, benchmark_parser
+from benchmarks._line_charts import LineChartData, render_line_svg
 
 DATA_DIR = REPO_ROOT / "docs" / "benchmarks" / "data"
 CHART_DIR = REPO_ROOT / "docs" / "benchmarks" / "charts"
+
+
+def render_file(data_path: Path, svg_path: Path) -> None:
+    """Draw the chart in `data_path` (JSON: bars, or a sweep's panels of lines) into `svg_path`."""
+    text = data_path.read_text(encoding="utf-8")
+    if "panels" in json.loads(text):
+        svg = render_line_svg(LineChartData.from_json(text))
+    else:
+        svg = render_svg(ChartData.from_json(text))
+    svg_path.write_text(svg, encoding="utf-8")
 
 
 def render_all(data_dir: Path = DATA_DIR, chart_dir: Path = CHART_DIR) -> list[Path]:
@@ -35,7 +45,7 @@ def render_all(data_dir: Path = DATA_DIR, chart_dir: Path = CHART_DIR) -> list[P
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser = benchmark_parser(__doc__, chart=False)
     parser.add_argument("--data-dir", type=Path, default=DATA_DIR, help="the charts' JSON data")
     parser.add_argument("--out-dir", type=Path, default=CHART_DIR, help="where the SVGs go")
     args = parser.parse_args(argv)

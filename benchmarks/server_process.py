@@ -13,7 +13,8 @@ from pathlib import Path
 
 import httpx
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from benchmarks._harness import REPO_ROOT
+
 START_TIMEOUT_S = 300.0
 
 

@@ -28,7 +28,6 @@ At the end it checks, and lists as problems what does not hold:
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import random
@@ -41,8 +40,9 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: `benchmarks` imports
 
+from benchmarks._harness import benchmark_parser
 from benchmarks._soak_checks import (
     Footprint,
     check_batches,
@@ -225,11 +225,10 @@ def summary(result: SoakResult) -> str:
 
 
 def parse_args() -> SoakOptions:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser = benchmark_parser(__doc__, chart=False, time_scale=2.0)
     parser.add_argument("--minutes", type=float, default=10.0, help="traffic time, warm-up included")
     parser.add_argument("--seed", type=int, default=0, help="seeds every client's choices")
     parser.add_argument("--clients", type=int, default=8, help="concurrent clients")
-    parser.add_argument("--time-scale", type=float, default=2.0, help="the simulated GPU's speed over real time")
     parser.add_argument("--no-embeddings", action="store_true", help="serve and send no embeddings")
     parser.add_argument("--folder", type=Path, default=None, help="the server's data folder and log go here")
     args = parser.parse_args()

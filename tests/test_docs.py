@@ -18,6 +18,8 @@ from benchmarks.render_charts import main as render_charts
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 README = REPO_ROOT / "README.md"
+MAKEFILE = REPO_ROOT / "Makefile"
+DEVELOPMENT = REPO_ROOT / "docs" / "development.md"
 OWN_TASK = REPO_ROOT / "workflows" / "own_task.py"
 BENCHMARK_PAGES = REPO_ROOT / "docs" / "benchmarks"
 SVG = "{http://www.w3.org/2000/svg}"
@@ -81,6 +83,30 @@ def test_every_benchmark_script_can_write_its_chart_data() -> None:
         script.name for script in scripts if not any(writer in script.read_text(encoding="utf-8") for writer in WRITERS)
     ]
     assert lacking == []
+
+
+def make_targets() -> set[str]:
+    """The Makefile's targets that a user runs (not the files it makes)."""
+    return set(re.findall(r"^([a-z][a-z0-9-]*):", MAKEFILE.read_text(encoding="utf-8"), re.MULTILINE))
+
+
+def test_every_benchmark_script_runs_from_a_make_target() -> None:
+    makefile = MAKEFILE.read_text(encoding="utf-8")
+    scripts = [
+        script.name
+        for script in (REPO_ROOT / "benchmarks").glob("*.py")
+        if not script.name.startswith("_") and 'if __name__ == "__main__":' in script.read_text(encoding="utf-8")
+    ]
+    assert len(scripts) > 20
+    unreachable = sorted(name for name in scripts if f"benchmarks/{name}" not in makefile)
+    assert unreachable == [], f"no make target runs {unreachable}"
+
+
+def test_the_development_page_lists_every_make_target() -> None:
+    table = DEVELOPMENT.read_text(encoding="utf-8").split("## Make targets", 1)[1].split("\n## ", 1)[0]
+    listed = set(re.findall(r"^\| `make ([a-z][a-z0-9-]*)", table, re.MULTILINE))
+    targets = make_targets()
+    assert listed == targets, f"not on the page: {targets - listed}; not in the Makefile: {listed - targets}"
 
 
 def test_render_charts_regenerates_the_committed_svgs(tmp_path: Path) -> None:
