@@ -40,6 +40,7 @@ def engine(request: pytest.FixtureRequest, lora_adapters: dict[str, str]) -> Ite
         max_model_len=1024,
         kv_cache_memory_bytes=1 << 30,
         max_num_seqs=8,
+        dtype="float32",  # bfloat16 (vLLM's choice on a CPU with AVX512-BF16) ties and moves logprobs by batch
     )
     loaded.load()
     yield loaded
