@@ -14,7 +14,8 @@ Three traps of vLLM 0.32 shape how vLLM is asked (ours answers every line in one
 
 So vLLM starts four times: ours, vLLM's base lines, its adapter lines, `LLM.generate`. Each start is a
 fixture of its own, and each test asks only for the runs it compares, so that no test waits for more
-than two starts (`STARTS_PER_TEST`) under its timeout, whatever order the tests run in, on a busy machine.
+than two starts (and the session's adapters) under its timeout, a start's each (`engine_starts`),
+whatever order the tests run in, on a busy machine.
 """
 
 from __future__ import annotations
@@ -35,12 +36,7 @@ from flyteplugins_batcher.engines import bundled_smollm2_path
 from tests.conftest import REPO_ROOT
 from tests.lora_adapters import RANK, lora_flag
 
-START_S = 300
-"""The most one start may take (vLLM's start, its lines, its exit): a few times what it takes on 2 busy cores."""
-STARTS_PER_TEST = 2
-"""The most starts a test waits for: ours and one of vLLM's (the test that runs first sets up both)."""
-
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(STARTS_PER_TEST * START_S + 120)]  # + the session's adapters
+pytestmark = [pytest.mark.slow, pytest.mark.engine_starts(3)]
 
 KV_CACHE_BYTES = 1 << 30
 ENGINE_FLAGS = ["--dtype", "float32", "--enforce-eager", "--max-model-len", "1024", "--max-num-seqs", "8"]
@@ -99,7 +95,7 @@ def environment() -> dict[str, str]:
 
 
 def run(*command: str, cwd: Path) -> None:
-    done = subprocess.run(command, cwd=cwd, env=environment(), capture_output=True, text=True, timeout=START_S)
+    done = subprocess.run(command, cwd=cwd, env=environment(), capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
 
 
@@ -132,7 +128,7 @@ def vllm_generate(folder: Path) -> list[dict[str, Any]]:
     )
     (folder / "generate.py").write_text(script)
     done = subprocess.run(
-        [sys.executable, "generate.py"], cwd=folder, env=environment(), capture_output=True, text=True, timeout=START_S
+        [sys.executable, "generate.py"], cwd=folder, env=environment(), capture_output=True, text=True, timeout=900
     )
     assert done.returncode == 0, done.stderr[-5000:]
     [line] = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
