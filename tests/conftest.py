@@ -17,6 +17,16 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test marked `engine_starts(count)` waits for `count` engine starts (its fixtures' included): its timeout is
+    `count` times pytest's `timeout` (pyproject.toml), the most one start may take on a busy machine."""
+    one_start = float(config.getini("timeout"))
+    for item in items:
+        marker = item.get_closest_marker("engine_starts")
+        if marker is not None:
+            item.add_marker(pytest.mark.timeout(marker.args[0] * one_start))
+
+
 class GatedLog:
     """An async process function that logs its batches and can be held shut (its gate starts open).
 

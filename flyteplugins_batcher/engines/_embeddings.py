@@ -127,11 +127,12 @@ class EmbeddingModel:
     def load(self) -> Any:
         """The sentence-transformers model, loaded on the first call (`stats.load_time_s` says how long it took).
 
-        A process loads each model once: another `EmbeddingModel` of the same reference shares it.
+        A process loads each model once: another `EmbeddingModel` of the same reference shares it, and its
+        `stats` say when that load was (`loaded_at`), so that a run after it counts none of it.
         """
         with self._lock:
             if self._model is None:
-                self._model, self._count, self.stats.load_time_s = _load(model_reference())
+                self._model, self._count, (self.stats.load_time_s, self.stats.loaded_at) = _load(model_reference())
             return self._model
 
     @property
@@ -182,15 +183,16 @@ class EmbeddingModel:
 
 
 @functools.cache
-def _load(reference: str) -> tuple[Any, Callable[[list[str]], list[int]], float]:
-    """The model, a counter of its documents' tokens (`_length_counter`), and how long the load took in seconds."""
+def _load(reference: str) -> tuple[Any, Callable[[list[str]], list[int]], tuple[float, float]]:
+    """The model, a counter of its documents' tokens (`_length_counter`), and its load: how long it took in seconds
+    and when it ended (epoch seconds)."""
     import torch
     from sentence_transformers import SentenceTransformer
 
     started = time.perf_counter()
     with loading_model():
         model = SentenceTransformer(reference, device="cuda" if torch.cuda.is_available() else "cpu")
-    return model, _length_counter(model), time.perf_counter() - started
+    return model, _length_counter(model), (time.perf_counter() - started, time.time())
 
 
 def _length_counter(model: Any) -> Callable[[list[str]], list[int]]:

@@ -13,7 +13,7 @@ from flyteplugins_batcher import BusyClock
 from flyteplugins_batcher.engines._completion import Completion
 from flyteplugins_batcher.engines._engine_errors import RequestCancelledError
 
-_NOT_COUNTERS = frozenset({"load_time_s", "max_num_seqs"})
+_NOT_COUNTERS = frozenset({"load_time_s", "loaded_at", "max_num_seqs"})
 
 
 @dataclass
@@ -35,6 +35,8 @@ class EngineStats:
         padded_tokens: All token positions computed over, padding included.
         generate_time_s: Seconds with at least one model call running (overlapping calls count once).
         load_time_s: Seconds the last `load()` took (throughput figures exclude it).
+        loaded_at: When the last `load()` ended (epoch seconds; 0.0: not loaded): a run counts only the part of
+            the load that fell inside it (a process's earlier load, none of it).
         steps: Engine steps (scheduler iterations) of an engine that schedules sequences itself
             (vLLM, the simulated engine); 0 for the others.
         running_seqs: Sequences running in each step, summed over the steps (`occupancy`'s numerator).
@@ -54,6 +56,7 @@ class EngineStats:
     padded_tokens: int = 0
     generate_time_s: float = 0.0
     load_time_s: float = 0.0
+    loaded_at: float = 0.0
     steps: int = 0
     running_seqs: int = 0
     max_num_seqs: int = 0
@@ -92,7 +95,7 @@ class EngineStats:
     def since(self, earlier: EngineStats) -> EngineStats:
         """What the engine ran between two snapshots: every counter minus `earlier`'s.
 
-        `load_time_s` and `max_num_seqs` are not counters: they are this snapshot's. So the
+        `load_time_s`, `loaded_at` and `max_num_seqs` are not counters: they are this snapshot's. So the
         occupancy over a window of a run is `later.since(earlier).occupancy`.
 
         Example:
@@ -138,15 +141,16 @@ class EngineCounters:
             return replace(self._stats, generate_time_s=self._model_clock.busy_s(time.monotonic()))
 
     def reset(self) -> None:
-        """Start counting afresh; the load time and the capacity are kept."""
+        """Start counting afresh; the load (its time and when it ended) and the capacity are kept."""
         with self._lock:
-            self._stats = EngineStats(load_time_s=self._stats.load_time_s, max_num_seqs=self._stats.max_num_seqs)
+            kept = {name: getattr(self._stats, name) for name in _NOT_COUNTERS}
+            self._stats = EngineStats(**kept)
             self._model_clock = BusyClock()
 
     def loaded_in(self, seconds: float) -> None:
-        """The last `load()` took `seconds`."""
+        """The last `load()` took `seconds`, and ended now."""
         with self._lock:
-            self._stats.load_time_s = seconds
+            self._stats.load_time_s, self._stats.loaded_at = seconds, time.time()
 
     def set_capacity(self, max_num_seqs: int) -> None:
         """The sequences the loaded engine can run at once, known from its load, before any step runs."""

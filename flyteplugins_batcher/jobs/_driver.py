@@ -59,6 +59,9 @@ class UnrecoverableRunError(BatcherError, RuntimeError):
 Lane = tuple[str, str]
 """A replica's work on one base model: (replica, model). A replica that swaps models has a lane per model."""
 
+Span = tuple[float, float]
+"""A stretch of time: when it began and ended, epoch seconds."""
+
 
 @dataclass
 class FanOutStats:
@@ -68,26 +71,44 @@ class FanOutStats:
     latest: dict[Lane, ReplicaSnapshot] = field(default_factory=dict)  # each lane's latest state
     first: dict[Lane, ReplicaSnapshot] = field(default_factory=dict)  # each lane's first state in this run
     while_waiting: dict[Lane, ReplicaSnapshot] = field(default_factory=dict)  # latest while chunks were still to send
-    loads: dict[Hashable, dict[str, float]] = field(default_factory=dict)  # by phase: each model's slowest load
+    loads: dict[Hashable, dict[str, set[Span]]] = field(default_factory=dict)  # by phase and model: the loads seen
+    unplaced_load: bool = False  # a replica reported a load without saying when it was
     started_at: float = 0.0  # when the fan-out started (epoch seconds): where the report's charts begin
     reading: bool = True  # the driver still had chunks to send
     held_back: bool = False  # the driver held chunks back at its cap at least once
 
     @property
     def load_time_s(self) -> float:
-        """Model loading in the run's wall time: the slowest load of each phase, whose models load one phase after
-        the other. Only loads in this run count: reused chunks load nothing, and a warm replica (a reusable
-        container's, whose batcher started before the run) loaded in an earlier run."""
-        return sum(max(models.values()) for models in self.loads.values())
+        """Model loading in the run's wall time: the slowest load of each phase (whose models load one phase after
+        the other), each cut to the run, overlapping ones counted once.
+
+        Only what fell inside the run counts: a load that began before it (a command line's preload) from the run's
+        start; one that ended before it (a warm replica's, a model the process had loaded) not at all; reused chunks
+        load nothing.
+        """
+        return _covered([max(models.values(), key=_length) for models in self._loads_in_run().values()])
 
     @property
     def model_loads(self) -> dict[str, float]:
-        """Each model's slowest load in this run, by the name its replicas report."""
+        """Each model's slowest load in this run (its part inside the run), by the name its replicas report."""
         loads: dict[str, float] = {}
-        for models in self.loads.values():
-            for model, seconds in models.items():
-                loads[model] = max(loads.get(model, 0.0), seconds)
+        for models in self._loads_in_run().values():
+            for model, span in models.items():
+                loads[model] = max(loads.get(model, 0.0), _length(span))
         return loads
+
+    def _loads_in_run(self) -> dict[Hashable, dict[str, Span]]:
+        """Each phase's slowest load of each model, cut to the run's wall time."""
+        end = self.started_at + self.wall_s
+
+        def inside(span: Span) -> Span:
+            start = min(max(span[0], self.started_at), end)
+            return start, max(min(span[1], end), start)
+
+        return {
+            phase: {model: max(map(inside, spans), key=_length) for model, spans in models.items()}
+            for phase, models in self.loads.items()
+        }
 
     @property
     def replicas(self) -> list[ReplicaSnapshot]:
@@ -101,13 +122,19 @@ class FanOutStats:
         ]
 
     @property
-    def inference_s(self) -> float:
-        """The run's wall time less model loading."""
-        return max(self.wall_s - self.load_time_s, 0.0)
+    def inference_s(self) -> float | None:
+        """The run's wall time less model loading (`load_time_s`).
 
-    def per_second(self, amount: float) -> float:
-        """`amount` per second of inference."""
-        return amount / self.inference_s if self.inference_s > 0 else 0.0
+        `None` where it cannot be known: a replica reported a load without saying when it was, or the loads, as
+        the replicas' clocks place them, fill the whole run (a replica's clock ahead of the driver's).
+        """
+        left = self.wall_s - self.load_time_s
+        return None if self.unplaced_load or left <= 0 else left
+
+    def per_second(self, amount: float) -> float | None:
+        """`amount` per second of inference; `None` where the inference time is not known."""
+        seconds = self.inference_s
+        return None if seconds is None else amount / seconds
 
     def record(self, outcome: Outcome | None, started: float, phase: Hashable = None) -> None:
         """Count a finished chunk (`None`: it failed) and keep its lane's latest state, if this run computed it.
@@ -124,9 +151,10 @@ class FanOutStats:
         self.first[lane] = _older(self.first.get(lane), snapshot)
         if self.reading:
             self.while_waiting[lane] = _newer(self.while_waiting.get(lane), snapshot)
-        if snapshot.timeline.origin_s >= started:  # loaded in this run; a warm replica loaded in an earlier one
-            models = self.loads.setdefault(phase, {})
-            models[snapshot.model] = max(models.get(snapshot.model, 0.0), snapshot.load_time_s)
+        if snapshot.load_time_s and not snapshot.loaded_at:
+            self.unplaced_load = True
+        load = (snapshot.loaded_at - snapshot.load_time_s, snapshot.loaded_at)  # cut to the run at its end
+        self.loads.setdefault(phase, {}).setdefault(snapshot.model, set()).add(load)
 
     def occupancy(self, *, while_waiting: bool = False) -> float | None:
         """Running sequences per engine step over `max_num_seqs`, across the replicas, in this run.
@@ -142,6 +170,19 @@ class FanOutStats:
             windows = [last.engine_counts() for last in latest.values()]
         capacity = sum(window.steps * window.max_num_seqs for window in windows)
         return sum(window.running_seqs for window in windows) / capacity if capacity else None
+
+
+def _length(span: Span) -> float:
+    return span[1] - span[0]
+
+
+def _covered(spans: list[Span]) -> float:
+    """The time the spans cover, overlaps counted once."""
+    covered, reached = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        covered += max(end - max(start, reached), 0.0)
+        reached = max(reached, end)
+    return covered
 
 
 def _newer(known: ReplicaSnapshot | None, seen: ReplicaSnapshot) -> ReplicaSnapshot:
@@ -208,6 +249,7 @@ class _FanOut(Generic[ChunkT, OutcomeT]):
         self.infer = infer
         self.on_chunk = on_chunk
         self.started = time.time()
+        self.clock = time.monotonic()  # the wall time, by a clock that no adjustment of the system's moves
         self.stats = FanOutStats(started_at=self.started)
         self.slots = asyncio.Semaphore(slots)
         self.running: set[asyncio.Task[None]] = set()
@@ -266,7 +308,7 @@ class _FanOut(Generic[ChunkT, OutcomeT]):
             if not_retryable(self.fatal[0]):
                 raise UnrecoverableRunError(str(self.fatal[0])) from self.fatal[0]
             raise self.fatal[0]
-        self.stats.wall_s = time.time() - self.started
+        self.stats.wall_s = time.monotonic() - self.clock
         return self.stats
 
 

@@ -151,7 +151,9 @@ def final_html(
             _output_html(result),
             models_html(result.models),
             replicas_html(replicas),
-            timeline_section(replicas, result.load_time_s + result.inference_s, started_at) if replicas else "",
+            timeline_section(replicas, result.load_time_s + (result.inference_s or 0.0), started_at)
+            if replicas
+            else "",
             "</div>",
         ]
     )
@@ -166,19 +168,24 @@ def _result_cards(result: RunSummary) -> list[tuple[str, str]]:
     cards += [
         ("answered", f"{result.answered}/{result.requests}"),
         ("failed", str(result.failed)),
-        ("per second (inference)", f"{result.requests_per_s:.2f}"),
+        ("per second (inference)", _figure(result.requests_per_s, ".2f")),
     ]
     if result.dimensions:
         cards += [("dimensions", str(result.dimensions)), ("padding efficiency", f"{result.padding_efficiency:.0%}")]
     else:
         cards += [
-            ("output tokens/s", f"{result.output_tokens_per_s:.0f}"),
+            ("output tokens/s", _figure(result.output_tokens_per_s, ".0f")),
             ("prompt tokens", f"{result.prompt_tokens:,}"),
             ("found in prefix cache", f"{share:.0%}"),
             ("prefill tokens computed", f"{result.prompt_tokens - result.cached_tokens:,}"),
         ]
-    cards += [("model load", f"{result.load_time_s:.1f}s"), ("inference", f"{result.inference_s:.1f}s")]
+    cards += [("model load", f"{result.load_time_s:.1f}s"), ("inference", _figure(result.inference_s, ".1f", "s"))]
     return cards + ([("engine occupancy", f"{result.occupancy:.0%}")] if result.occupancy is not None else [])
+
+
+def _figure(value: float | None, spec: str, unit: str = "") -> str:
+    """A card's figure, or "not measured" (`None`)."""
+    return "not measured" if value is None else f"{value:{spec}}{unit}"
 
 
 def _output_html(result: RunSummary) -> str:

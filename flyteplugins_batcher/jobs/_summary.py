@@ -51,7 +51,9 @@ class RunSummary:
     error. `requests` counts a table's rows.
 
     Throughput counts inference only: `load_time_s` (the slowest replica's model load; the sum of each
-    model's, for a run whose models load one after the other) is excluded.
+    model's, for a run whose models load one after the other; only what fell inside the run) is excluded.
+    `inference_s` and the rates are `None` (printed "not measured") where the run cannot know its inference
+    time (a replica's load it cannot place in time); a run that computed answers never reports 0 for them.
     `reused`: requests answered by an earlier run of the same job (Flyte's cache); `retried`: requests
     an earlier run failed, which this run sent to the model again.
     `occupancy` says how full the engines were: running sequences per engine step over
@@ -80,9 +82,9 @@ class RunSummary:
     reused: int = 0
     retried: int = 0
     load_time_s: float = 0.0
-    inference_s: float = 0.0
-    requests_per_s: float = 0.0
-    output_tokens_per_s: float = 0.0
+    inference_s: float | None = 0.0
+    requests_per_s: float | None = 0.0
+    output_tokens_per_s: float | None = 0.0
     occupancy: float | None = None
     prompt_tokens: int = 0
     cached_tokens: int = 0
@@ -135,14 +137,29 @@ def summary_line(summary: RunSummary, noun: str = "requests") -> str:
         model, prompts = f"{summary.dimensions} dimensions, {summary.truncated} truncated, {batch}", ""
     else:
         occupancy = f", engines {summary.occupancy:.0%} full" if summary.occupancy is not None else ""
-        model = f"{summary.output_tokens_per_s:.0f} output tokens/s{occupancy}"
+        model = f"{measured(summary.output_tokens_per_s, '.0f', 'output tokens/s')}{occupancy}"
         prompts = f"{prompt_tokens_text(summary.prompt_tokens, summary.cached_tokens)} | "
     return (
         f"{accuracy}answered {summary.answered}/{summary.requests} {noun}, {summary.failed} failed{reused} | "
-        f"{summary.requests_per_s:.2f} {noun}/s, {model} "
-        f"(inference {summary.inference_s:.1f} s, model load {summary.load_time_s:.1f} s) | "
+        f"{measured(summary.requests_per_s, '.2f', f'{noun}/s')}, {model} "
+        f"({measured(summary.inference_s, '.1f', 's', name='inference')}, model load {summary.load_time_s:.1f} s) | "
         f"{prompts}{summary.where}"
     )
+
+
+def measured(value: float | None, spec: str, unit: str, *, name: str = "") -> str:
+    """A figure (after its `name`, if any) and its unit, or that it was not measured (`None`).
+
+    Example:
+        ```python
+        assert measured(2.5, ".2f", "rows/s") == "2.50 rows/s"
+        assert measured(None, ".2f", "rows/s") == "rows/s not measured"
+        assert measured(None, ".1f", "s", name="inference") == "inference not measured"
+        ```
+    """
+    if value is None:
+        return f"{name or unit} not measured"
+    return f"{name} {value:{spec}} {unit}".lstrip()
 
 
 def model_line(part: ModelRun) -> str:

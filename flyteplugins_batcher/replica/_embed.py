@@ -107,6 +107,7 @@ class EmbeddingReplica:
             replica=f"{socket.gethostname()}/{os.getpid()} (embeddings)",
             model=self.model.name,
             load_time_s=stats.load_time_s,
+            loaded_at=stats.loaded_at,
             padding_efficiency=stats.padding_efficiency,
         )
 

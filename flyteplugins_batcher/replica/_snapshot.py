@@ -17,12 +17,15 @@ class ReplicaSnapshot:
     cumulative, so how full the engine was between two snapshots of a replica is
     `later.engine_counts().since(earlier.engine_counts()).occupancy`.
     `timeline` is the batcher's (`BatchStats.timeline`): when each batch was at the model, since the
-    replica started (bounded; the report draws it).
+    replica started (bounded; the report draws it). `loaded_at` is when its model's load ended (epoch
+    seconds, 0.0 where it never loaded): with `load_time_s` it places the load in time, so that a run
+    counts only the part of it that fell inside the run.
     """
 
     replica: str = ""
     model: str = ""
     load_time_s: float = 0.0
+    loaded_at: float = 0.0
     records: int = 0
     batches: int = 0
     avg_batch_size: float = 0.0
@@ -58,6 +61,7 @@ class ReplicaSnapshot:
         """A snapshot's fields taken from the replica's engine `stats` (pass them to `of_batcher`)."""
         return {
             "load_time_s": stats.load_time_s,
+            "loaded_at": stats.loaded_at,
             "padding_efficiency": stats.padding_efficiency,
             "completion_tokens_per_s": stats.completion_tokens_per_s,
             "engine_steps": stats.steps,

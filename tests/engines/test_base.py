@@ -7,6 +7,7 @@ loading anything; the real engines run through the same code in their own tests.
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import replace
 
 import pytest
@@ -106,14 +107,17 @@ def test_each_request_carries_its_own_settings_and_budget():
 
 def test_stats_are_a_snapshot_and_can_be_reset():
     engine = EchoEngine(generation=GenerationConfig(max_new_tokens=8))
+    before = time.time()
     engine.load()
     engine.generate(["abc"])
     snapshot = engine.stats
     engine.generate(["abc"])
     assert snapshot.records == 1 and engine.stats.records == 2
     assert engine.stats.load_time_s >= 0 and engine.stats.generate_time_s > 0
+    assert before <= engine.stats.loaded_at <= time.time()  # when the load ended: a run places it in time
+    load = (engine.stats.load_time_s, engine.stats.loaded_at)
     engine.reset_stats()
-    assert engine.stats.records == 0
+    assert engine.stats.records == 0 and (engine.stats.load_time_s, engine.stats.loaded_at) == load
 
 
 class PrefixCachingEchoEngine(EchoEngine):

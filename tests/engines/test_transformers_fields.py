@@ -12,7 +12,7 @@ import pytest
 
 from flyteplugins_batcher.engines import Completion, GenerationConfig, Request, ResponseFormat
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.engine_starts(3)]  # the engine, the reference, the adapters
 
 QUESTION = [{"role": "user", "content": "What is 2 + 2?"}]
 MAX_NEW_TOKENS = 12

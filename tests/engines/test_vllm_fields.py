@@ -24,7 +24,7 @@ from flyteplugins_batcher.engines import (
     create_engine,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.engine_starts(2)]  # a mode's engine, the session's adapters
 
 QUESTION = [{"role": "user", "content": "What is 2 + 2?"}]
 GREEDY = GenerationConfig(max_new_tokens=12, logprobs=2)

@@ -11,6 +11,11 @@ Three traps of vLLM 0.32 shape how vLLM is asked (ours answers every line in one
   lines (its CPU LoRA kernels take slot -1, the last slot, for "no adapter"), so vLLM's base lines
   come from a run without adapters, and its adapter lines from a run of adapter lines only. Ours
   runs base lines beside adapter lines and must answer them as the base model alone.
+
+So vLLM starts four times: ours, vLLM's base lines, its adapter lines, `LLM.generate`. Each start is a
+fixture of its own, and each test asks only for the runs it compares, so that no test waits for more
+than two starts (and the session's adapters) under its timeout, a start's each (`engine_starts`),
+whatever order the tests run in, on a busy machine.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from flyteplugins_batcher.engines import bundled_smollm2_path
 from tests.conftest import REPO_ROOT
 from tests.lora_adapters import RANK, lora_flag
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.engine_starts(3)]
 
 KV_CACHE_BYTES = 1 << 30
 ENGINE_FLAGS = ["--dtype", "float32", "--enforce-eager", "--max-model-len", "1024", "--max-num-seqs", "8"]
@@ -131,34 +136,49 @@ def vllm_generate(folder: Path) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def answers(tmp_path_factory: pytest.TempPathFactory, lora_adapters: dict[str, str]) -> dict[str, Any]:
-    """Ours (one run of every line) and vLLM's (its base lines alone, its adapter lines alone, `LLM.generate`)."""
-    folder = tmp_path_factory.mktemp("parity")
-    adapters = lora_flag(lora_adapters)
-    theirs = vllm_run_batch(folder, "vllm-base", BASE_LINES + STRUCTURED_LINES)
-    lora = ["--enable-lora", "--max-loras", "2", "--max-lora-rank", str(RANK), *adapters]
-    theirs |= vllm_run_batch(folder, "vllm-adapters", ADAPTER_LINES, *lora)
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("parity")
+
+
+@pytest.fixture(scope="module")
+def ours(folder: Path, lora_adapters: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """Our run-batch, one run of every line: base lines beside adapter lines, and the lines vLLM's run_batch refuses."""
     source = write(
         folder / "ours.jsonl", ADAPTER_LINES[:2] + BASE_LINES + ADAPTER_LINES[2:] + STRUCTURED_LINES + OURS_ONLY
     )
     engine = ["--engine", "vllm", "--model", str(bundled_smollm2_path()), *ENGINE_FLAGS]
     kv = ["--engine-args", json.dumps({"kv_cache_memory_bytes": KV_CACHE_BYTES})]
+    adapters = lora_flag(lora_adapters)
     command = ["run-batch", "-i", str(source), "-o", str(folder / "ours"), *engine, *kv, *adapters, "--no-resume"]
     run(sys.executable, "-m", "flyteplugins_batcher", *command, cwd=folder)
-    ours = results(folder / "ours" / "results.jsonl")
     assert (folder / "ours" / "errors.jsonl").read_text() == ""
-    return {"ours": ours, "theirs": theirs, "generate": vllm_generate(folder)}
+    return results(folder / "ours" / "results.jsonl")
+
+
+@pytest.fixture(scope="module")
+def vllm_base(folder: Path) -> dict[str, dict[str, Any]]:
+    """vLLM's run_batch of the base and structured lines, without adapters."""
+    return vllm_run_batch(folder, "vllm-base", BASE_LINES + STRUCTURED_LINES)
+
+
+@pytest.fixture(scope="module")
+def vllm_adapters(folder: Path, lora_adapters: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """vLLM's run_batch of the adapter lines alone."""
+    lora = ["--enable-lora", "--max-loras", "2", "--max-lora-rank", str(RANK), *lora_flag(lora_adapters)]
+    return vllm_run_batch(folder, "vllm-adapters", ADAPTER_LINES, *lora)
+
+
+@pytest.fixture(scope="module")
+def generated(folder: Path) -> list[dict[str, Any]]:
+    """`LLM.generate`'s answers to the completion prompts."""
+    return vllm_generate(folder)
 
 
 def chosen(body: dict[str, Any]) -> list[tuple[str, float]]:
     return [(item["token"], item["logprob"]) for item in body["choices"][0]["logprobs"]["content"]]
 
 
-@pytest.mark.parametrize("custom_id", [line["custom_id"] for line in BASE_LINES + ADAPTER_LINES])
-def test_greedy_answers_equal_vllms_token_for_token_with_logprobs_within_tolerance(
-    answers: dict[str, Any], custom_id: str
-) -> None:
-    ours, theirs = answers["ours"][custom_id], answers["theirs"][custom_id]
+def assert_same_greedy_answer(ours: dict[str, Any], theirs: dict[str, Any], custom_id: str) -> None:
     assert ours["choices"][0]["message"]["content"] == theirs["choices"][0]["message"]["content"]
     assert ours["choices"][0]["finish_reason"] == theirs["choices"][0]["finish_reason"]
     assert [token for token, _ in chosen(ours)] == [token for token, _ in chosen(theirs)]
@@ -170,30 +190,41 @@ def test_greedy_answers_equal_vllms_token_for_token_with_logprobs_within_toleran
     assert [ours["usage"][key] for key in counts] == [theirs["usage"][key] for key in counts]
 
 
-def test_adapters_change_the_answer_and_base_lines_beside_them_answer_as_the_base_model(
-    answers: dict[str, Any],
+@pytest.mark.parametrize("custom_id", [line["custom_id"] for line in BASE_LINES])
+def test_base_lines_beside_adapter_lines_answer_as_vllms_base_model_token_for_token(
+    ours: dict[str, Any], vllm_base: dict[str, Any], custom_id: str
 ) -> None:
-    ours = answers["ours"]
+    assert_same_greedy_answer(ours[custom_id], vllm_base[custom_id], custom_id)
+
+
+@pytest.mark.parametrize("custom_id", [line["custom_id"] for line in ADAPTER_LINES])
+def test_adapter_lines_answer_as_vllms_adapters_token_for_token(
+    ours: dict[str, Any], vllm_adapters: dict[str, Any], custom_id: str
+) -> None:
+    assert_same_greedy_answer(ours[custom_id], vllm_adapters[custom_id], custom_id)
+
+
+def test_adapters_change_the_answer_and_base_lines_beside_them_answer_as_the_base_model(ours: dict[str, Any]) -> None:
     texts = {name: ours[f"{name}-0"]["choices"][0]["message"]["content"] for name in ("base", "alpha", "beta")}
     assert len(set(texts.values())) == 3, texts
     assert ours["alpha-0"]["model"] == "alpha" and ours["base-0"]["model"] not in ("alpha", "beta")
 
 
-def test_choice_and_regex_are_obeyed_as_vllm_obeys_them(answers: dict[str, Any]) -> None:
+def test_choice_and_regex_are_obeyed_as_vllm_obeys_them(ours: dict[str, Any], vllm_base: dict[str, Any]) -> None:
     import re
 
     for custom_id in ("choice", "regex"):
-        text = answers["ours"][custom_id]["choices"][0]["message"]["content"]
-        assert text == answers["theirs"][custom_id]["choices"][0]["message"]["content"]
-    assert answers["ours"]["choice"]["choices"][0]["message"]["content"] in ("yes", "no")
-    assert re.fullmatch(YEAR, answers["ours"]["regex"]["choices"][0]["message"]["content"])
+        text = ours[custom_id]["choices"][0]["message"]["content"]
+        assert text == vllm_base[custom_id]["choices"][0]["message"]["content"]
+    assert ours["choice"]["choices"][0]["message"]["content"] in ("yes", "no")
+    assert re.fullmatch(YEAR, ours["regex"]["choices"][0]["message"]["content"])
 
 
 def test_named_and_required_tool_calls_name_the_tool_with_arguments_that_follow_its_schema(
-    answers: dict[str, Any],
+    ours: dict[str, Any],
 ) -> None:
     for custom_id in ("named", "required"):
-        choice = answers["ours"][custom_id]["choices"][0]
+        choice = ours[custom_id]["choices"][0]
         calls = choice["message"]["tool_calls"]
         assert calls and all(call["function"]["name"] == "get_weather" for call in calls)
         for call in calls:
@@ -202,9 +233,9 @@ def test_named_and_required_tool_calls_name_the_tool_with_arguments_that_follow_
         assert choice["finish_reason"] == ("stop" if custom_id == "named" else "tool_calls")
 
 
-def test_completions_logprobs_equal_llm_generates(answers: dict[str, Any]) -> None:
-    for n, steps in enumerate(answers["generate"]):
-        logprobs = answers["ours"][f"cmpl-{n}"]["choices"][0]["logprobs"]
+def test_completions_logprobs_equal_llm_generates(ours: dict[str, Any], generated: list[dict[str, Any]]) -> None:
+    for n, steps in enumerate(generated):
+        logprobs = ours[f"cmpl-{n}"]["choices"][0]["logprobs"]
         assert logprobs["tokens"] == [decoded for _, _, decoded in steps]
         assert logprobs["token_logprobs"] == pytest.approx([value for _, value, _ in steps], abs=LOGPROB_TOLERANCE)
         assert all(len(top) >= 2 for top in logprobs["top_logprobs"])

@@ -19,7 +19,6 @@ import flyte.errors
 import pytest
 from flyte.io import File
 
-from flyteplugins_batcher import Timeline
 from flyteplugins_batcher.batch_api import BatchRequest, RequestLineError
 from flyteplugins_batcher.engines import EngineConfigError, GenerationConfig
 from flyteplugins_batcher.jobs import RunSummary, fan_out, run_batch_file
@@ -269,20 +268,20 @@ def test_a_chunk_of_a_new_phase_waits_until_every_chunk_in_flight_finished() -> 
 def test_a_runs_load_time_sums_its_phases_slowest_loads_and_a_swapping_replica_has_a_row_per_model() -> None:
     from flyteplugins_batcher.replica import ChunkOutcome
 
-    stats = FanOutStats()
-    for phase, replica, model, load in [
-        (0, "r1", "a", 5.0),
-        (0, "r2", "a", 7.0),
-        (1, "r1", "b", 3.0),
-        (None, "e", "m", 1),
+    stats = FanOutStats(started_at=100.0, wall_s=30.0)
+    for phase, replica, model, loaded_at, load in [
+        (0, "r1", "a", 105.0, 5.0),
+        (0, "r2", "a", 107.0, 7.0),
+        (1, "r1", "b", 115.0, 3.0),  # phase 1's load, once phase 0 has finished
+        (None, "e", "m", 121.0, 1.0),  # the embeddings' replica loads whenever: here on its own
     ]:
-        loaded = Timeline(origin_s=1.5)  # its batcher started after the run did: its load is this run's
-        snapshot = ReplicaSnapshot(replica=replica, model=model, load_time_s=load, records=1, timeline=loaded)
-        stats.record(ChunkOutcome(0, [], snapshot, finished_at=2.0), started=1.0, phase=phase)
-    warm = ReplicaSnapshot(replica="w", model="a", load_time_s=60.0, records=9, timeline=Timeline(origin_s=0.5))
-    stats.record(ChunkOutcome(1, [], warm, finished_at=2.0), started=1.0, phase=0)  # loaded before the run
+        snapshot = ReplicaSnapshot(replica=replica, model=model, load_time_s=load, loaded_at=loaded_at, records=1)
+        stats.record(ChunkOutcome(0, [], snapshot, finished_at=125.0), started=100.0, phase=phase)
+    warm = ReplicaSnapshot(replica="w", model="a", load_time_s=60.0, loaded_at=90.0, records=9)
+    stats.record(ChunkOutcome(1, [], warm, finished_at=125.0), started=100.0, phase=0)  # loaded before the run
 
     assert stats.load_time_s == 7.0 + 3.0 + 1.0 and stats.model_loads == {"a": 7.0, "b": 3.0, "m": 1.0}
+    assert stats.inference_s == 30.0 - 11.0
     assert [replica.replica for replica in stats.replicas] == ["e", "r1 a", "r1 b", "r2", "w"]
 
 

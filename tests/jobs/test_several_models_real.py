@@ -83,6 +83,7 @@ def run(
     return summary, {answer["custom_id"]: answer["response"]["body"] for answer in answers}
 
 
+@pytest.mark.engine_starts(6)  # four loads (two in the run, each model alone), the merged model, the adapters
 @pytest.mark.parametrize("engine", list(ENGINES))
 def test_two_checkpoints_time_share_a_replica_and_answer_as_each_alone(
     run_locally: Any, replicas: Replicas, tmp_path: Path, merged_model: str, lora_adapters: dict[str, str], engine: str

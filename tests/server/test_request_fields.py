@@ -19,7 +19,7 @@ from tests.server.conftest import RunningServer, start_server
 
 openai = pytest.importorskip("openai", reason="needs the test extra")
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.engine_starts(2)]  # the server, the session's adapters
 
 QUESTION = [{"role": "user", "content": "What is 2 + 2?"}]
 CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}

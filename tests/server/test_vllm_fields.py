@@ -20,7 +20,7 @@ from tests.server.conftest import start_server
 openai = pytest.importorskip("openai", reason="needs the test extra")
 pytest.importorskip("vllm", reason="needs vLLM: `make install` adds its CPU build")
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.engine_starts(3)]  # ours, vLLM's own server, the session's adapters
 
 QUESTION = [{"role": "user", "content": "Name three primary colors."}]
 CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
