@@ -51,6 +51,7 @@ from flyteplugins_batcher.engines._engine_errors import EngineConfigError, Engin
 from flyteplugins_batcher.engines._lora import checked_adapters, lora_rank
 from flyteplugins_batcher.engines._model_reference import model_display_name
 from flyteplugins_batcher.engines._prompts import PreparedPrompt
+from flyteplugins_batcher.engines._reasoning import ReasoningParser, vllm_reasoning_parser
 from flyteplugins_batcher.engines._response_format import ResponseFormat
 from flyteplugins_batcher.engines._stream_defaults import stream_batcher_settings
 from flyteplugins_batcher.engines.vllm._args import (
@@ -150,6 +151,10 @@ class VLLMSupport(Engine):
 
     def _default_model_name(self) -> str:
         return model_display_name(self.model)
+
+    def make_reasoning_parser(self, name: str, tokenizer: Any) -> ReasoningParser:
+        """vLLM's reasoning parser `name` (any vLLM registers), as `vllm run-batch --reasoning-parser` uses it."""
+        return vllm_reasoning_parser(name, tokenizer)
 
     @property
     def is_healthy(self) -> bool:
@@ -487,7 +492,17 @@ def completion(output: Any, prompt_tokens: int, config: GenerationConfig, tokeni
         logprobs = None
         if config.logprobs is not None:
             logprobs = token_logprobs(choice.token_ids, choice.logprobs or [], config.logprobs, tokenizer)
-        samples.append(Sample(choice.text, len(choice.token_ids), finish_reason, logprobs))
+        stop_reason = choice.stop_reason if isinstance(choice.stop_reason, str) else None  # a stop string's, not EOS
+        samples.append(
+            Sample(
+                choice.text,
+                len(choice.token_ids),
+                finish_reason,
+                logprobs,
+                stop_reason,
+                token_ids=tuple(choice.token_ids),
+            )
+        )
     if len(samples) == 1:
         samples *= n
     if len(samples) != n:
