@@ -58,6 +58,7 @@ from flyteplugins_batcher.engines.vllm._args import (
     accepted_arguments,
     check_engine_args,
     running_on_cpu,
+    with_compact_json,
     with_device_defaults,
 )
 
@@ -163,7 +164,7 @@ class VLLMSupport(Engine):
 
     def _resolved_engine_args(self, vllm: Any) -> dict[str, Any]:
         on_cpu = running_on_cpu()
-        args = with_device_defaults(self.engine_args, on_cpu=on_cpu)
+        args = with_compact_json(with_device_defaults(self.engine_args, on_cpu=on_cpu))
         if self.lora_modules:
             args = lora_engine_args(args, self.lora_modules, on_cpu=on_cpu)
             from vllm.lora.request import LoRARequest
