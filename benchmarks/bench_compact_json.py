@@ -26,6 +26,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks._charts import add_chart_flag, write_chart_data
 from benchmarks._tables import markdown_table
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -111,6 +112,26 @@ def compare(before: dict[str, Any], after: dict[str, Any]) -> str:
     return markdown_table(headers, table)
 
 
+def write_chart(path: Path | None, before: dict[str, Any], after: dict[str, Any]) -> None:
+    """The chart: each engine's output tokens before and after."""
+    names = {"transformers": "Transformers", "vllm": "vLLM"}
+    rows = [
+        (f"{names.get(engine, engine)}, {result['label']}", float(result["runs"][engine]["output_tokens"]))
+        for engine in before["runs"]
+        if engine in after["runs"]
+        for result in (before, after)
+    ]
+    write_chart_data(
+        path,
+        title="Structured answers: output tokens for the same questions, before and after compact JSON",
+        unit="output tokens (fewer is better)",
+        rows=rows,
+        note="The table job's --response-format run over gsm8k questions, greedy, the bundled SmolLM2-135M "
+        "(benchmarks/bench_compact_json.py).",
+        digits=0,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--engines", default="transformers,vllm")
@@ -121,11 +142,13 @@ def main() -> None:
     parser.add_argument("--label", default="run")
     parser.add_argument("--out", type=Path, default=None, help="write the runs here (JSON), for --compare")
     parser.add_argument("--compare", nargs=2, type=Path, metavar=("BEFORE", "AFTER"))
+    add_chart_flag(parser)
     args = parser.parse_args()
     if args.compare:
         before, after = (json.loads(path.read_text()) for path in args.compare)
         print(f"{before['label']} -> {after['label']}, load {after['load']}\n")
         print(compare(before, after))
+        write_chart(args.chart_data, before, after)
         return
     runs = {}
     with tempfile.TemporaryDirectory(prefix="bench-compact-") as folder:

@@ -55,7 +55,7 @@ class EngineSettings:
             "hermes" or "llama3_json"; empty: a request asking for "auto" fails, saying so.
         reasoning_parser: Take a reasoning model's thinking out of its answers, as vLLM's --reasoning-parser: into
             message.reasoning_content (and .reasoning), counted in usage.completion_tokens_details.reasoning_tokens;
-            vLLM's parsers on the vllm engine, "deepseek_r1" and "qwen3" (<think>...</think>) on the others;
+            vLLM's parsers on the vllm engine, "deepseek_r1" and "qwen3" (their think tags) on the others;
             empty: none.
         system_prompt: Added to prompts that do not bring their own system message.
         max_new_tokens: Generation budget per answer (a request's own max_tokens wins).
