@@ -456,8 +456,8 @@ async def run_job(
     finally:
         job.close()
     wall_s, driver_cpu_s = time.time() - started, time.process_time() - cpu_started
-    results = [json.loads(line)["custom_id"] for line in _lines(job.results.path)]
-    errors = sum(1 for _ in _lines(job.errors.path))
+    results = [json.loads(line)["custom_id"] for line in _lines(job.outputs.results.path)]
+    errors = sum(1 for _ in _lines(job.outputs.errors.path))
     killed = kill[0] if kill else None
     dispatch = router.last_dispatch
     return JobRun(

@@ -47,7 +47,8 @@ Each line is decoded with `loads_bounded`: nested at most 64 levels deep (`MAX_D
 of at most 100 digits, finite numbers, no `NaN` or `Infinity`, no lone surrogate escapes; a line
 outside these bounds fails alone as `invalid_json`, naming the bound.
 
-Error codes (`RequestLineError.code`, `ErrorCode`):
+Error codes (`RequestLineError.code`, `ErrorCode`); an error line's `custom_id` is the line's, or
+`line-<n>` for a line without a string one (OpenAI's and vLLM's output types require a string):
 
 - `invalid_json`: not JSON, not a JSON object, not UTF-8, or outside `loads_bounded`'s bounds.
 - `missing_custom_id`: an OpenAI batch line without a `custom_id`.

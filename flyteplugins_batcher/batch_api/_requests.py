@@ -19,8 +19,9 @@ from flyteplugins_batcher.batch_api._json import JSONBoundsError, loads_bounded
 from flyteplugins_batcher.batch_api._line_errors import RequestLineError
 from flyteplugins_batcher.batch_api._logprobs import chat_logprobs, completion_logprobs
 from flyteplugins_batcher.batch_api._messages import chat_messages, template_kwargs
+from flyteplugins_batcher.batch_api._results import line_id
 from flyteplugins_batcher.batch_api._tools import ToolUse, tool_use
-from flyteplugins_batcher.engines import GenerationConfig, Request, TokenLogprob
+from flyteplugins_batcher.engines import GenerationConfig, Request, TokenLogprob, model_display_name
 
 Endpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]
 GENERATION_ENDPOINTS: tuple[str, ...] = ("/v1/chat/completions", "/v1/completions")
@@ -36,7 +37,7 @@ class LineChecks(TypedDict, total=False):
     Attributes:
         served_model: The model that answers chat and completion lines; a body naming another one
             fails the line unless `model_mismatch="ignore"`.
-        served_embedding_model: The same, for embedding lines.
+        served_embedding_model: The same, for embedding lines (its short name, a path's last part, too).
         model_mismatch: `"error"` (the default) or `"ignore"`.
         endpoints: The urls the job serves; an OpenAI line for another one fails as `invalid_url`.
             By default chat and completions; a job that also embeds passes `ENDPOINTS`.
@@ -221,8 +222,9 @@ def _parse_openai(
     if not isinstance(body, dict):
         raise checks.fail("invalid_body", "body must be a JSON object")
     model = body.get("model")
-    if embedding:
-        _check_model(model, served_model, (), (), rules.get("model_mismatch", "error"), checks)
+    if embedding:  # the embedding model answers to its reference as given and to its short name
+        short = (model_display_name(served_model),) if served_model else ()
+        _check_model(model, served_model, short, (), rules.get("model_mismatch", "error"), checks)
         inputs, encoding_format = parse_embedding_body(body, checks)
         return EmbeddingRequest(line, custom_id, inputs, encoding_format, model)
     adapters = rules.get("adapters", ())
@@ -295,7 +297,7 @@ def _custom_id(data: Mapping[str, Any], line: int, *, required: bool) -> str:
     if custom_id is None:
         if required:
             raise RequestLineError("missing_custom_id", "an OpenAI batch request needs a custom_id", line=line)
-        return f"line-{line}"
+        return line_id(line)
     if not isinstance(custom_id, str):
         raise RequestLineError(
             "invalid_custom_id",

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import array
 import base64
+import secrets
 import sys
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from flyteplugins_batcher import __version__
 from flyteplugins_batcher.batch_api._embeddings import EmbeddingRequest, EncodingFormat
 from flyteplugins_batcher.batch_api._requests import BatchRequest
 from flyteplugins_batcher.batch_api._results import output_line
@@ -31,52 +33,87 @@ def response_line(request: BatchRequest, completion: Completion, *, model: str, 
     return output_line(request.custom_id, request_number, body)
 
 
-def completion_body(request: BatchRequest, completion: Completion, *, model: str, response_id: str) -> dict[str, Any]:
-    """A `chat.completion` or `text_completion` object, as the OpenAI API answers the request.
+SYSTEM_FINGERPRINT = f"flyteplugins-batcher-{__version__}"
+"""What every answer's `system_fingerprint` says: the backend that made it (vLLM writes `vllm-<version>-<hash>`)."""
 
-    One choice per sample (`choices[0..n-1]`, each with its own `finish_reason`): chat requests
-    get `choices[i].message.content`, completion requests `choices[i].text`; each with its
-    `logprobs` when the request asked for them. A chat request with tools has its answer read for
-    tool calls (`choices[i].message.tool_calls`, `content` then what is left of the text or null;
-    `finish_reason` `"tool_calls"`, or `"stop"` for a named tool choice, as vLLM answers).
-    `model` is the request's LoRA adapter when it named one, else `model`. `usage` counts the
-    prompt once and every sample's tokens, and in `prompt_tokens_details.cached_tokens` the prompt
-    tokens the engine found in its prefix cache (as OpenAI and vLLM write them). The server's online
-    answers and the usage event that ends a stream are this body's too.
+_VLLM_FIELDS: dict[str, tuple[str, ...]] = {
+    "chat": (
+        "prompt_logprobs",
+        "prompt_token_ids",
+        "prompt_text",
+        "kv_transfer_params",
+        "ec_transfer_params",
+        "metrics",
+    ),
+    "text": ("kv_transfer_params", "ec_transfer_params", "metrics"),
+    "chat choice": ("token_ids", "routed_experts"),
+    "text choice": ("token_ids", "prompt_logprobs", "prompt_token_ids", "routed_experts"),
+}
+"""The fields of vLLM's answers that say what this server never returns (token ids, disaggregated serving's
+parameters, per-request metrics): written `null`, as vLLM writes them when not asked for them."""
+
+
+def completion_body(request: BatchRequest, completion: Completion, *, model: str, response_id: str) -> dict[str, Any]:
+    """A `chat.completion` or `text_completion` object, as the OpenAI API (and vLLM) answers the request.
+
+    One choice per sample (`choices[0..n-1]`, each with its own `finish_reason` and `stop_reason`, the
+    stop string that ended it): chat requests get `choices[i].message.content` (and the reasoning a
+    reasoning parser took out of it, in `reasoning_content` and vLLM's `reasoning`), completion
+    requests `choices[i].text`; each with its `logprobs` when the request asked for them. A chat
+    request with tools has its answer read for tool calls (`choices[i].message.tool_calls`,
+    `content` then what is left of the text or null; `finish_reason` `"tool_calls"`, or `"stop"` for
+    a named tool choice, as vLLM answers). `model` is the request's LoRA adapter when it named one,
+    else `model`. `usage` counts the prompt once and every sample's tokens, in
+    `prompt_tokens_details.cached_tokens` the prompt tokens the engine found in its prefix cache and in
+    `completion_tokens_details.reasoning_tokens` the reasoning's (as OpenAI and vLLM write them).
+    The fields vLLM adds that this server has nothing for are `null` (`_VLLM_FIELDS`). The server's
+    online answers and the usage event that ends a stream are this body's too.
     """
-    chat = request.endpoint == "/v1/chat/completions"
+    kind = "chat" if request.chat else "text"
     choices = [_choice(request, sample, index, response_id) for index, sample in enumerate(completion.samples)]
     return {
         "id": response_id,
-        "object": "chat.completion" if chat else "text_completion",
+        "object": "chat.completion" if request.chat else "text_completion",
         "created": int(time.time()),
         "model": request.adapter or model,
         "choices": choices,
+        "service_tier": None,
+        "system_fingerprint": SYSTEM_FINGERPRINT,
         "usage": {
             "prompt_tokens": completion.prompt_tokens,
             "completion_tokens": completion.completion_tokens,
             "total_tokens": completion.prompt_tokens + completion.completion_tokens,
             "prompt_tokens_details": {"cached_tokens": completion.cached_tokens},
+            "completion_tokens_details": {
+                "reasoning_tokens": sum(sample.reasoning_tokens for sample in completion.samples)
+            },
         },
+        **dict.fromkeys(_VLLM_FIELDS[kind]),
     }
 
 
 def _choice(request: BatchRequest, sample: Sample, index: int, response_id: str) -> dict[str, Any]:
     logprobs = request.logprobs_object(sample.logprobs) if sample.logprobs is not None else None
-    choice: dict[str, Any] = {"index": index, "finish_reason": sample.finish_reason, "logprobs": logprobs}
     if not request.chat:
-        choice["text"] = sample.text
-        return choice
-    message: dict[str, Any] = {"role": "assistant", "content": sample.text}
+        choice = {"index": index, "text": sample.text, "logprobs": logprobs, "finish_reason": sample.finish_reason}
+        return {**choice, "stop_reason": sample.stop_reason, **dict.fromkeys(_VLLM_FIELDS["text choice"])}
+    finish_reason = sample.finish_reason
+    content = None if sample.reasoning is not None and not sample.text else sample.text  # vLLM: only reasoning
+    message: dict[str, Any] = {"role": "assistant", "content": content, **_MESSAGE_NULLS}
     tools = request.tools
-    if tools is not None and tools.calls_expected:
-        content, calls = tools.read(sample.text, f"{response_id}-{index}")
+    if tools is not None and tools.calls_expected and content is not None:
+        content, calls = tools.read(content, f"{response_id}-{index}")
         if calls:
-            message = {"role": "assistant", "content": content, "tool_calls": calls}
+            message.update(content=content, tool_calls=calls)
             if tools.choice != "named" and sample.finish_reason == "stop":
-                choice["finish_reason"] = "tool_calls"
-    choice["message"] = message
-    return choice
+                finish_reason = "tool_calls"
+    message.update(reasoning=sample.reasoning, reasoning_content=sample.reasoning)
+    choice = {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
+    return {**choice, "stop_reason": sample.stop_reason, **dict.fromkeys(_VLLM_FIELDS["chat choice"])}
+
+
+_MESSAGE_NULLS = dict.fromkeys(("refusal", "annotations", "audio", "function_call"))
+"""A chat message's fields of OpenAI's that this server never fills (vLLM writes them `null` too)."""
 
 
 def embedding_response_line(
@@ -103,14 +140,22 @@ def embedding_response_line(
     Raises:
         ValueError: The number of vectors is not the number of texts.
     """
-    body = embeddings_body(request, vectors, prompt_tokens=prompt_tokens, model=model)
+    body = embeddings_body(
+        request, vectors, prompt_tokens=prompt_tokens, model=model, response_id=f"embd-{request_number}"
+    )
     return output_line(request.custom_id, request_number, body)
 
 
 def embeddings_body(
-    request: EmbeddingRequest, vectors: Sequence[Sequence[float]], *, prompt_tokens: int, model: str
+    request: EmbeddingRequest,
+    vectors: Sequence[Sequence[float]],
+    *,
+    prompt_tokens: int,
+    model: str,
+    response_id: str = "",
 ) -> dict[str, Any]:
-    """The embeddings `list` object the OpenAI API answers with (see `embedding_response_line`).
+    """The embeddings `list` object the OpenAI API answers with (see `embedding_response_line`), with vLLM's `id`
+    (`response_id`; empty: a random `embd-...`) and `created`.
 
     Raises:
         ValueError: The number of vectors is not the number of texts.
@@ -122,7 +167,9 @@ def embeddings_body(
         for index, vector in enumerate(vectors)
     ]
     return {
+        "id": response_id or f"embd-{secrets.token_hex(12)}",
         "object": "list",
+        "created": int(time.time()),
         "data": data,
         "model": model,
         "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},

@@ -21,11 +21,20 @@ def output_line(custom_id: str, request_number: int, body: dict[str, Any]) -> di
     }
 
 
+def line_id(line: int) -> str:
+    """The `custom_id` of a line that gives none: a plain line's, and the error line of one that has no string id."""
+    return f"line-{line}"
+
+
 def error_line(error: RequestLineError, *, request_number: int) -> dict[str, Any]:
-    """The errors-file line for a request that failed (`error.code`, `error.message`, and its input line)."""
+    """The errors-file line for a request that failed (`error.code`, `error.message`, and its input line).
+
+    Its `custom_id` is always a string, as OpenAI's and vLLM's output types require: the line's own, or
+    `line_id(line)` for a line without one (not JSON, no `custom_id`, or one that is not a string).
+    """
     return {
         "id": f"batch_req_{request_number}",
-        "custom_id": error.custom_id,
+        "custom_id": error.custom_id if error.custom_id is not None else line_id(error.line),
         "response": None,
         "error": {"code": error.code, "message": error.message, "line": error.line},
     }

@@ -110,8 +110,8 @@ class ToolUse:
         if self.choice == "named":  # the text is the arguments, passed on as the model wrote them (as vLLM does)
             found = [(str(self.function), text.strip())] if isinstance(_json(text), dict) else None
             content = None if found else text
-        elif self.choice == "required":
-            found = _named_objects(_json(text), "parameters")
+        elif self.choice == "required":  # an array cut by max_tokens gives the calls it completed
+            found = _named_objects(_json(text), "parameters") or _named_objects(completed_items(text), "parameters")
             content = None if found else text
         elif self.choice == "auto":
             content, found = parse_tool_calls(self.parser, text)
@@ -198,6 +198,38 @@ def _choice(value: Any, names: Sequence[str], checks: FieldChecks) -> tuple[Tool
             "tool_choice.function.name", f"is {name!r}, which is not one of the tools ({', '.join(names)})"
         )
     return "named", name
+
+
+def completed_items(text: str) -> list[Any]:
+    """The items a JSON array completed before it was cut off (`[{...}, {...}, {"na` gives the first two).
+
+    Example:
+        ```python
+        assert completed_items('[{"name": "a"}, {"name": "b"}, {"na') == [{"name": "a"}, {"name": "b"}]
+        ```
+    """
+    decoder = json.JSONDecoder()
+    items: list[Any] = []
+    position = _skip_space(text, 0)
+    if not text.startswith("[", position):
+        return items
+    position += 1
+    while True:
+        try:
+            item, position = decoder.raw_decode(text, _skip_space(text, position))
+        except ValueError:
+            return items
+        items.append(item)
+        position = _skip_space(text, position)
+        if not text.startswith(",", position):
+            return items
+        position += 1
+
+
+def _skip_space(text: str, position: int) -> int:
+    while position < len(text) and text[position].isspace():
+        position += 1
+    return position
 
 
 def _json(text: str) -> Any:

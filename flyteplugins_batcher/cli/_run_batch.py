@@ -1,9 +1,10 @@
-"""`flyteplugins-batcher run-batch`: an OpenAI-batch JSONL file in, `results.jsonl` and `errors.jsonl` out.
+"""`flyteplugins-batcher run-batch`: an OpenAI-batch JSONL file in, vLLM's output file (or a folder) out.
 
 It runs the package's JSONL job (`flyteplugins_batcher.jobs.run_batch_file`, the task behind
 `workflows/batch_jsonl.py`) with flyte's local runner. Its options are the job's inputs, spelled as
-vLLM's `run-batch` spells the options they share: a file and command line that `vllm run-batch`
-takes run here unchanged, but for `-o`, which names a folder here.
+vLLM's `run-batch` spells the options they share, and it keeps vLLM's contract: a file and command
+line that `vllm run-batch` takes run here unchanged, `-o FILE` is one output file in input order with
+the errors inline, and the exit code is 0 once every line is answered or failed in its own line.
 """
 
 from __future__ import annotations
@@ -51,13 +52,15 @@ def _first_requests(path: Path, sample: int) -> list[tuple[str, str | None]]:
     return found
 
 
-def _output_dir(value: Path) -> Path:
-    if value.suffix in (".jsonl", ".json") and not value.is_dir():
-        raise click.BadParameter(
-            f"{value} looks like a file: -o names a folder here, where results.jsonl and errors.jsonl go",
-            param_hint="-o/--output-dir",
-        )
-    return value
+OUTPUT_FILE_SUFFIXES = (".jsonl", ".json")
+"""An `-o` path with one of these suffixes (or an existing file) is vLLM's one output file; anything else a folder."""
+
+
+def is_output_file(value: Path) -> bool:
+    """Whether `-o value` names vLLM's one output file (`out.jsonl`, an existing file), else a folder of two files."""
+    if value.is_dir():
+        return False
+    return value.is_file() or value.suffix.lower() in OUTPUT_FILE_SUFFIXES
 
 
 @click.command(
@@ -74,28 +77,35 @@ def _output_dir(value: Path) -> Path:
 )
 @click.option(
     "-o",
+    "--output-file",
     "--output-dir",
-    "output_folder",
+    "output",
     required=True,
-    type=click.Path(file_okay=False, path_type=Path),
-    help="The folder for results.jsonl and errors.jsonl (created; existing files are replaced).",
+    type=click.Path(path_type=Path),
+    help="FILE.jsonl (or .json, or an existing file): vLLM's one output file, every line's result or error in "
+    "input order. Anything else is a folder for results.jsonl and errors.jsonl. Existing files are replaced.",
 )
 @vllm_flags
-@input_options(_JOB, skip=("input", "output_dir", *VLLM_FLAGS))
+@input_options(_JOB, skip=("input", "output_dir", "output_file", *VLLM_FLAGS))
 def run_batch(
-    input_path: Path, output_folder: Path, enforce_eager: bool | None, max_num_seqs: int | None, **options: Any
+    input_path: Path, output: Path, enforce_eager: bool | None, max_num_seqs: int | None, **options: Any
 ) -> None:
     """Run every request of a JSONL file, as `vllm run-batch` does, through the batcher.
 
-    Writes OUTPUT_DIR/results.jsonl (OpenAI batch output lines) and OUTPUT_DIR/errors.jsonl (a line
-    per failed request, naming its code and the reason), with a progress line and a summary. A bad
-    line fails alone. Running it again resumes: finished chunks are reused (--no-resume recomputes).
-    Exits non-zero when more requests failed than --max-failed-fraction allows.
+    `-o out.jsonl` writes vLLM's output file: a line per request, in input order, each a result or an
+    error (a bad line fails alone, naming its code and the reason). `-o DIR` writes DIR/results.jsonl
+    and DIR/errors.jsonl instead. With a progress line, a summary and a report. Running it again
+    resumes: finished chunks are reused (--no-resume recomputes). Exits 0 once every line is answered
+    or failed in its own line, as vLLM does (an empty file too); --max-failed-fraction opts in to a
+    non-zero exit past that share of failed lines.
     """
     inputs = apply_vllm_flags(given(options, _JOB), enforce_eager, max_num_seqs)
-    folder = _output_dir(output_folder).resolve()
+    target = {"output_file" if is_output_file(output) else "output_dir": str(output.resolve())}
     if "generation" in line_kinds(input_path):  # the model loads while flyte starts and the file is read
         preload(inputs, first_model(input_path))
-    summary = run_locally(run_batch_file, input=local_file(input_path), output_dir=str(folder), **inputs)
-    click.echo(f"results: {folder / 'results.jsonl'} ({summary.answered} lines)")
-    click.echo(f"errors: {folder / 'errors.jsonl'} ({summary.failed} lines)")
+    summary = run_locally(run_batch_file, input=local_file(input_path), **target, **inputs)
+    if "output_file" in target:
+        click.echo(f"output: {target['output_file']} ({summary.answered} answered, {summary.failed} failed)")
+        return
+    click.echo(f"results: {output.resolve() / 'results.jsonl'} ({summary.answered} lines)")
+    click.echo(f"errors: {output.resolve() / 'errors.jsonl'} ({summary.failed} lines)")

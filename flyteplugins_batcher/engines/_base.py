@@ -34,7 +34,7 @@ from flyteplugins_batcher.engines._engine_errors import (
     RequestCancelledError,
     UnknownAdapterError,
 )
-from flyteplugins_batcher.engines._engine_stats import EngineCounters, EngineStats
+from flyteplugins_batcher.engines._engine_stats import CountedEngine, EngineCounters
 from flyteplugins_batcher.engines._prompts import (
     PreparedPrompt,
     PromptRecord,
@@ -44,6 +44,7 @@ from flyteplugins_batcher.engines._prompts import (
     normalize_record,
     prompt_prefix_key,
 )
+from flyteplugins_batcher.engines._reasoning import ReasoningSupport
 from flyteplugins_batcher.engines._structured import check_generation
 
 if TYPE_CHECKING:
@@ -80,7 +81,7 @@ class LoadedModel:
     context_length: int
 
 
-class Engine(abc.ABC):
+class Engine(CountedEngine, ReasoningSupport, abc.ABC):
     """Turns a batch of prompt records into completions, in input order.
 
     An engine is loaded once per process (it owns the model) and shared by every producer
@@ -102,6 +103,8 @@ class Engine(abc.ABC):
             default the model reference the engine was given.
         lora_modules: LoRA adapters by name (name -> local folder of a PEFT adapter): a `Request`
             whose `adapter` names one generates with it. Engines that cannot load adapters refuse them.
+        reasoning_parser: Take a reasoning model's thinking out of each answer's text, by vLLM's
+            `--reasoning-parser` names (`ReasoningSupport`); an unknown name fails `load()`.
 
     Example:
         ```python
@@ -124,8 +127,10 @@ class Engine(abc.ABC):
         chat_template: bool | None = None,
         model_name: str | None = None,
         lora_modules: Mapping[str, str] | None = None,
+        reasoning_parser: str | None = None,
     ) -> None:
         self.generation = generation or GenerationConfig()
+        self.reasoning_parser = reasoning_parser or None
         self.system_prompt = system_prompt
         self.chat_template = chat_template
         self._model_name = model_name
@@ -170,6 +175,7 @@ class Engine(abc.ABC):
             started = time.perf_counter()
             loaded = self._load()
             self._tokenizer, self._context_length = loaded.tokenizer, loaded.context_length
+            self._start_reasoning(loaded.tokenizer, on_error=self._close)
             # A template writes its own special tokens (BOS); a raw prompt gets them from the tokenizer.
             self._encoders = {
                 templated: _cached_encoder(loaded.tokenizer, add_special_tokens=not templated)
@@ -185,7 +191,7 @@ class Engine(abc.ABC):
                 self._loaded = False
                 self._encoders = {}
                 self._close()
-                self._tokenizer = None
+                self._tokenizer = self._reasoning = None
 
     def __enter__(self) -> Engine:
         self.load()
@@ -198,7 +204,7 @@ class Engine(abc.ABC):
     def _load(self) -> LoadedModel:
         """Load the model; return its tokenizer and context length."""
 
-    def _close(self) -> None:  # noqa: B027 - optional hook: engines with nothing to free skip it
+    def _close(self) -> None:
         """Free what `_load` acquired."""
 
     def _require_loaded(self) -> None:
@@ -337,22 +343,11 @@ class Engine(abc.ABC):
     def _merge(
         self, prepared: list[PreparedPrompt], outcomes: Sequence[Outcome], results: list[Outcome | None]
     ) -> list[Outcome]:
-        """Put each valid record's outcome in its place, and count the batch."""
+        """Put each valid record's outcome in its place (its reasoning split out by a parser), and count the batch."""
         for prompt, outcome in zip(prepared, outcomes, strict=True):
-            results[prompt.index] = outcome
+            results[prompt.index] = self._split_reasoning(outcome)
         self._counters.count_batch(results, counts_as_batch=bool(prepared) and not self.counts_passes)
         return results  # type: ignore[return-value]
-
-    # -- statistics ----------------------------------------------------------------------------
-
-    @property
-    def stats(self) -> EngineStats:
-        """A snapshot of what the engine ran since it was built (or `reset_stats()`)."""
-        return self._counters.snapshot()
-
-    def reset_stats(self) -> None:
-        """Start counting afresh (the load time is kept)."""
-        self._counters.reset()
 
     # -- batching ------------------------------------------------------------------------------
 

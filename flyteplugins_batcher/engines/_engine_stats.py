@@ -199,3 +199,26 @@ class EngineCounters:
             stats.steps += 1
             stats.running_seqs += running
             stats.step_time_s += step_s
+
+
+class CountedEngine:
+    """An engine's statistics over its `EngineCounters` (`Engine` mixes it in: every engine counts what it runs).
+
+    Example:
+        ```python
+        engine.reset_stats()
+        ...
+        print(engine.stats.completion_tokens_per_s)
+        ```
+    """
+
+    _counters: EngineCounters
+
+    @property
+    def stats(self) -> EngineStats:
+        """A snapshot of what the engine ran since it was built (or `reset_stats()`)."""
+        return self._counters.snapshot()
+
+    def reset_stats(self) -> None:
+        """Start counting afresh (the load time is kept)."""
+        self._counters.reset()

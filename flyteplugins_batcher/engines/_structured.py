@@ -7,9 +7,10 @@ each distinct format once for one tokenizer; `GrammarLogitsProcessor` (in `_gram
 which imports torch) applies one matcher per batch row, or none, so records with and without a
 format share one `generate` call.
 
-Why compact JSON (no free whitespace between tokens of the JSON): small models given free
-whitespace tend to spend their token budget on newlines and indentation, or never leave them;
-compact output is shorter and parses the same.
+Why compact JSON (no whitespace between tokens of the JSON, `COMPACT_SEPARATORS`): small models
+given free whitespace tend to spend their token budget on newlines and indentation, or never leave
+them; compact output is shorter and parses the same. vLLM's `disable_any_whitespace` writes the
+same (`{"a":1,"b":[2,3]}`), so both engines answer a schema alike.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ _SCHEMA_CHECK_CACHE_SIZE = 1024
 
 _SOURCE_PREFIX = re.compile(r"^\[[\d:]+\]\s+\S+:\d+:\s*")
 """xgrammar's C++ errors start with `[hh:mm:ss] path/to/file.cc:line: `."""
+
+COMPACT_SEPARATORS = (",", ":")
+"""What separates a JSON schema's items and keys from values: nothing more (vLLM's `disable_any_whitespace`)."""
 
 STRUCTURED_OUTPUT_INSTALL = "pip install xgrammar (vLLM installs it; so does 'flyteplugins-batcher[transformers]')"
 
@@ -95,7 +99,7 @@ def _format_problem(source: str, text: str) -> str | None:
 
     try:
         if source == "json":
-            xgr.Grammar.from_json_schema(text, any_whitespace=False)
+            xgr.Grammar.from_json_schema(text, any_whitespace=False, separators=COMPACT_SEPARATORS)
         elif source == "regex":
             xgr.Grammar.from_regex(text)
         else:
@@ -159,7 +163,7 @@ class Grammars:
             kind, text = source
             try:
                 if kind == "json":
-                    grammar = compiler.compile_json_schema(text, any_whitespace=False)
+                    grammar = compiler.compile_json_schema(text, any_whitespace=False, separators=COMPACT_SEPARATORS)
                 elif kind == "regex":
                     grammar = compiler.compile_regex(text)
                 else:

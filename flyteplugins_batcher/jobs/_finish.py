@@ -26,13 +26,17 @@ LOW_OCCUPANCY = 0.8
 """Below this share of its sequence slots, an engine that had work waiting in the driver was starved."""
 
 
-def check_failures(failed: int, total: int, max_failed_fraction: float, where: str, noun: str = "requests") -> None:
+def check_failures(
+    failed: int, total: int, max_failed_fraction: float | None, where: str, noun: str = "requests"
+) -> None:
     """Fail the run (non-zero exit) when more requests failed than allowed; the results are written first.
+
+    `None`: no threshold (each failure is in its own line, and the run succeeds, as `vllm run-batch`'s does).
 
     Raises:
         RuntimeError: More than `max_failed_fraction` of `total` failed, or everything did.
     """
-    if not failed:
+    if not failed or max_failed_fraction is None:
         return
     fraction = failed / total if total else 1.0
     if failed == total or fraction > max_failed_fraction:
@@ -49,7 +53,7 @@ async def finish_run(
     source: str,
     work: WorkFolder,
     results: Path,
-    errors: Path,
+    errors: Path | None,
     run: RunOptions,
     progress: Progress,
     pool: ReplicaPool | None = None,
@@ -60,6 +64,7 @@ async def finish_run(
 ) -> RunSummary:
     """Publish the results and errors files, then close the run (`close_run`): report, summary, warning.
 
+    `errors` `None`: the results file holds every line, its errors inline (vLLM's one output file).
     With the replicas' `pool`, the warning when their engines were starved (`occupancy_warning`);
     with `models` (a run that named several base models), a line per model.
 
@@ -72,19 +77,20 @@ async def finish_run(
         counts,
         fanned,
         results=File(path=str(results)),
-        errors=File(path=str(errors)),
+        errors=File(path=str(errors)) if errors is not None else None,
         accuracy=accuracy,
         scored=scored,
         models=list(models or []),
     )
     unpublished: PublishError | None = None
     try:
-        summary.results, summary.errors = await work.publish([results, errors])
+        published = await work.publish([results] if errors is None else [results, errors])
+        summary.results, summary.errors = published[0], published[1] if errors is not None else None
     except PublishError as error:  # the files stay in the work folder, where the summary points
         unpublished = error
     warning = occupancy_warning(fanned, run, pool) if pool is not None else ""
     await close_run(summary, fanned, progress, warning=warning, noun=noun, unpublished=unpublished)
-    where = summary.errors.path if summary.errors is not None else errors
+    where = (summary.errors or summary.results or File(path=str(results))).path
     check_failures(summary.failed, summary.requests, run.max_failed_fraction, f"see {where}", noun)
     return summary
 

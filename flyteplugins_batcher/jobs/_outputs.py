@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sqlite3
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -92,6 +93,24 @@ class Destination:
             f"output_dir {output_dir!r}: cannot write to {scheme}:// (use a local folder, or a URI of {supported}, "
             "with a bucket)"
         )
+
+    @classmethod
+    def for_file(cls, output_file: str) -> tuple[Destination, str]:
+        """The destination of one output file (`-o results.jsonl`, `s3://bucket/out/results.jsonl`), and its name.
+
+        Raises:
+            OutputDirError: As `check`, for the file's folder; or the path names no file.
+        """
+        text = output_file.strip()
+        folder, _, name = text.rstrip("/").rpartition("/")
+        if not name or name in (".", "..") or text.endswith("/"):
+            raise OutputDirError(f"output_file {output_file!r} names no file")
+        if "://" not in text:
+            local = Path(text).expanduser()
+            folder, name = str(local.parent), local.name
+        elif not folder.partition("://")[2]:
+            folder += "/"  # a file at the root of a bucket or of file://
+        return cls.check(folder, (name,)), name
 
     def describe(self) -> str:
         """Where the files go, for messages."""
@@ -183,6 +202,53 @@ def _local_run_storage() -> flyte.models.RawDataPath | None:
     if storage is None or not storage.path or "://" in storage.path.removeprefix("file://"):
         return None
     return storage
+
+
+class InputOrderFile:
+    """One JSONL file of every line's output, in input order: `vllm run-batch`'s output file.
+
+    Lines finish out of order (chunks run side by side, and placement regroups them), so each is kept
+    in an on-disk SQLite table keyed by its line number, and the file is written in order once the run
+    ends: memory stays flat however long the input.
+
+    Args:
+        path: The file to write (its folder is created).
+
+    Example:
+        ```python
+        output = InputOrderFile(work / "results.jsonl")
+        output.add(2, {"custom_id": "b"})
+        output.add(1, {"custom_id": "a"})
+        output.close()  # results.jsonl: a, then b
+        ```
+    """
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self.count = 0
+        self._table = path.with_name(f".{path.name}.lines.sqlite")
+        self._db = sqlite3.connect(self._table, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=OFF")
+        self._db.execute("PRAGMA synchronous=OFF")
+        self._db.execute("CREATE TABLE lines (line INTEGER PRIMARY KEY, output TEXT) WITHOUT ROWID")
+        self._db.execute("BEGIN")
+
+    def add(self, line: int, output: dict[str, Any]) -> None:
+        """Keep one input line's output (a line given twice keeps its last output)."""
+        text = json.dumps(output, ensure_ascii=False)
+        self._db.execute("INSERT OR REPLACE INTO lines VALUES (?, ?)", (line, text))
+        self.count += 1
+
+    def close(self) -> None:
+        """Write the file, in input order, and drop the table (once: closing it again does nothing)."""
+        if not self._table.exists():
+            return
+        with self.path.open("w", encoding="utf-8") as file:
+            for (text,) in self._db.execute("SELECT output FROM lines ORDER BY line"):
+                file.write(text + "\n")
+        self._db.close()
+        self._table.unlink(missing_ok=True)
 
 
 class JsonLines:

@@ -189,10 +189,12 @@ def _figure(value: float | None, spec: str, unit: str = "") -> str:
 
 
 def _output_html(result: RunSummary) -> str:
-    """Where the output is: the table, or the results and errors files."""
+    """Where the output is: the table, the results and errors files, or the one file of both."""
     if result.output is not None:
         return f"<p>Output: <code>{html.escape(str(result.output.uri))}</code></p>"
     results, errors = (file.path if file is not None else "" for file in (result.results, result.errors))
+    if result.results is not None and result.errors is None:  # vLLM's one output file
+        return f"<p>Output: <code>{html.escape(str(results))}</code> (errors inline, in input order)</p>"
     return (
         f"<p>Results: <code>{html.escape(str(results))}</code><br>Errors: <code>{html.escape(str(errors))}</code></p>"
     )

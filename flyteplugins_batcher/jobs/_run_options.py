@@ -22,8 +22,10 @@ class RunOptions:
         max_chunks_in_flight: Chunks outstanding at once over all replicas (bounds the driver's memory); 0:
             replicas x concurrency of the replicas' environment, which fills every replica's slots, so that
             adding replicas adds work in flight.
-        max_failed_fraction: Share of requests (rows) that may fail before the run exits non-zero (everything
-            that finished is written first).
+        max_failed_fraction: Share of requests (rows) that may fail before the run exits non-zero, an opt-in
+            guard (everything that finished is written first); none: no threshold, the run exits 0 however many
+            fail, each failure in its own line. The JSONL job (`run-batch`) has none by default, as `vllm
+            run-batch`; the table job 0.0, so a pipeline stops on any failed row.
         resume: Reuse chunks finished by an earlier run with the same requests and settings (--no-resume
             computes everything again).
         output_dir: Where the output goes (the results and errors files; a table's Parquet dataset): a local
@@ -39,7 +41,7 @@ class RunOptions:
 
     chunk_size: int = 8
     max_chunks_in_flight: int = 0
-    max_failed_fraction: float = 0.0
+    max_failed_fraction: float | None = 0.0
     resume: bool = True
     output_dir: str = ""
     order: str = "prefix"
@@ -56,7 +58,7 @@ class RunOptions:
             raise ValueError(
                 f"max_chunks_in_flight must be >= 0 (0: replicas x concurrency), got {self.max_chunks_in_flight}"
             )
-        if not 0 <= self.max_failed_fraction <= 1:
+        if self.max_failed_fraction is not None and not 0 <= self.max_failed_fraction <= 1:
             raise ValueError(f"max_failed_fraction must be in [0, 1], got {self.max_failed_fraction}")
 
     def chunks_in_flight(self, pool: ReplicaPool) -> int:

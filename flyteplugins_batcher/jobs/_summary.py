@@ -120,10 +120,12 @@ class RunSummary:
 
     @property
     def where(self) -> str:
-        """Where its output is: the table, or the results and errors files."""
+        """Where its output is: the table, the results and errors files, or the one file of both."""
         if self.output is not None:
             return f"output: {self.output.uri}"
         results, errors = (file.path if file is not None else "" for file in (self.results, self.errors))
+        if self.results is not None and self.errors is None:
+            return f"results: {results} (errors inline, in input order)"
         return f"results: {results} | errors: {errors}"
 
 

@@ -186,21 +186,43 @@ class LogprobResult:
 
 @dataclass
 class SampleResult:
-    """One sample of a completion (`engines.Sample`'s fields); `logprobs` `None` when the request asked for none."""
+    """One sample of a completion (`engines.Sample`'s fields); `logprobs` `None` when the request asked for none.
+
+    `stop_reason` empty: none (EOS or the length ended it); `reasoning` `None`: no reasoning parser, or none found.
+    """
 
     text: str
     finish_reason: str
     completion_tokens: int
     logprobs: list[LogprobResult] | None = None
+    stop_reason: str = ""
+    reasoning: str | None = None
+    reasoning_tokens: int = 0
 
     @classmethod
     def of(cls, sample: Sample) -> SampleResult:
         logprobs = None if sample.logprobs is None else [LogprobResult.of(item) for item in sample.logprobs]
-        return cls(sample.text, sample.finish_reason, sample.completion_tokens, logprobs)
+        return cls(
+            sample.text,
+            sample.finish_reason,
+            sample.completion_tokens,
+            logprobs,
+            sample.stop_reason or "",
+            sample.reasoning,
+            sample.reasoning_tokens,
+        )
 
     def sample(self) -> Sample:
         logprobs = None if self.logprobs is None else tuple(item.token_logprob() for item in self.logprobs)
-        return Sample(self.text, self.completion_tokens, self.finish_reason, logprobs)  # type: ignore[arg-type]
+        return Sample(
+            self.text,
+            self.completion_tokens,
+            self.finish_reason,  # type: ignore[arg-type]
+            logprobs,
+            self.stop_reason or None,
+            self.reasoning,
+            self.reasoning_tokens,
+        )
 
 
 @dataclass
@@ -210,7 +232,8 @@ class ItemResult:
     `text` and `finish_reason` are the first sample's and `completion_tokens` counts every sample, as
     in `Completion`; `samples` holds every sample when the request asked for more than one, or for
     logprobs (which only a sample carries). `cached_tokens`: prompt tokens the engine found in its
-    prefix cache (0 in outcomes written before it was kept).
+    prefix cache (0 in outcomes written before it was kept). `stop_reason`, `reasoning` and
+    `reasoning_tokens` are the first sample's (`SampleResult`'s).
     """
 
     key: str
@@ -222,20 +245,26 @@ class ItemResult:
     error_message: str = ""
     samples: list[SampleResult] = field(default_factory=list)
     cached_tokens: int = 0
+    stop_reason: str = ""
+    reasoning: str | None = None
+    reasoning_tokens: int = 0
 
     @classmethod
     def of(cls, key: str, completion: Completion) -> ItemResult:
         """The result for a completion (its samples kept only when there are several, or they carry logprobs)."""
         samples = [SampleResult.of(sample) for sample in completion.samples]
-        kept = len(samples) > 1 or samples[0].logprobs is not None
+        first = samples[0]
         return cls(
             key,
             completion.text,
             completion.finish_reason,
             completion.prompt_tokens,
             completion.completion_tokens,
-            samples=samples if kept else [],
+            samples=samples if len(samples) > 1 or first.logprobs is not None else [],
             cached_tokens=completion.cached_tokens,
+            stop_reason=first.stop_reason,
+            reasoning=first.reasoning,
+            reasoning_tokens=first.reasoning_tokens,
         )
 
     @classmethod
@@ -250,8 +279,15 @@ class ItemResult:
 
     def completion(self) -> Completion:
         """The completion this result carries, every sample included."""
-        only = Sample(self.text, self.completion_tokens, self.finish_reason)  # type: ignore[arg-type]
-        samples = [sample.sample() for sample in self.samples] or [only]
+        only = SampleResult(
+            self.text,
+            self.finish_reason,
+            self.completion_tokens,
+            stop_reason=self.stop_reason,
+            reasoning=self.reasoning,
+            reasoning_tokens=self.reasoning_tokens,
+        )
+        samples = [sample.sample() for sample in self.samples or [only]]
         return Completion.from_samples(self.prompt_tokens, samples, cached_tokens=self.cached_tokens)
 
 

@@ -77,6 +77,7 @@ def load_engine(settings: EngineSettings) -> Engine:
             settings.model or None,
             generation=settings.generation(),
             system_prompt=settings.system_prompt or None,
+            reasoning_parser=settings.reasoning_parser or None,
             **kwargs,
         )
     except EngineConfigError:

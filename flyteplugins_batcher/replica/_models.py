@@ -3,7 +3,8 @@
 A batch file whose lines name different base models runs each model's lines in turn on the replicas
 (the JSONL job), each replica loading a model once and closing it before the next. Here is what a
 line's `model` may say and which engine answers it: each base model answers to its name (the one
-result lines carry), to its reference as declared and to its short name; each LoRA adapter belongs
+result lines carry: `served_model_name`, else its reference as declared, as `vllm run-batch` echoes `--model`),
+to its reference and to its short name; each LoRA adapter belongs
 to one base model and runs on its engine.
 
 An adapter's base is the `base_model_name` its `--lora-modules` JSON entry gives (vLLM's field),
@@ -43,14 +44,15 @@ class ServedModel:
 
     Attributes:
         reference: Hub id or local path, as declared (empty: the bundled model).
-        name: Its name in result lines (`served_model_name` for the first model, else its short name).
+        name: Its name in result lines (`served_model_name` for the first model, else its reference as declared,
+            as vLLM echoes `--model`; the bundled model's short name).
         aliases: The other names a line may give it: its reference, its short name.
         adapters: Its LoRA adapters, (name, path) pairs; a line naming one runs on this model's engine.
 
     Example:
         ```python
         [first, second] = EngineSettings(model="org/a\\n/models/b").served_models()
-        assert second.name == "b" and "/models/b" in second.aliases
+        assert second.name == "/models/b" and "b" in second.aliases
         ```
     """
 
@@ -82,7 +84,7 @@ def served_models(
         references: The declared models (`model_references`).
         adapters: Every LoRA adapter, name -> path.
         bases: The base model an adapter's entry names (vLLM's `base_model_name`), by adapter name.
-        served_model_name: The first model's name in result lines (empty: its short name).
+        served_model_name: The first model's name in result lines (empty: its reference as declared).
 
     Raises:
         EngineConfigError: A model declared twice, a name two models (or a model and an adapter) share, or an
@@ -105,7 +107,7 @@ def served_models(
 
 def _named(reference: str, served_model_name: str) -> ServedModel:
     short = model_display_name(reference or None)
-    name = served_model_name or short
+    name = served_model_name or reference or short
     return ServedModel(
         reference, name, tuple(dict.fromkeys(alias for alias in (reference, short) if alias and alias != name))
     )

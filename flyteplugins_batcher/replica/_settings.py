@@ -53,6 +53,10 @@ class EngineSettings:
             that many models' lines run side by side.
         tool_call_parser: How tool_choice "auto" finds tool calls in the text, as vLLM's --tool-call-parser:
             "hermes" or "llama3_json"; empty: a request asking for "auto" fails, saying so.
+        reasoning_parser: Take a reasoning model's thinking out of its answers, as vLLM's --reasoning-parser: into
+            message.reasoning_content (and .reasoning), counted in usage.completion_tokens_details.reasoning_tokens;
+            vLLM's parsers on the vllm engine, "deepseek_r1" and "qwen3" (their think tags) on the others;
+            empty: none.
         system_prompt: Added to prompts that do not bring their own system message.
         max_new_tokens: Generation budget per answer (a request's own max_tokens wins).
         temperature: 0 for greedy decoding (a request's own temperature wins).
@@ -84,6 +88,7 @@ class EngineSettings:
     lora_modules: str = ""
     models_per_replica: int = 1
     tool_call_parser: str = ""
+    reasoning_parser: str = ""
     system_prompt: str = ""
     max_new_tokens: int = 256
     temperature: float = 0.0
@@ -129,7 +134,7 @@ class EngineSettings:
         """The base models `model` declares, in order, each with the names a line may give it and its adapters.
 
         Args:
-            served_model_name: The first model's name in result lines (empty: its short name).
+            served_model_name: The first model's name in result lines (empty: its reference as declared).
 
         Raises:
             EngineConfigError: A model declared twice, a name two of them share, an adapter's unknown base.

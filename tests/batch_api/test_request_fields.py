@@ -226,6 +226,11 @@ def answer_to(request: BatchRequest, text: str, finish_reason: str = "stop") -> 
     return body["choices"][0]
 
 
+def given(message: dict) -> dict:
+    """A message's fields that are not null (vLLM's and OpenAI's others are written null)."""
+    return {key: value for key, value in message.items() if value is not None}
+
+
 def test_tool_calls_are_answered_in_openais_shape_with_vllms_finish_reasons() -> None:
     named = answer_to(parsed(chat(tools=TOOLS, tool_choice=NAMED)), '{"city": "Paris"}')
     assert named["finish_reason"] == "stop" and named["message"]["content"] is None
@@ -250,7 +255,7 @@ def test_tool_calls_are_answered_in_openais_shape_with_vllms_finish_reasons() ->
     auto = answer_to(hermes, text)
     assert auto["finish_reason"] == "tool_calls" and auto["message"]["content"] == "Let me check."
     assert auto["message"]["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": '{"city": "Rome"}'}
-    assert answer_to(hermes, "It is sunny.")["message"] == {"role": "assistant", "content": "It is sunny."}
+    assert given(answer_to(hermes, "It is sunny.")["message"]) == {"role": "assistant", "content": "It is sunny."}
     llama = parsed(chat(tools=TOOLS), tool_parser="llama3_json")
     found = answer_to(llama, '{"name": "get_time", "parameters": {}}')["message"]["tool_calls"]
     assert [call["function"]["name"] for call in found] == ["get_time"]
@@ -258,7 +263,8 @@ def test_tool_calls_are_answered_in_openais_shape_with_vllms_finish_reasons() ->
 
 def test_an_answer_cut_short_keeps_its_text_and_its_length_finish() -> None:
     cut = answer_to(parsed(chat(tools=TOOLS, tool_choice=NAMED)), '{"city": "Par', "length")
-    assert cut["finish_reason"] == "length" and cut["message"] == {"role": "assistant", "content": '{"city": "Par'}
+    assert cut["finish_reason"] == "length"
+    assert given(cut["message"]) == {"role": "assistant", "content": '{"city": "Par'}
 
 
 def test_an_adapters_answer_names_the_adapter_as_its_model() -> None:

@@ -110,13 +110,15 @@ def test_result_and_error_lines_have_the_openai_batch_shape():
     assert chat_line["custom_id"] == "c1" and chat_line["error"] is None
     body = chat_line["response"]["body"]
     assert chat_line["response"]["status_code"] == 200 and body["model"] == "SmolLM2"
-    assert body["choices"][0]["message"] == {"role": "assistant", "content": "4"}
-    assert body["choices"][0]["finish_reason"] == "stop"
+    message = body["choices"][0]["message"]
+    assert {key: value for key, value in message.items() if value is not None} == {"role": "assistant", "content": "4"}
+    assert body["choices"][0]["finish_reason"] == "stop" and body["choices"][0]["stop_reason"] is None
     assert body["usage"] == {
         "prompt_tokens": 10,
         "completion_tokens": 2,
         "total_tokens": 12,
         "prompt_tokens_details": {"cached_tokens": 0},
+        "completion_tokens_details": {"reasoning_tokens": 0},
     }
     assert (
         response_line(plain, completion, model="m", request_number=2)["response"]["body"]["choices"][0]["text"] == "4"

@@ -37,6 +37,7 @@ def test_n_samples_are_choices_0_to_n_minus_1_and_usage_counts_them_all():
         "completion_tokens": 7,
         "total_tokens": 18,
         "prompt_tokens_details": {"cached_tokens": 8},  # the prompt's cached part, once for all samples
+        "completion_tokens_details": {"reasoning_tokens": 0},
     }
 
 

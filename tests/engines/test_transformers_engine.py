@@ -55,9 +55,9 @@ def alone(smollm2_engine: TransformersEngine) -> dict[str, Completion]:
 
 
 def test_trim_at_stop_cuts_at_the_earliest_stop_string() -> None:
-    assert trim_at_stop("step 1\nstep 2. Done", ["Done", "\n"]) == ("step 1", True)
-    assert trim_at_stop("no stop here", ["###"]) == ("no stop here", False)
-    assert trim_at_stop("", ["x"]) == ("", False)
+    assert trim_at_stop("step 1\nstep 2. Done", ["Done", "\n"]) == ("step 1", "\n")  # the one that occurred first
+    assert trim_at_stop("no stop here", ["###"]) == ("no stop here", None)
+    assert trim_at_stop("", ["x"]) == ("", None)
 
 
 @pytest.mark.parametrize("reference", ["HuggingFaceTB/SmolLM2-135M-Instruct", "gpt2", "org/model.v1-2_b"])

@@ -87,20 +87,23 @@ def test_good_lines_are_answered_and_each_bad_line_fails_alone_with_its_code(run
     assert sorted((outputs).iterdir()) == [outputs / "errors.jsonl", outputs / "results.jsonl"]
 
 
-def test_failures_beyond_the_threshold_exit_non_zero_after_writing_everything(run_locally, tmp_path: Path):
+def test_failures_beyond_an_opted_in_threshold_exit_non_zero_after_writing_everything(run_locally, tmp_path: Path):
     request_file = write(tmp_path, [GOOD[3], "{broken"])
     outputs = tmp_path / "out"
 
     with pytest.raises(flyte.errors.RuntimeUserError, match=r"1 of 2 requests failed \(50.0%, allowed: 0.0%\)"):
-        run_locally(run_batch_file, input=request_file, output_dir=str(outputs), max_new_tokens=4)
+        run_locally(
+            run_batch_file, input=request_file, output_dir=str(outputs), max_new_tokens=4, max_failed_fraction=0.0
+        )
 
     assert len(read_lines(str(outputs / "results.jsonl"))) == 1
     assert read_lines(str(outputs / "errors.jsonl"))[0]["error"]["code"] == "invalid_json"
 
 
-def test_an_empty_file_is_a_clear_error(run_locally, tmp_path: Path):
-    with pytest.raises(flyte.errors.RuntimeUserError, match="the file has no requests"):
-        run_locally(run_batch_file, input=write(tmp_path, ["", "   "]))
+def test_an_empty_file_is_an_empty_result_as_vllm_run_batch_answers_it(run_locally, tmp_path: Path):
+    summary: RunSummary = run_locally(run_batch_file, input=write(tmp_path, ["", "   "]), max_failed_fraction=0.0)
+    assert (summary.requests, summary.answered, summary.failed) == (0, 0, 0)
+    assert read_lines(summary.results.path) == [] and read_lines(summary.errors.path) == []
 
 
 def test_a_model_mismatch_can_be_ignored(run_locally, tmp_path: Path):

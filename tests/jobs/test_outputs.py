@@ -17,7 +17,7 @@ import pytest
 from flyte.io import File
 
 from flyteplugins_batcher.jobs import run_batch_file, solve_gsm8k
-from flyteplugins_batcher.jobs._outputs import Destination, OutputDirError, PublishError, WorkFolder
+from flyteplugins_batcher.jobs._outputs import Destination, InputOrderFile, OutputDirError, PublishError, WorkFolder
 from flyteplugins_batcher.jobs._table.publish import check_output, publish_parts
 
 NAMES = ("results.jsonl", "errors.jsonl")
@@ -67,6 +67,36 @@ def test_a_destination_that_cannot_work_fails_at_once_with_a_clear_message(tmp_p
 
     with pytest.raises(OutputDirError, match=message):
         Destination.check(output_dir, NAMES)
+
+
+def test_one_output_file_names_its_folder_and_its_name_checked_as_a_folder_is(tmp_path: Path):
+    destination, name = Destination.for_file(str(tmp_path / "new" / "out.jsonl"))
+    assert (destination.folder, name) == ((tmp_path / "new").resolve(), "out.jsonl")
+    assert Destination.for_file("s3://bucket/runs/out.jsonl") == (Destination(uri="s3://bucket/runs"), "out.jsonl")
+    assert Destination.for_file(f"file://{tmp_path}/x.json")[0].folder == tmp_path.resolve()
+    for bad in ("s3://bucket/runs/", "s3://out.jsonl", str(tmp_path) + "/"):
+        with pytest.raises(OutputDirError):
+            Destination.for_file(bad)
+    (tmp_path / "taken.jsonl").mkdir()
+    with pytest.raises(OutputDirError, match=r"taken\.jsonl is a folder"):
+        Destination.for_file(str(tmp_path / "taken.jsonl"))
+
+
+def test_an_input_order_file_writes_lines_in_input_order_whatever_order_they_finish_in(tmp_path: Path):
+    output = InputOrderFile(tmp_path / "out.jsonl")
+    for line in (7, 2, 9, 1, 3):
+        output.add(line, {"custom_id": f"q{line}"})
+    assert not output.path.exists()  # written once the run ends
+    output.close()
+    output.close()  # closing again changes nothing
+    assert [json.loads(line)["custom_id"] for line in output.path.read_text().splitlines()] == [
+        "q1",
+        "q2",
+        "q3",
+        "q7",
+        "q9",
+    ]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["out.jsonl"]  # its table is gone
 
 
 def test_publishing_copies_to_the_folder_and_removes_the_work_folder(tmp_path: Path):

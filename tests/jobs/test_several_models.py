@@ -77,7 +77,7 @@ def test_each_model_answers_to_its_names_and_owns_the_adapters_that_name_it(tmp_
     first, second = EngineSettings(model="org/a\n/models/b", lora_modules=lora).served_models("alias-a")
 
     assert (first.reference, first.name, first.aliases) == ("org/a", "alias-a", ("org/a",))
-    assert (second.reference, second.name, second.aliases) == ("/models/b", "b", ("/models/b",))
+    assert (second.reference, second.name, second.aliases) == ("/models/b", "/models/b", ("b",))  # as given
     assert first.adapter_names == ("a-sql",)  # neither named nor readable: the first model's
     assert second.adapter_names == ("b-chat", "b-own")  # named by base_model_name; trained on b (its config)
 

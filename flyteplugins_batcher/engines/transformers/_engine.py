@@ -320,15 +320,15 @@ class TransformersEngine(BatchEngine):
             len(row),
         )
         text = self._tokenizer.decode(row[:content_length], skip_special_tokens=True)
-        text, hit_stop_string = trim_at_stop(text, generation.stop)
+        text, stop_string = trim_at_stop(text, generation.stop)
         ended_by_eos = content_length < len(row) and row[content_length] in self._eos_token_ids
         tokens, reason = content_length, "length"
-        if hit_stop_string:
+        if stop_string is not None:
             reason = "stop"
         elif ended_by_eos:
             tokens, reason = content_length + 1, "stop"
         logprobs = token_logprobs(self._tokenizer, steps[:tokens]) if steps is not None else None
-        return Sample(text, tokens, reason, logprobs)  # type: ignore[arg-type]
+        return Sample(text, tokens, reason, logprobs, stop_string, token_ids=tuple(row[:content_length]))  # type: ignore[arg-type]
 
 
 def with_adapters(model: Any, lora_modules: Mapping[str, str]) -> Any:

@@ -33,6 +33,7 @@ class _Sample:
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     logprobs: list[Any] | None = None
+    stop_reason: str | int | None = None
 
 
 @dataclass
@@ -79,6 +80,7 @@ class StreamedSamples:
             sample.text += piece.text
             sample.token_ids.extend(piece.token_ids)
             sample.finish_reason = piece.finish_reason or sample.finish_reason
+            sample.stop_reason = piece.stop_reason if piece.stop_reason is not None else sample.stop_reason
             new_logprobs = list(piece.logprobs or []) if top is not None else []
             if top is not None:
                 sample.logprobs = (sample.logprobs or []) + new_logprobs

@@ -51,12 +51,14 @@ from flyteplugins_batcher.engines._engine_errors import EngineConfigError, Engin
 from flyteplugins_batcher.engines._lora import checked_adapters, lora_rank
 from flyteplugins_batcher.engines._model_reference import model_display_name
 from flyteplugins_batcher.engines._prompts import PreparedPrompt
+from flyteplugins_batcher.engines._reasoning import ReasoningParser, vllm_reasoning_parser
 from flyteplugins_batcher.engines._response_format import ResponseFormat
 from flyteplugins_batcher.engines._stream_defaults import stream_batcher_settings
 from flyteplugins_batcher.engines.vllm._args import (
     accepted_arguments,
     check_engine_args,
     running_on_cpu,
+    with_compact_json,
     with_device_defaults,
 )
 
@@ -151,6 +153,10 @@ class VLLMSupport(Engine):
     def _default_model_name(self) -> str:
         return model_display_name(self.model)
 
+    def make_reasoning_parser(self, name: str, tokenizer: Any) -> ReasoningParser:
+        """vLLM's reasoning parser `name` (any vLLM registers), as `vllm run-batch --reasoning-parser` uses it."""
+        return vllm_reasoning_parser(name, tokenizer)
+
     @property
     def is_healthy(self) -> bool:
         """Whether the engine is loaded and its engine-core process is alive."""
@@ -158,7 +164,7 @@ class VLLMSupport(Engine):
 
     def _resolved_engine_args(self, vllm: Any) -> dict[str, Any]:
         on_cpu = running_on_cpu()
-        args = with_device_defaults(self.engine_args, on_cpu=on_cpu)
+        args = with_compact_json(with_device_defaults(self.engine_args, on_cpu=on_cpu))
         if self.lora_modules:
             args = lora_engine_args(args, self.lora_modules, on_cpu=on_cpu)
             from vllm.lora.request import LoRARequest
@@ -487,7 +493,17 @@ def completion(output: Any, prompt_tokens: int, config: GenerationConfig, tokeni
         logprobs = None
         if config.logprobs is not None:
             logprobs = token_logprobs(choice.token_ids, choice.logprobs or [], config.logprobs, tokenizer)
-        samples.append(Sample(choice.text, len(choice.token_ids), finish_reason, logprobs))
+        stop_reason = choice.stop_reason if isinstance(choice.stop_reason, str) else None  # a stop string's, not EOS
+        samples.append(
+            Sample(
+                choice.text,
+                len(choice.token_ids),
+                finish_reason,
+                logprobs,
+                stop_reason,
+                token_ids=tuple(choice.token_ids),
+            )
+        )
     if len(samples) == 1:
         samples *= n
     if len(samples) != n:

@@ -23,8 +23,8 @@ from pathlib import Path
 from flyteplugins_batcher.batch_api import ModelMismatch, ParsedRequest, RequestLineError, SeenIds
 from flyteplugins_batcher.jobs._journal import JournalWriter
 from flyteplugins_batcher.jobs._jsonl.models import ModelLanes
+from flyteplugins_batcher.jobs._jsonl.outputs import LineOutputs, OrderedOutput, SplitOutputs
 from flyteplugins_batcher.jobs._jsonl.spool import Spool
-from flyteplugins_batcher.jobs._outputs import JsonLines
 from flyteplugins_batcher.jobs._report import Progress
 from flyteplugins_batcher.jobs._summary import Counts
 from flyteplugins_batcher.replica import ChunkCutter, EngineSettings, FinishedLine, JobChunk, JobOutcome, LineRules
@@ -38,13 +38,15 @@ class Job:
         folder: Where the results, errors, the table of seen ids and the spool are written.
         settings: The run's engine settings: its base models (a line naming one of them, or one of their
             adapters, runs on it), its generation defaults (a request's own win), its tool parser.
-        served_model_name: The first model's name in result lines (empty: its short name).
+        served_model_name: The first model's name in result lines (empty: its reference as declared).
         served_embedding_model: The embedding model's name.
         model_mismatch: What to do with a line naming another model ("error" or "ignore").
         journal: Also write every finished line, with its line number, to this run journal (for a follower
             such as the Batch API server; `flyteplugins_batcher/jobs/_journal.py`).
         order: How requests are cut into chunks (`RunOptions.order`: "prefix" or "file").
         window: Requests placed together in "prefix" order (`RunOptions.order_window`).
+        output_file: Write every line's output to this one file of `folder`, in input order (`OrderedOutput`,
+            as `vllm run-batch` writes it); empty: `results.jsonl` and `errors.jsonl` (`SplitOutputs`).
 
     Example:
         ```python
@@ -66,6 +68,7 @@ class Job:
         journal: JournalWriter | None = None,
         order: str = "prefix",
         window: int = ChunkCutter.WINDOW,
+        output_file: str = "",
     ) -> None:
         self.input_path = input_path
         self.order, self.window = order, window
@@ -81,8 +84,7 @@ class Job:
             models=models,
         )
         self.lanes = ModelLanes(self.rules, settings.models_per_replica)
-        self.results = JsonLines(folder / "results.jsonl")
-        self.errors = JsonLines(folder / "errors.jsonl")
+        self.outputs: LineOutputs = OrderedOutput(folder / output_file) if output_file else SplitOutputs(folder)
         self.counts = Counts()
         self.progress = Progress(f"Batch job {input_path.name}", total=0, total_known=False)
         self.started = time.time()
@@ -159,7 +161,7 @@ class Job:
             await self.journal.flush()
 
     def _write(self, finished: FinishedLine, *, fresh: bool = True, retried: bool = False) -> None:
-        (self.results if finished.ok else self.errors).write(finished.output)
+        self.outputs.write(finished)
         if self.journal is not None:
             self.journal.add(finished)
         self.counts.count(
@@ -177,7 +179,6 @@ class Job:
             await self.journal.close()
 
     def close(self) -> None:
-        self.results.close()
-        self.errors.close()
+        self.outputs.close()
         self._seen.close()
         self._spool.close()
