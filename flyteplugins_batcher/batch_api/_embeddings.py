@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from flyteplugins_batcher.batch_api._endpoints import ENDPOINT_TABLE, Task
+from flyteplugins_batcher.batch_api._endpoints import ENDPOINT_TABLE, Task, urls
 from flyteplugins_batcher.batch_api._fields import FieldChecks
 
 EMBEDDINGS_ENDPOINT = "/v1/embeddings"
@@ -55,6 +55,8 @@ class EmbeddingRequest:
     """
 
     kind: ClassVar[str] = "embedding"
+    URLS: ClassVar[tuple[str, ...]] = urls(served_by="encoder")
+    """The urls whose lines become an `EmbeddingRequest` (embeddings, score, rerank, classify)."""
 
     line: int
     custom_id: str

@@ -108,6 +108,8 @@ class BatchRequest:
     """
 
     kind: ClassVar[str] = "generation"
+    URLS: ClassVar[tuple[str, ...]] = GENERATION_ENDPOINTS
+    """The urls whose lines become a `BatchRequest` (chat, completions, responses)."""
 
     line: int
     custom_id: str
