@@ -7,8 +7,11 @@ of prompts for the LLM replicas, and `EmbeddingChunk`s of texts for the embeddin
 
 from __future__ import annotations
 
+import array
+import base64
 import dataclasses
 import json
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -380,6 +383,18 @@ class EmbeddingResult:
     truncated: int = 0
     scores: list[float] = field(default_factory=list)
     labels: list[str] = field(default_factory=list)
+
+    def outputs(self) -> list[list[float]]:
+        """Each input's output as floats: a text's vector (or class probabilities), a pair's score (a list of one)."""
+        return [[score] for score in self.scores] or [decode_vector(vector) for vector in self.vectors]
+
+
+def decode_vector(encoded: str) -> list[float]:
+    """A vector sent as base64 of little-endian float32 bytes, as floats."""
+    values = array.array("f", base64.b64decode(encoded))
+    if sys.byteorder != "little":
+        values.byteswap()
+    return values.tolist()
 
 
 @dataclass

@@ -15,10 +15,7 @@ and the same per-line errors through either:
 
 from __future__ import annotations
 
-import array
-import base64
 import json
-import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -280,7 +277,7 @@ class LineRules:
     def _result_line(self, request: ParsedRequest, result: ItemResult | EmbeddingResult) -> dict[str, Any]:
         """The result line of a request that succeeded."""
         if isinstance(request, EmbeddingRequest) and isinstance(result, EmbeddingResult):
-            outputs = [[score] for score in result.scores] or [decode_vector(vector) for vector in result.vectors]
+            outputs = result.outputs()
             on_classifier = self.encoder_of(request) != ""
             return embedding_response_line(
                 request,
@@ -384,11 +381,3 @@ class ChunkCutter:
     def _next_number(self) -> int:
         self._number += 1
         return self._number - 1
-
-
-def decode_vector(encoded: str) -> list[float]:
-    """A vector sent as base64 of little-endian float32 bytes, as floats."""
-    values = array.array("f", base64.b64decode(encoded))
-    if sys.byteorder != "little":
-        values.byteswap()
-    return values.tolist()
