@@ -149,7 +149,11 @@ def _item(item: Any, where: str, checks: FieldChecks) -> dict[str, Any] | None:
         call_id = item.get("call_id")
         if not isinstance(call_id, str):
             raise checks.fail("invalid_body", f"{where}.call_id must be the id of the call it answers")
-        return {"role": "tool", "tool_call_id": call_id, "content": _content(item.get("output"), f"{where}.output", checks)}
+        return {
+            "role": "tool",
+            "tool_call_id": call_id,
+            "content": _content(item.get("output"), f"{where}.output", checks),
+        }
     if kind == "reasoning":
         return None
     supported = "message, function_call, function_call_output (and reasoning, which is dropped)"
@@ -234,7 +238,9 @@ def function_tools(value: Any, checks: FieldChecks) -> list[dict[str, Any]]:
         if not isinstance(tool.get("name"), str) or not tool["name"]:
             raise checks.invalid(f"tools[{index}].name", f"must be a non-empty string, got {tool.get('name')!r}")
         if tool.get("parameters") is not None and not isinstance(tool["parameters"], Mapping):
-            raise checks.invalid(f"tools[{index}].parameters", f"must be a JSON schema object, got {tool['parameters']!r}")
+            raise checks.invalid(
+                f"tools[{index}].parameters", f"must be a JSON schema object, got {tool['parameters']!r}"
+            )
         function = {key: tool[key] for key in ("name", "description", "parameters", "strict") if key in tool}
         tools.append({"type": "function", "function": function})
     return tools
@@ -245,7 +251,9 @@ def _tool_choice(value: Any, names: list[str], checks: FieldChecks) -> Any:
         return value
     if isinstance(value, Mapping) and value.get("type") == "function" and isinstance(value.get("name"), str):
         if names and value["name"] not in names:
-            raise checks.invalid("tool_choice.name", f"is {value['name']!r}, which is not one of the tools ({', '.join(names)})")
+            raise checks.invalid(
+                "tool_choice.name", f"is {value['name']!r}, which is not one of the tools ({', '.join(names)})"
+            )
         return {"type": "function", "function": {"name": value["name"]}}
     raise checks.invalid(
         "tool_choice", f'must be "none", "auto", "required" or {{"type": "function", "name": ...}}, got {value!r}'

@@ -178,7 +178,9 @@ def _pair_counter(tokenizer: Any) -> Callable[[PoolingInput], int]:
     return lambda item: len(own.encode(*item).ids if isinstance(item, tuple) else own.encode(item).ids)
 
 
-def _transformers(classifier: Classifier) -> tuple[Callable[[list[PoolingInput]], list[list[float]]], Callable[[], None]]:
+def _transformers(
+    classifier: Classifier,
+) -> tuple[Callable[[list[PoolingInput]], list[list[float]]], Callable[[], None]]:
     """Transformers' sequence classification (what sentence-transformers' `CrossEncoder` runs): padded batches."""
     import torch
     from transformers import AutoModelForSequenceClassification

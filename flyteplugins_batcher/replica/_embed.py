@@ -158,13 +158,17 @@ class EmbeddingReplica:
             message = f"{self.model.name} cannot {item.task} (it does {', '.join(self.model.tasks)})"
             return EmbeddingResult(item.key, error_code="invalid_request", error_message=message)
         if item.task == "embed":
-            return request_result(item, await self.embed_texts(item.inputs, priority=priority, wait_for_room=wait_for_room))
+            return request_result(
+                item, await self.embed_texts(item.inputs, priority=priority, wait_for_room=wait_for_room)
+            )
         if self.model.classifier:
             inputs: list[PoolingInput] = list(item.inputs) if item.task == "classify" else list(item.pairs)
             outcomes = await self._gather(self.classify, inputs, priority, wait_for_room)
             return self._classes(item, outcomes)
         texts = list(dict.fromkeys([*item.queries, *item.inputs]))  # each distinct text embedded once
-        vectors = dict(zip(texts, await self.embed_texts(texts, priority=priority, wait_for_room=wait_for_room), strict=True))
+        vectors = dict(
+            zip(texts, await self.embed_texts(texts, priority=priority, wait_for_room=wait_for_room), strict=True)
+        )
         return cosine_result(item, vectors)
 
     async def _gather(
@@ -246,7 +250,9 @@ def cosine_result(item: EmbeddingItem, vectors: dict[str, Embedding | ValueError
             return EmbeddingResult(item.key, error_code=error_code(outcome), error_message=str(outcome))
         if outcome.truncated:
             index = (item.queries if where == "queries" else item.inputs).index(text)
-            message = f"{where}[{index}] is longer than the model reads ({outcome.tokens} tokens): it is not cut to score"
+            message = (
+                f"{where}[{index}] is longer than the model reads ({outcome.tokens} tokens): it is not cut to score"
+            )
             error = ContextLengthExceededError(message)
             return EmbeddingResult(item.key, error_code=error_code(error), error_message=message)
     embeddings = {text: outcome for text, outcome in vectors.items() if isinstance(outcome, Embedding)}

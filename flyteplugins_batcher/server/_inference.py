@@ -329,15 +329,15 @@ class Inference:
             raise RuntimeError("this server does not serve embeddings")
         return self.embedding_replica
 
+    def _observed_batcher(self, engine: Engine, settings: EngineSettings) -> TokenBatcher:
+        batcher = engine.batcher(**server_batcher_keywords(engine, settings))
+        for observer in self._llm_observers:
+            batcher.add_observer(observer)
+        return batcher
+
 
 def _classifier(settings: EngineSettings) -> EmbeddingReplica | None:
     """The replica of the settings' model as an encoder, when it is a sequence classifier; else None (an LLM)."""
     if not settings.model or settings.engine == "simulated" or "\n" in settings.model or "," in settings.model:
         return None
     return EmbeddingReplica.for_settings(settings) if EmbeddingModel(settings.model).classifier else None
-
-    def _observed_batcher(self, engine: Engine, settings: EngineSettings) -> TokenBatcher:
-        batcher = engine.batcher(**server_batcher_keywords(engine, settings))
-        for observer in self._llm_observers:
-            batcher.add_observer(observer)
-        return batcher

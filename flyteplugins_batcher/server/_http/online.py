@@ -216,9 +216,7 @@ async def _pool(request: Request, service: Service, url: str) -> dict[str, Any]:
         raise APIError(404, message, code="model_not_found", param="model")
     line = {"custom_id": "online", "url": url, "body": body}
     try:
-        parsed = parse_request(
-            line, 0, served_model=inference.served_model, encoder_tasks=tasks, endpoints=(url,)
-        )
+        parsed = parse_request(line, 0, served_model=inference.served_model, encoder_tasks=tasks, endpoints=(url,))
     except RequestLineError as error:
         raise APIError.from_line_error(error) from None
     assert isinstance(parsed, EmbeddingRequest)

@@ -101,7 +101,9 @@ class ResponseEvents:
         yield self._event("response.output_item.added", output_index=output_index, item=started)
         where = {"item_id": item["id"], "output_index": output_index}
         yield self._event("response.function_call_arguments.delta", **where, delta=item["arguments"])
-        yield self._event("response.function_call_arguments.done", **where, name=item["name"], arguments=item["arguments"])
+        yield self._event(
+            "response.function_call_arguments.done", **where, name=item["name"], arguments=item["arguments"]
+        )
         yield self._event("response.output_item.done", output_index=output_index, item=item)
 
     def _where(self, output_index: int = 0) -> dict[str, Any]:
