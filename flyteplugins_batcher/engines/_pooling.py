@@ -15,9 +15,11 @@ the model reads (`max_length`: its position embeddings, or its tokenizer's limit
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from flyteplugins_batcher.engines._engine_errors import ContextLengthExceededError, EngineConfigError
@@ -29,35 +31,55 @@ _LARGE_TOKENIZER_LIMIT = 10**6
 """Tokenizers that do not know their model's limit say a huge number (`int(1e30)`): not a limit."""
 
 
-def classifier_config(reference: str) -> Any | None:
-    """The model's Transformers config when it is a sequence classifier, else None (an embedder, a generator).
+def classifier_config(reference: str) -> dict[str, Any] | None:
+    """The model's `config.json` when it is a sequence classifier, else None (an embedder, a generator, no config).
 
-    Reads `config.json` only (a local folder's, or the hub's cached or fetched file), never the weights.
+    Reads that one file (a local folder's, or the hub's cached or fetched one), never the weights, and
+    needs no Transformers: a driver that routes lines on it may not have it.
     """
-    try:
-        from transformers import AutoConfig
-
-        config = AutoConfig.from_pretrained(reference)
-    except (OSError, ValueError):  # no config.json (a GGUF file, a sentence-transformers folder without one)
+    config = _read_config(reference)
+    architectures = config.get("architectures") or [] if config is not None else []
+    if config is None or not any(str(name).endswith("ForSequenceClassification") for name in architectures):
         return None
-    architectures = getattr(config, "architectures", None) or []
-    return config if any(name.endswith("ForSequenceClassification") for name in architectures) else None
+    labels = config.get("id2label") or {}
+    config["num_labels"] = len(labels) if labels else int(config.get("num_labels", 2))
+    return config
 
 
-def classifier_tasks(config: Any) -> tuple[str, ...]:
+def _read_config(reference: str) -> dict[str, Any] | None:
+    path = Path(reference).expanduser()
+    if path.is_dir():
+        found: Path | None = path / "config.json"
+    elif path.exists():
+        return None  # a single file (GGUF): no config to read
+    else:
+        try:
+            from huggingface_hub import hf_hub_download
+
+            found = Path(hf_hub_download(reference, "config.json"))
+        except Exception:  # no hub package, offline and not cached, not a repository: not a classifier we can see
+            return None
+    try:
+        config = json.loads(found.read_text()) if found is not None and found.is_file() else None
+    except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) else None
+
+
+def classifier_tasks(config: Mapping[str, Any]) -> tuple[str, ...]:
     """What a classifier can do: a cross-encoder (one label) scores and reranks pairs too."""
-    return ("score", "rerank", "classify") if getattr(config, "num_labels", 0) == 1 else ("classify",)
+    return ("score", "rerank", "classify") if config.get("num_labels") == 1 else ("classify",)
 
 
-def activation(config: Any) -> Callable[[Sequence[float]], list[float]]:
+def activation(config: Mapping[str, Any]) -> Callable[[Sequence[float]], list[float]]:
     """The function vLLM applies to a classifier's logits (see the module notes)."""
-    problem = getattr(config, "problem_type", None) or ""
-    named = (getattr(config, "sentence_transformers", None) or {}).get("activation_fn") or getattr(
-        config, "sbert_ce_default_activation_function", None
+    problem = config.get("problem_type") or ""
+    named = (config.get("sentence_transformers") or {}).get("activation_fn") or config.get(
+        "sbert_ce_default_activation_function"
     )
-    if problem == "regression" or (not problem and named and named.endswith("Identity")):
+    if problem == "regression" or (not problem and named and str(named).endswith("Identity")):
         return lambda logits: [float(value) for value in logits]
-    if problem == "multi_label_classification" or getattr(config, "num_labels", 0) < 2:
+    if problem == "multi_label_classification" or int(config.get("num_labels", 0)) < 2:
         return lambda logits: [1.0 / (1.0 + math.exp(-value)) for value in logits]
     return _softmax
 
@@ -74,24 +96,30 @@ class Classifier:
 
     Args:
         reference: Hub id or local path of the classifier.
-        config: Its Transformers config (`classifier_config`).
+        config: Its `config.json` (`classifier_config`).
         engine: `"transformers"` or `"vllm"` (`"auto"`: vLLM where CUDA is, else Transformers).
         engine_args: vLLM's engine arguments (`max_model_len`, `dtype`, ...), with `engine="vllm"`.
     """
 
     def __init__(
-        self, reference: str, config: Any, *, engine: str = "auto", engine_args: Mapping[str, Any] | None = None
+        self,
+        reference: str,
+        config: Mapping[str, Any],
+        *,
+        engine: str = "auto",
+        engine_args: Mapping[str, Any] | None = None,
     ) -> None:
         if engine not in ("auto", "transformers", "vllm"):
             raise EngineConfigError(
-                f"the {engine!r} engine cannot run a classifier or cross-encoder ({reference}): use transformers or vllm"
+                f"the {engine!r} engine cannot run a classifier or cross-encoder ({reference}): "
+                "use transformers or vllm"
             )
         self.reference = reference
         self.config = config
         self.engine = engine
         self.engine_args = dict(engine_args or {})
         self.activate = activation(config)
-        self.labels: dict[int, str] = {int(key): str(value) for key, value in (config.id2label or {}).items()}
+        self.labels: dict[int, str] = {int(key): str(value) for key, value in (config.get("id2label") or {}).items()}
         self._lock = threading.Lock()  # one model call at a time (vLLM's offline LLM is not thread-safe)
         self._tokenizer: Any = None
         self._counter: Callable[[PoolingInput], int] | None = None
@@ -148,11 +176,11 @@ class Classifier:
         close()
 
 
-def _max_length(config: Any, tokenizer: Any) -> int:
+def _max_length(config: Mapping[str, Any], tokenizer: Any) -> int:
     """The longest input the model reads: its position embeddings (RoBERTa's two reserved ones aside), or its
     tokenizer's limit if less."""
-    positions = int(getattr(config, "max_position_embeddings", 0) or 0)
-    if getattr(config, "model_type", "") in ("roberta", "xlm-roberta", "camembert") and positions > 2:
+    positions = int(config.get("max_position_embeddings") or 0)
+    if config.get("model_type", "") in ("roberta", "xlm-roberta", "camembert") and positions > 2:
         positions -= 2
     limit = int(getattr(tokenizer, "model_max_length", 0) or 0)
     candidates = [value for value in (positions, limit) if 0 < value < _LARGE_TOKENIZER_LIMIT]

@@ -187,10 +187,12 @@ class Inference:
         """The encoder that answers a request: the one it names, else the classifier when it does the task (it is
         the server's model), else the embedding model."""
         classifier, embedding = self.classifier, self.embedding_replica
-        if classifier is not None and request.model != (embedding.model.name if embedding is not None else None):
-            if request.model == classifier.model.name or request.task in classifier.model.tasks or embedding is None:
-                return classifier
-        return self._embedding()
+        if classifier is None:
+            return self._embedding()
+        if embedding is None or request.model == classifier.model.name:
+            return classifier
+        named_embedding = request.model == embedding.model.name
+        return classifier if not named_embedding and request.task in classifier.model.tasks else embedding
 
     @property
     def adapters(self) -> tuple[str, ...]:
