@@ -109,17 +109,15 @@ def texts(value: Any, checks: FieldChecks, key: str, purpose: str) -> tuple[str,
         RequestLineError: `invalid_body`, naming the field (and the item) and what is wrong.
     """
     where = f"{checks.prefix}{key}"
-    items = [value] if isinstance(value, str) else value
+    items = [value] if isinstance(value, (str, dict)) else value  # a dict: vLLM's multimodal content, refused below
     if not isinstance(items, list) or not items:
         raise checks.fail("invalid_body", f"{where} must be a non-empty string or a non-empty list of strings")
     if any(isinstance(item, (int, list)) for item in items):
         raise checks.fail(
             "invalid_body", f"{where}: token-id arrays are not supported; send the texts as strings instead"
         )
-    if any(isinstance(item, dict) for item in items):
-        raise checks.fail("invalid_body", f"{where}: only text is supported (no multimodal content); send strings")
     if not all(isinstance(item, str) for item in items):
-        raise checks.fail("invalid_body", f"{where} must hold only strings")
+        raise checks.fail("invalid_body", f"{where} must hold only strings (multimodal content is not supported)")
     if len(items) > MAX_EMBEDDING_INPUTS:
         raise checks.fail("invalid_body", f"{where} may hold at most {MAX_EMBEDDING_INPUTS} texts, got {len(items)}")
     empty = [index for index, text in enumerate(items) if not text.strip()]
