@@ -145,7 +145,6 @@ async def _generate(request: Request, service: Service, url: str, id_prefix: str
     try:
         if body.get("stream"):
             return await _streamed(service, parsed, answer, body, arrived=arrived, response_id=response_id)
-        service.inference.check(parsed)
         completion = await completion_unless_gone(request, service.inference, parsed)
     except QueueFullError as error:
         raise APIError.busy(error) from None
