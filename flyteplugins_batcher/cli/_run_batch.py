@@ -15,7 +15,7 @@ from typing import Any
 
 import rich_click as click
 
-from flyteplugins_batcher.batch_api import EMBEDDINGS_ENDPOINT
+from flyteplugins_batcher.batch_api import EmbeddingRequest
 from flyteplugins_batcher.cli._engine_flags import VLLM_FLAGS, apply_vllm_flags, preload, vllm_flags
 from flyteplugins_batcher.cli._options import VLLMStyleCommand, given, input_options
 from flyteplugins_batcher.cli._run import local_file, run_locally
@@ -25,7 +25,8 @@ _JOB = run_batch_file.func
 
 
 def line_kinds(path: Path, sample: int = 64) -> set[str]:
-    """What the file's first lines ask for: "generation", "embedding" (unreadable lines say nothing)."""
+    """What the file's first lines ask for: "generation", "embedding" (an encoder's: embeddings, score, rerank,
+    classify; unreadable lines say nothing)."""
     return {kind for kind, _ in _first_requests(path, sample)}
 
 
@@ -47,7 +48,7 @@ def _first_requests(path: Path, sample: int) -> list[tuple[str, str | None]]:
             if isinstance(request, dict):
                 body = request.get("body")
                 model = body.get("model") if isinstance(body, dict) else None
-                kind = "embedding" if request.get("url") == EMBEDDINGS_ENDPOINT else "generation"
+                kind = "embedding" if request.get("url") in EmbeddingRequest.URLS else "generation"
                 found.append((kind, model if isinstance(model, str) else None))
     return found
 
@@ -73,7 +74,8 @@ def is_output_file(value: Path) -> bool:
     "input_path",
     required=True,
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="The requests: OpenAI batch lines (chat, completions, embeddings), or plain {custom_id?, prompt | messages}.",
+    help="The requests: OpenAI batch lines (chat, completions, responses, embeddings; vLLM's score, rerank, classify), "
+    "or plain {custom_id?, prompt | messages}.",
 )
 @click.option(
     "-o",
@@ -101,8 +103,9 @@ def run_batch(
     """
     inputs = apply_vllm_flags(given(options, _JOB), enforce_eager, max_num_seqs)
     target = {"output_file" if is_output_file(output) else "output_dir": str(output.resolve())}
-    if "generation" in line_kinds(input_path):  # the model loads while flyte starts and the file is read
-        preload(inputs, first_model(input_path))
+    kinds = line_kinds(input_path)
+    if kinds:  # the model loads while flyte starts and the file is read
+        preload(inputs, first_model(input_path), llm="generation" in kinds)
     summary = run_locally(run_batch_file, input=local_file(input_path), **target, **inputs)
     if "output_file" in target:
         click.echo(f"output: {target['output_file']} ({summary.answered} answered, {summary.failed} failed)")

@@ -74,9 +74,12 @@ def _schema_text(value: str) -> str:
     "--task",
     "--task-type",
     "task_type",
-    type=click.Choice(["generate", "embed"]),
+    type=click.Choice(["generate", "embed", "score", "classify"]),
     default="generate",
-    help="generate: an LLM answer per row (LLM replicas); embed: a vector per row from --column (embedding replicas).",
+    help="generate: an LLM answer per row (LLM replicas); embed: a vector per row from --column (embedding replicas); "
+    "score: a score per row for --query-column and --document-column (the embedding model's cosine similarity, or "
+    "the model's when it is a cross-encoder); classify: --column's label and probabilities (the model must be a "
+    "sequence classifier).",
 )
 @vllm_flags
 @input_options(_JOB, skip=("input", "output_dir", "response_format", "task_type", *VLLM_FLAGS))
@@ -101,7 +104,7 @@ def run_table_command(
     inputs = apply_vllm_flags(given(options, _JOB), enforce_eager, max_num_seqs) | {"task_type": task_type}
     if response_format is not None:
         inputs["response_format"] = _schema_text(response_format)
-    if task_type == "generate":
-        preload(inputs)  # the model loads while flyte starts and the table is opened
+    if task_type in ("generate", "score", "classify"):
+        preload(inputs, llm=task_type == "generate")  # the model (an LLM, or a classifier) loads while flyte starts
     summary = run_locally(run_table, input=_located(input_table), output_dir=_output(output), **inputs)
     click.echo(f"output: {summary.output.uri} ({summary.requests} rows, {summary.failed} failed)")

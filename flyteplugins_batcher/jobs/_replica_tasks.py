@@ -3,7 +3,9 @@
 - `infer_chunk` (`gpu_env`): a chunk of prompts through the LLM replica's shared batcher; the gsm8k,
   JSONL and table jobs send theirs here.
 - `embed_requests` (`embed_env`): a chunk of embeddings requests (a batch file's, or a table's rows,
-  `embed_corpus`'s documents included); each request's vectors.
+  `embed_corpus`'s documents included); each request's vectors, or scores by cosine similarity.
+- `pool_chunk` (`gpu_env`): a chunk of score, rerank and classify requests for the run's model when it is
+  a sequence classifier (a cross-encoder), on the settings' engine (vLLM's pooling runner, or Transformers).
 
 A configuration that cannot work (a missing model, an unknown engine argument, a KV cache that does
 not fit) fails the chunk with `flyte.errors.NonRecoverableError`: Flyte does not retry it, and the
@@ -68,3 +70,18 @@ async def embed_requests(chunk: EmbeddingChunk, model: str, cache_salt: str = ""
             "set EMBED_MODEL alike for both"
         )
     return await replica.run_chunk(chunk)
+
+
+@gpu_env.task(retries=CHUNK_RETRIES, cache="auto")
+async def pool_chunk(chunk: EmbeddingChunk, settings: EngineSettings, cache_salt: str = "") -> EmbeddingOutcome:
+    """Run a chunk of score, rerank and classify requests on the settings' model as a classifier (a cross-encoder).
+
+    Args:
+        chunk: The requests.
+        settings: The engine settings: the classifier, its engine and vLLM's arguments (part of the cache key).
+        cache_salt: Part of the cache key only: a fresh value makes the chunk run again.
+    """
+    try:
+        return await EmbeddingReplica.for_settings(settings).run_chunk(chunk)
+    except EngineConfigError as error:
+        raise flyte.errors.NonRecoverableError(f"the classifier cannot start: {error}") from error

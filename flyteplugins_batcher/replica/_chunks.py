@@ -7,15 +7,18 @@ of prompts for the LLM replicas, and `EmbeddingChunk`s of texts for the embeddin
 
 from __future__ import annotations
 
+import array
+import base64
 import dataclasses
 import json
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from typing_extensions import Self
 
-from flyteplugins_batcher.batch_api import BatchRequest
+from flyteplugins_batcher.batch_api import BatchRequest, EmbeddingRequest
 from flyteplugins_batcher.engines import Completion, GenerationConfig, Request, ResponseFormat, Sample, TokenLogprob
 from flyteplugins_batcher.replica._snapshot import ReplicaSnapshot
 
@@ -348,31 +351,64 @@ class ChunkOutcome(ItemOutcomes):
 
 @dataclass
 class EmbeddingItem:
-    """One embeddings request of a batch job: its texts (`input`), answered with one vector each."""
+    """One request for an encoder model of a batch job: texts to embed or classify, or pairs to score.
+
+    Attributes:
+        key: The request's id.
+        inputs: The texts to embed or classify, or the documents to score against `queries`.
+        task: `"embed"`, `"score"`, `"rerank"` or `"classify"` (a rerank is a score, ranked when answered).
+        queries: A score's queries: one, scored against every document, or one per document.
+        activation: Whether a classifier's logits go through its activation (vLLM's `use_activation`).
+    """
 
     key: str
     inputs: list[str]
+    task: str = "embed"
+    queries: list[str] = field(default_factory=list)
+    activation: bool = True
+
+    @classmethod
+    def of(cls, request: EmbeddingRequest) -> EmbeddingItem:
+        """The chunk item for a parsed embeddings, score, rerank or classify line."""
+        return cls(request.custom_id, list(request.inputs), request.task, list(request.queries), request.use_activation)
+
+    @property
+    def pairs(self) -> list[tuple[str, str]]:
+        """A score's (query, document) pairs, in the documents' order."""
+        queries = self.queries * len(self.inputs) if len(self.queries) == 1 else self.queries
+        return list(zip(queries, self.inputs, strict=True))
+
+    @property
+    def size(self) -> int:
+        """Texts (or pairs) it holds: what a chunk's size counts."""
+        return len(self.inputs)
 
 
 @dataclass
 class EmbeddingChunk:
-    """A slice of a batch job's embeddings requests, sent to one `embed_requests` call."""
+    """A slice of a batch job's requests for one encoder model, sent to one `embed_requests` call.
+
+    `model` is empty for the embedding model (`EMBED_MODEL`); for the run's classifier (a cross-encoder
+    given as the model) it is its reference, and the chunk runs on the LLM replicas' environment.
+    """
 
     index: int
     items: list[EmbeddingItem]
+    model: str = ""
 
     def only(self, positions: list[int]) -> EmbeddingChunk:
         """This chunk with only the requests at `positions` (a rerun's retry of the requests that failed)."""
-        return EmbeddingChunk(self.index, [self.items[position] for position in positions])
+        return EmbeddingChunk(self.index, [self.items[position] for position in positions], self.model)
 
 
 @dataclass
 class EmbeddingResult:
-    """One embeddings request's outcome: a vector per text, or an error code and message.
+    """One encoder request's outcome: a vector per text, a score per pair, or an error code and message.
 
     Vectors travel as base64 of their little-endian float32 bytes (OpenAI's `encoding_format="base64"`):
-    exact, and a third of the size of JSON numbers. `truncated` counts the request's texts the model
-    cut at its `max_seq_length`.
+    exact, and a third of the size of JSON numbers; a classify's class probabilities are its vectors,
+    with each text's `labels`. A score's or rerank's `scores` are floats, one per pair. `truncated`
+    counts the request's texts the model cut at its `max_seq_length`.
     """
 
     key: str
@@ -381,6 +417,20 @@ class EmbeddingResult:
     error_code: str = ""
     error_message: str = ""
     truncated: int = 0
+    scores: list[float] = field(default_factory=list)
+    labels: list[str] = field(default_factory=list)
+
+    def outputs(self) -> list[list[float]]:
+        """Each input's output as floats: a text's vector (or class probabilities), a pair's score (a list of one)."""
+        return [[score] for score in self.scores] or [decode_vector(vector) for vector in self.vectors]
+
+
+def decode_vector(encoded: str) -> list[float]:
+    """A vector sent as base64 of little-endian float32 bytes, as floats."""
+    values = array.array("f", base64.b64decode(encoded))
+    if sys.byteorder != "little":
+        values.byteswap()
+    return values.tolist()
 
 
 @dataclass

@@ -7,18 +7,15 @@ and the same per-line errors through either:
 - `LineRules.read` turns each line of a file into a request (`flyteplugins_batcher.batch_api`), checking
   its settings against the run's defaults and failing duplicate `custom_id`s;
 - `ChunkCutter` cuts the requests into chunks of one kind: `RequestChunk`s for the LLM replica,
-  `EmbeddingChunk`s for the embedding replica; requests that share a prompt prefix share a chunk
-  (`_placement.py`), unless the run keeps the file's order;
+  `EmbeddingChunk`s for an encoder (the embedding model's, or the run's classifier's); requests that
+  share a prompt prefix share a chunk (`_placement.py`), unless the run keeps the file's order;
 - `LineRules.answers` turns a finished chunk's outcome into each line's `FinishedLine`: its result
   line, or its error line naming its code.
 """
 
 from __future__ import annotations
 
-import array
-import base64
 import json
-import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,7 +34,7 @@ from flyteplugins_batcher.batch_api import (
     read_request_lines,
     response_line,
 )
-from flyteplugins_batcher.engines import GenerationConfig
+from flyteplugins_batcher.engines import EmbeddingModel, GenerationConfig
 from flyteplugins_batcher.replica._chunks import (
     EmbeddingChunk,
     EmbeddingItem,
@@ -121,6 +118,13 @@ class LineRules:
         models: Every base model of a run that names several (`EngineSettings.served_models`; the first is
             `served_model`, and `adapters` lists all of theirs): a line naming one of them, or one of its
             adapters, runs on it (`model_of`) and its result line names it. Empty: `served_model` alone.
+        classifier: The reference of the run's model when it is a sequence classifier (a cross-encoder, say)
+            rather than a text generator: it answers score, rerank and classify lines (`classifier_tasks`)
+            under `served_model`'s name and aliases, and chat, completion and responses lines fail
+            (`invalid_url`). Empty: the model generates text.
+        classifier_tasks: What the classifier does (`EmbeddingModel.tasks`).
+        embedding_tasks: What the embedding model does (`EmbeddingModel.tasks`: an embedder embeds,
+            and scores and reranks by cosine similarity).
 
     Example:
         ```python
@@ -140,6 +144,9 @@ class LineRules:
     adapters: tuple[str, ...] = ()
     tool_parser: str = ""
     models: tuple[ServedModel, ...] = ()
+    classifier: str = ""
+    classifier_tasks: tuple[str, ...] = ()
+    embedding_tasks: tuple[str, ...] = EmbeddingModel.EMBEDDER_TASKS
 
     def parse(self, text: str, line_number: int) -> ParsedRequest:
         """The request on a line, its settings checked (out of range: the line fails here, not its chunk).
@@ -153,7 +160,8 @@ class LineRules:
             served_model=self.served_model,
             served_embedding_model=self.served_embedding_model,
             model_mismatch=self.model_mismatch,
-            endpoints=self.endpoints,
+            endpoints=self._endpoints(),
+            encoder_tasks=self._encoder_tasks(),
             model_aliases=self.model_aliases,
             context_length=self.context_length,
             adapters=self.adapters,
@@ -163,6 +171,31 @@ class LineRules:
         if isinstance(request, BatchRequest):
             request.generation(self.defaults)
         return request
+
+    def _endpoints(self) -> tuple[str, ...]:
+        """The urls served: a classifier as the run's model generates no text."""
+        if not self.classifier:
+            return self.endpoints
+        return tuple(url for url in self.endpoints if url not in BatchRequest.URLS)
+
+    def _encoder_tasks(self) -> dict[str, tuple[str, ...]]:
+        """The encoder models a line may name, each with what it does (the classifier under each of its names)."""
+        tasks = {self.served_embedding_model: self.embedding_tasks} if self.served_embedding_model else {}
+        if self.classifier:
+            tasks |= {name: self.classifier_tasks for name in (self.served_model, *self.model_aliases)}
+        return tasks
+
+    def encoder_of(self, request: EmbeddingRequest) -> str:
+        """The encoder an encoder line runs on: the classifier's reference, or `""` for the embedding model.
+
+        A line naming one runs on it; one naming none on the classifier when it does the line's task (it is
+        the run's model, as with `vllm run-batch --model`), else on the embedding model.
+        """
+        if not self.classifier or request.model == self.served_embedding_model:
+            return ""
+        if request.model in (self.served_model, *self.model_aliases) or request.task in self.classifier_tasks:
+            return self.classifier
+        return ""
 
     def model_of(self, request: BatchRequest) -> ServedModel | None:
         """The base model a line runs on: the one its `model` names, or whose adapter it names; else the first.
@@ -244,13 +277,15 @@ class LineRules:
     def _result_line(self, request: ParsedRequest, result: ItemResult | EmbeddingResult) -> dict[str, Any]:
         """The result line of a request that succeeded."""
         if isinstance(request, EmbeddingRequest) and isinstance(result, EmbeddingResult):
-            vectors = [decode_vector(vector) for vector in result.vectors]
+            outputs = result.outputs()
+            on_classifier = self.encoder_of(request) != ""
             return embedding_response_line(
                 request,
-                vectors,
+                outputs,
                 prompt_tokens=result.prompt_tokens,
-                model=self.served_embedding_model,
+                model=self.served_model if on_classifier else self.served_embedding_model,
                 request_number=request.line,
+                labels=[label or None for label in result.labels],
             )
         assert isinstance(request, BatchRequest) and isinstance(result, ItemResult)
         model = self.model_of(request)
@@ -300,15 +335,16 @@ class ChunkCutter:
         self.order = order
         self._number = 0
         self._generation: dict[str, list[RequestItem]] = {}
-        self._embedding: list[EmbeddingItem] = []
-        self._texts = 0
+        self._encoder: dict[str, list[EmbeddingItem]] = {}  # by encoder: "" the embedding model's
 
     def add(self, request: ParsedRequest, lane: str = "") -> list[JobChunk]:
-        """Take a request (a chat or completion request into `lane`); returns the chunks it completed, if any."""
+        """Take a request into `lane` (a chat or completion request's model, an encoder request's encoder, `""`
+        the embedding model: `LineRules.encoder_of`); returns the chunks it completed, if any."""
         if isinstance(request, EmbeddingRequest):
-            self._embedding.append(EmbeddingItem(request.custom_id, list(request.inputs)))
-            self._texts += len(request.inputs)
-            return [self._embedding_chunk()] if self._texts >= self.embedding_chunk_texts else []
+            items = self._encoder.setdefault(lane, [])
+            items.append(EmbeddingItem.of(request))
+            full = sum(item.size for item in items) >= self.embedding_chunk_texts
+            return [self._embedding_chunk(lane)] if full else []
         items = self._generation.setdefault(lane, [])
         items.append(RequestItem.of(request))
         return self._generation_chunks(lane) if len(items) == self.held else []
@@ -319,8 +355,8 @@ class ChunkCutter:
         chunks: list[JobChunk] = [
             chunk for name in lanes if self._generation.get(name) for chunk in self._generation_chunks(name)
         ]
-        if self._embedding and lane is None:
-            chunks.append(self._embedding_chunk())
+        if lane is None:
+            chunks += [self._embedding_chunk(encoder) for encoder, items in list(self._encoder.items()) if items]
         return chunks
 
     @staticmethod
@@ -339,19 +375,9 @@ class ChunkCutter:
             for chunk in self.placed(items, self.chunk_size, self.order)
         ]
 
-    def _embedding_chunk(self) -> EmbeddingChunk:
-        chunk = EmbeddingChunk(self._next_number(), self._embedding)
-        self._embedding, self._texts = [], 0
-        return chunk
+    def _embedding_chunk(self, encoder: str) -> EmbeddingChunk:
+        return EmbeddingChunk(self._next_number(), self._encoder.pop(encoder), encoder)
 
     def _next_number(self) -> int:
         self._number += 1
         return self._number - 1
-
-
-def decode_vector(encoded: str) -> list[float]:
-    """A vector sent as base64 of little-endian float32 bytes, as floats."""
-    values = array.array("f", base64.b64decode(encoded))
-    if sys.byteorder != "little":
-        values.byteswap()
-    return values.tolist()

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
-from flyteplugins_batcher.engines import EngineConfigError, GenerationConfig
+from flyteplugins_batcher.engines import EmbeddingModel, EngineConfigError, GenerationConfig
 from flyteplugins_batcher.engines.vllm import parse_engine_args
 from flyteplugins_batcher.replica._models import ServedModel, model_references, served_models
 
@@ -150,6 +150,24 @@ class EngineSettings:
         if len(self.base_models()) == 1:
             return self
         return replace(self, model=model.reference, lora_modules=model.lora_modules())
+
+    def classifier_tasks(self) -> tuple[str, ...]:
+        """What the model does when it is a sequence classifier rather than a text generator (a cross-encoder:
+        `("score", "rerank", "classify")`; more labels: `("classify",)`); empty for an LLM. Reads its config only.
+
+        A classifier runs as an encoder (`EmbeddingReplica.for_settings`), on Transformers or vLLM's pooling
+        runner, and answers score, rerank and classify lines; it must be the run's only model.
+
+        Raises:
+            EngineConfigError: A classifier among several models.
+        """
+        references = self.base_models()
+        if self.engine == "simulated" or references == [""]:
+            return ()
+        tasks = [EmbeddingModel(reference).tasks for reference in references]
+        if any("classify" in done for done in tasks) and len(references) > 1:
+            raise EngineConfigError("a classifier (cross-encoder) must be the run's only model")
+        return tasks[0] if "classify" in tasks[0] else ()
 
     def generation(self) -> GenerationConfig:
         """The run's default generation settings (requests may set their own).

@@ -1,4 +1,4 @@
-"""The models the server answers with: this process's LLM replica and embedding function.
+"""The models the server answers with: this process's LLM replica and embedding function, or a classifier.
 
 They are the replicas the jobs' tasks use (`flyteplugins_batcher.replica`: `LLMReplica` around a
 `SharedBatcher`, `EmbeddingReplica` around a batched function), so an online request and a batch line
@@ -6,6 +6,10 @@ are records in the same batchers, batched with every other request in flight. Th
 own and installs them as the process's, so that a local Flyte run in this process uses them too.
 What decides whether and when a record goes in (an online request's priority, the engine's hold,
 429s for a full queue or past the online latency target, batch lines' quota) is `_admission.py`.
+
+A model that is a sequence classifier (a cross-encoder, say) is served as an encoder, not an LLM:
+`classifier` holds its replica (`EmbeddingReplica.for_settings`: on the engine's settings), which
+answers score, rerank and classify requests, and no LLM loads.
 
 An online request is an `OnlineRecord`: its future, and the cancellation token its `Request`
 carries. When its client leaves, `OnlineRecord.cancel` cancels both: a queued record never reaches
@@ -30,12 +34,15 @@ from flyteplugins_batcher.engines import (
     Completion,
     DeltaListener,
     Embedding,
+    EmbeddingModel,
     Engine,
     EngineNotLoadedError,
 )
 from flyteplugins_batcher.replica import (
     EmbeddingChunk,
+    EmbeddingItem,
     EmbeddingReplica,
+    EmbeddingResult,
     EngineSettings,
     JobChunk,
     JobOutcome,
@@ -133,6 +140,9 @@ class Inference:
         admit = self.admission.quota.admit_line if self.admission is not None else None
         self.replica = LLMReplica(make_batcher=self._observed_batcher, admit=admit)
         self.embedding_replica = EmbeddingReplica() if embeddings else None
+        self.classifier = _classifier(engine)
+        """The model as an encoder, when it is a sequence classifier (a cross-encoder): it answers score, rerank and
+        classify requests, and there is no LLM."""
 
     @property
     def engine(self) -> Engine | None:
@@ -162,9 +172,27 @@ class Inference:
 
     @property
     def served_model(self) -> str:
-        """The LLM's name, as requests name it and answers carry it."""
+        """The LLM's (or the classifier's) name, as requests name it and answers carry it."""
+        if self.classifier is not None:
+            return self.classifier.model.name
         engine = self.engine
         return engine.model_name if engine is not None else ""
+
+    def encoder_tasks(self) -> dict[str, tuple[str, ...]]:
+        """The encoder models served, by name, with what each does (`EmbeddingModel.tasks`)."""
+        replicas = [replica for replica in (self.embedding_replica, self.classifier) if replica is not None]
+        return {replica.model.name: replica.model.tasks for replica in replicas}
+
+    def encoder_for(self, request: EmbeddingRequest) -> EmbeddingReplica:
+        """The encoder that answers a request: the one it names, else the classifier when it does the task (it is
+        the server's model), else the embedding model."""
+        classifier, embedding = self.classifier, self.embedding_replica
+        if classifier is None:
+            return self._embedding()
+        if embedding is None or request.model == classifier.model.name:
+            return classifier
+        named_embedding = request.model == embedding.model.name
+        return classifier if not named_embedding and request.task in classifier.model.tasks else embedding
 
     @property
     def adapters(self) -> tuple[str, ...]:
@@ -181,8 +209,11 @@ class Inference:
 
         They are this process's replicas from now on: a local Flyte run in this process runs its chunks on them.
         """
-        self.replica.install()
-        await self.replica.shared.get(self.engine_settings)
+        if self.classifier is not None:
+            await self.classifier.load()
+        else:
+            self.replica.install()
+            await self.replica.shared.get(self.engine_settings)
         if self.admission is not None and self._judging is None:
             engine = self.engine
             slots = engine_slots(engine) if engine is not None else None
@@ -267,8 +298,20 @@ class Inference:
         no answer (`ItemResult.was_stopped`).
         """
         if isinstance(chunk, EmbeddingChunk):
-            return await self._embedding().run_chunk(chunk)
+            replica = self.classifier if chunk.model and self.classifier is not None else self._embedding()
+            return await replica.run_chunk(chunk)
         return await self.replica.run_chunk(chunk, self.engine_settings, stop=stop)
+
+    async def pool(self, request: EmbeddingRequest) -> tuple[EmbeddingResult, str]:
+        """One online score, rerank or classify request's answer (or its error), ahead of batch lines, and the name
+        of the model that answered.
+
+        Raises:
+            QueueFullError: The encoder's queue is full (answer 429).
+        """
+        replica = self.encoder_for(request)
+        result = await replica.answer(EmbeddingItem.of(request), priority=ONLINE_PRIORITY, wait_for_room=False)
+        return result, replica.model.name
 
     async def aclose(self) -> None:
         """Stop the batchers and close the models."""
@@ -280,6 +323,8 @@ class Inference:
         await self.replica.aclose()
         if self.embedding_replica is not None:
             await self.embedding_replica.aclose()
+        if self.classifier is not None:
+            await self.classifier.aclose()
 
     def _embedding(self) -> EmbeddingReplica:
         if self.embedding_replica is None:
@@ -291,3 +336,10 @@ class Inference:
         for observer in self._llm_observers:
             batcher.add_observer(observer)
         return batcher
+
+
+def _classifier(settings: EngineSettings) -> EmbeddingReplica | None:
+    """The replica of the settings' model as an encoder, when it is a sequence classifier; else None (an LLM)."""
+    if not settings.model or settings.engine == "simulated" or "\n" in settings.model or "," in settings.model:
+        return None
+    return EmbeddingReplica.for_settings(settings) if EmbeddingModel(settings.model).classifier else None

@@ -107,7 +107,9 @@ def test_a_job_that_serves_no_embeddings_refuses_them_as_an_invalid_url():
     with pytest.raises(RequestLineError) as raised:
         parse_request_line(embeddings_line(input="x"), 3)
     assert raised.value.code == "invalid_url"
-    assert raised.value.message == "url must be one of /v1/chat/completions, /v1/completions, got '/v1/embeddings'"
+    assert raised.value.message == (
+        "url must be one of /v1/chat/completions, /v1/completions, /v1/responses, got '/v1/embeddings'"
+    )
 
 
 def test_the_embedding_model_is_checked_against_the_served_embedding_model():

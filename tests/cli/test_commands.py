@@ -73,7 +73,7 @@ def test_the_group_imports_no_command_until_one_runs():
 @pytest.mark.parametrize(
     ("command", "job", "own"),
     [
-        (run_batch, run_batch_file.func, {"input", "output_dir"}),
+        (run_batch, run_batch_file.func, {"input", "output_dir", "output_file"}),  # -o takes both
         (run_table_command, run_table.func, {"input", "output_dir", "response_format"}),
         (gsm8k, solve_gsm8k.func, {"output_dir"}),
     ],

@@ -221,8 +221,10 @@ def test_a_processor_pickles_with_its_functions():
     [
         ({}, "give exactly one of prompt, messages_column, column or preprocess .got none."),
         ({"prompt": "{q}", "column": "q"}, "got prompt and column"),
-        ({"task_type": "classify"}, "task_type must be 'generate' or 'embed'"),
+        ({"task_type": "rank"}, "task_type must be one of generate, embed, score, classify, got 'rank'"),
         ({"task_type": "embed"}, "needs the column to embed"),
+        ({"task_type": "classify"}, "needs the column to classify"),
+        ({"task_type": "score", "query_column": "q"}, "needs the columns of each row's pair: query_column and"),
         ({"prompt": "{q}", "response_format": "{not json"}, "response_format is not JSON"),
     ],
 )

@@ -71,6 +71,7 @@ def test_the_usage_event_that_ends_a_stream_is_the_answers_usage_with_its_cached
         "completion_tokens": 2,
         "total_tokens": 32,
         "prompt_tokens_details": {"cached_tokens": 16},
+        "completion_tokens_details": {"reasoning_tokens": 0},
     }
 
 

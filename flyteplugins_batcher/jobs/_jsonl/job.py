@@ -5,8 +5,9 @@ file, with running counts and a progress line), and nothing of where chunks run:
 `fan_out(job.chunks(n, m), infer, job.on_chunk, ...)` runs them with any `infer` callable that
 takes both kinds of chunk. What a line becomes on its way is the replica layer's (`LineRules`).
 
-**Mixed files.** Chat and completion lines become `RequestChunk`s (for the LLM replicas), embedding
-lines `EmbeddingChunk`s (for the embedding replicas); a chunk holds one kind only. Both come out of
+**Mixed files.** Chat, completion and responses lines become `RequestChunk`s (for the LLM replicas),
+embedding, score, rerank and classify lines `EmbeddingChunk`s (for the embedding replicas, or the
+classifier's when the run's model is one); a chunk holds one kind only. Both come out of
 one pass over the file, as one stream, in the order they fill up, and share the driver's cap on
 chunks in flight: kinds that are interleaved in the file run side by side, and a file sorted by kind
 runs one kind after the other. The driver holds at most the chunks in flight and one unfinished
@@ -20,7 +21,8 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-from flyteplugins_batcher.batch_api import ModelMismatch, ParsedRequest, RequestLineError, SeenIds
+from flyteplugins_batcher.batch_api import EmbeddingRequest, ModelMismatch, ParsedRequest, RequestLineError, SeenIds
+from flyteplugins_batcher.engines import EmbeddingModel
 from flyteplugins_batcher.jobs._journal import JournalWriter
 from flyteplugins_batcher.jobs._jsonl.models import ModelLanes
 from flyteplugins_batcher.jobs._jsonl.outputs import LineOutputs, OrderedOutput, SplitOutputs
@@ -40,6 +42,7 @@ class Job:
             adapters, runs on it), its generation defaults (a request's own win), its tool parser.
         served_model_name: The first model's name in result lines (empty: its reference as declared).
         served_embedding_model: The embedding model's name.
+        embedding_tasks: What the embedding model does (`EmbeddingModel.tasks`).
         model_mismatch: What to do with a line naming another model ("error" or "ignore").
         journal: Also write every finished line, with its line number, to this run journal (for a follower
             such as the Batch API server; `flyteplugins_batcher/jobs/_journal.py`).
@@ -65,6 +68,7 @@ class Job:
         served_embedding_model: str,
         model_mismatch: ModelMismatch,
         served_model_name: str = "",
+        embedding_tasks: tuple[str, ...] = EmbeddingModel.EMBEDDER_TASKS,
         journal: JournalWriter | None = None,
         order: str = "prefix",
         window: int = ChunkCutter.WINDOW,
@@ -73,6 +77,7 @@ class Job:
         self.input_path = input_path
         self.order, self.window = order, window
         models = settings.served_models(served_model_name)
+        classifier_tasks = settings.classifier_tasks()
         self.rules = LineRules(
             models[0].name,
             served_embedding_model,
@@ -82,6 +87,9 @@ class Job:
             adapters=tuple(name for model in models for name in model.adapter_names),
             tool_parser=settings.tool_call_parser,
             models=models,
+            classifier=settings.model if classifier_tasks else "",
+            classifier_tasks=classifier_tasks,
+            embedding_tasks=embedding_tasks,
         )
         self.lanes = ModelLanes(self.rules, settings.models_per_replica)
         self.outputs: LineOutputs = OrderedOutput(folder / output_file) if output_file else SplitOutputs(folder)
@@ -130,6 +138,8 @@ class Job:
     def _add(self, cutter: ChunkCutter, request: ParsedRequest, lane: str | None) -> list[JobChunk]:
         """Take a request into the cutter; the chunks it completed, if any."""
         self._in_flight[request.custom_id] = request
+        if isinstance(request, EmbeddingRequest):
+            lane = self.rules.encoder_of(request)  # the embedding model's chunks, or the classifier's
         return [self._made(chunk) for chunk in cutter.add(request, lane or "")]
 
     def _made(self, chunk: JobChunk) -> JobChunk:

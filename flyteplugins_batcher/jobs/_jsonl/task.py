@@ -35,7 +35,7 @@ from flyteplugins_batcher.jobs._jsonl.job import Job
 from flyteplugins_batcher.jobs._jsonl.outputs import SPLIT_FILES
 from flyteplugins_batcher.jobs._options import task_with_options
 from flyteplugins_batcher.jobs._outputs import Destination, OutputDirError, WorkFolder
-from flyteplugins_batcher.jobs._replica_tasks import embed_requests, infer_chunk
+from flyteplugins_batcher.jobs._replica_tasks import embed_requests, infer_chunk, pool_chunk
 from flyteplugins_batcher.jobs._reruns import retrying_reused_failures
 from flyteplugins_batcher.jobs._run_options import RunOptions
 from flyteplugins_batcher.jobs._summary import RunSummary
@@ -123,12 +123,14 @@ def _job(
     output_file: str,
 ) -> Job:
     """The job over a local copy of the file, its first model answering to `served_model_name` too."""
+    embedding = EmbeddingModel()
     return Job(
         local_input,
         folder,
         settings,
         served_model_name=served_model_name,
-        served_embedding_model=EmbeddingModel().name,
+        served_embedding_model=embedding.name,
+        embedding_tasks=embedding.tasks,
         model_mismatch=model_mismatch,  # type: ignore[arg-type]
         journal=JournalWriter(journal) if journal else None,
         order=run.order,
@@ -155,6 +157,8 @@ def _replicas(job: Job, settings: EngineSettings) -> Callable[[JobChunk, str], A
     model's settings."""
 
     def infer(chunk: JobChunk, cache_salt: str) -> Awaitable[JobOutcome]:
+        if isinstance(chunk, EmbeddingChunk) and chunk.model:
+            return pool_chunk(chunk, settings, cache_salt)  # the classifier given as the model
         if isinstance(chunk, EmbeddingChunk):
             return embed_requests(chunk, job.served_embedding_model, cache_salt)
         return infer_chunk(chunk, job.lanes.settings(chunk, settings), cache_salt)

@@ -8,6 +8,7 @@ here, when a driver runs, never when `flyteplugins_batcher.jobs` is imported.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +20,7 @@ from flyteplugins_batcher.jobs._driver import FanOutStats, fan_out
 from flyteplugins_batcher.jobs._environments import EMBED_POOL, LLM_POOL, ReplicaPool
 from flyteplugins_batcher.jobs._finish import check_failures, close_run, occupancy_warning
 from flyteplugins_batcher.jobs._outputs import PublishError, WorkFolder
-from flyteplugins_batcher.jobs._replica_tasks import embed_requests, infer_chunk
+from flyteplugins_batcher.jobs._replica_tasks import embed_requests, infer_chunk, pool_chunk
 from flyteplugins_batcher.jobs._reruns import retrying_reused_failures
 from flyteplugins_batcher.jobs._run_options import RunOptions
 from flyteplugins_batcher.jobs._summary import RunSummary
@@ -56,14 +57,19 @@ class TableRun:
     settings: EngineSettings
     noun: str = "rows"
 
+    @functools.cached_property
+    def classifier(self) -> bool:
+        """Whether a classifier given as the model answers the rows (a score or classify task): on the LLM replicas."""
+        return self.options.task_type in ("score", "classify") and bool(self.settings.classifier_tasks())
+
     @property
     def pool(self) -> ReplicaPool:
         """The replicas the chunks go to."""
-        return EMBED_POOL if self.options.task_type == "embed" else LLM_POOL
+        return EMBED_POOL if self.options.encoder and not self.classifier else LLM_POOL
 
     @property
     def chunk_size(self) -> int:
-        return self.options.embedding_chunk_size if self.options.task_type == "embed" else self.run.chunk_size
+        return self.options.embedding_chunk_size if self.options.encoder else self.run.chunk_size
 
 
 async def run_table_job(
@@ -101,6 +107,11 @@ async def _start(table: Any, plan: TableRun) -> tuple[TableJob, WorkFolder]:
     """The job over the opened table, and its work folder: every check that needs no model, done first."""
     options = plan.options
     options.check()
+    if options.task_type == "classify" and not plan.classifier:
+        raise ValueError(
+            f"task_type='classify' needs a sequence classifier as the model; {plan.settings.model or 'the bundled'} "
+            "model is not one (its config names no ...ForSequenceClassification architecture)"
+        )
     destination = check_output(plan.run.output_dir)
     requests = RowRequests(
         options, row_function(options.preprocess, "preprocess"), plan.settings.generation(), options.schema()
@@ -132,9 +143,11 @@ def _sender(plan: TableRun, started: float) -> Callable[[JobChunk], Awaitable[Jo
 
     A chunk whose rows all failed before they were sent is answered here, without a replica.
     """
-    embedding_model = EmbeddingModel().name if plan.options.task_type == "embed" else ""
+    embedding_model = EmbeddingModel().name if plan.options.encoder else ""
 
     def infer(chunk: JobChunk, cache_salt: str) -> Awaitable[JobOutcome]:
+        if isinstance(chunk, EmbeddingChunk) and plan.classifier:
+            return pool_chunk(chunk, plan.settings, cache_salt)
         if isinstance(chunk, EmbeddingChunk):
             return embed_requests(chunk, embedding_model, cache_salt)
         return infer_chunk(chunk, plan.settings, cache_salt)
@@ -171,7 +184,7 @@ async def _finish(job: TableJob, fanned: FanOutStats, work: WorkFolder, plan: Ta
 
 def _summary(job: TableJob, fanned: FanOutStats, where: str) -> RunSummary:
     busiest = max(fanned.replicas, key=lambda replica: replica.records, default=None)
-    embedded = job.parts.options.task_type == "embed"
+    embedded = job.parts.options.encoder
     return RunSummary.of(
         job.source.description,
         job.counts,

@@ -57,7 +57,8 @@ class TableJob:
         parts: Where the finished parts are written.
         chunk_size: Rows per chunk (at most).
         noun: What a row is, for the progress line and messages ("rows", "documents").
-        order: "prefix" or "file" (`RunOptions.order`); embeddings always run in file order.
+        order: "prefix" or "file" (`RunOptions.order`); an encoder's rows (embed, score, classify) always run in
+            file order.
         window: Rows placed together in "prefix" order (`RunOptions.order_window`).
 
     Example:
@@ -82,7 +83,7 @@ class TableJob:
         self.requests = requests
         self.parts = parts
         self.chunk_size = chunk_size
-        self.order = "file" if requests.options.task_type == "embed" else order
+        self.order = "file" if requests.options.encoder else order
         self.part_rows = max(window, chunk_size) if self.order == "prefix" else chunk_size
         self.counts = Counts()
         self.truncated = 0
@@ -121,7 +122,7 @@ class TableJob:
             chunks: list[JobChunk] = []
             for members in ChunkCutter.placed(items, self.chunk_size, self.order):  # type: ignore[arg-type]
                 chosen = [items[member] for member in members]
-                if self.requests.options.task_type == "embed":
+                if self.requests.options.encoder:
                     chunks.append(EmbeddingChunk(number, [item for item in chosen if isinstance(item, EmbeddingItem)]))
                 else:
                     chunks.append(RequestChunk(number, [item for item in chosen if isinstance(item, RequestItem)]))

@@ -1,12 +1,12 @@
 """A finished chunk's rows, joined with their answers, written as one Parquet part of the output dataset.
 
-A part holds its chunk's input rows as they were read (every column, nested types included, in
-order), then the answer column (text; a struct built from the JSON schema; or a fixed-size list of
-float32 for embeddings), the token counts (`num_input_tokens`, `num_generated_tokens`, as Ray Data
-LLM names them), the columns your `postprocess` adds, and `error`: null where the row succeeded,
-`code: reason` where it failed. A part holds a run of consecutive rows (one chunk's, or a placement
-window's whose rows ran in several chunks) and parts are numbered in row order (`part-000000000.parquet`,
-...), so reading the folder reads the rows in input order.
+A part holds its chunk's input rows as they were read (every column, nested types included, in order), then
+the answer column (text; a struct built from the JSON schema; a fixed-size list of float32 for embeddings; a
+score; a label, with the class probabilities in `probs`), the token counts (`num_input_tokens`,
+`num_generated_tokens`, as Ray Data LLM names them), the columns your `postprocess` adds, and `error`: null
+where the row succeeded, `code: reason` where it failed. A part holds a run of consecutive rows (one chunk's,
+or a placement window's whose rows ran in several chunks) and parts are numbered in row order
+(`part-000000000.parquet`, ...), so reading the folder reads the rows in input order.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from flyteplugins_batcher.jobs._table.options import Row, RowFunction, TableOptions
+from flyteplugins_batcher.jobs._table.options import PROBS_COLUMN, Row, RowFunction, TableOptions
 from flyteplugins_batcher.jobs._table.requests import RowError
 from flyteplugins_batcher.jobs._table.schema import arrow_type, structured_value
 from flyteplugins_batcher.replica import EmbeddingResult, ItemResult
@@ -68,6 +68,7 @@ class RowAnswer:
     truncated: int = 0
     added: dict[str, Any] = field(default_factory=dict)
     cached_tokens: int = 0
+    probs: list[float] | None = None
 
 
 class TableParts:
@@ -122,6 +123,10 @@ class TableParts:
             return RowAnswer(error=f"inference_failed: {reason}")
         if result.error_code:
             return RowAnswer(error=f"{result.error_code}: {result.error_message}")
+        if isinstance(result, EmbeddingResult) and self.options.task_type == "score":
+            return RowAnswer(result.scores[0], result.prompt_tokens)
+        if isinstance(result, EmbeddingResult) and self.options.task_type == "classify":
+            return RowAnswer(result.labels[0] or None, result.prompt_tokens, probs=result.outputs()[0])
         if isinstance(result, EmbeddingResult):
             vector = _floats(result.vectors[0])
             self.dimensions = self.dimensions or len(vector)
@@ -142,6 +147,8 @@ class TableParts:
         row[self.options.answer_column], row[INPUT_TOKENS] = answer.value, answer.input_tokens
         if self.options.task_type == "generate":
             row[OUTPUT_TOKENS] = answer.output_tokens
+        if self.options.task_type == "classify":
+            row[PROBS_COLUMN] = answer.probs
         try:
             added = self.postprocess(row)
             if not isinstance(added, Mapping):
@@ -154,6 +161,8 @@ class TableParts:
 
     def _columns(self, answers: list[RowAnswer]) -> dict[str, pa.Array]:
         columns = {self.options.answer_column: pa.array([answer.value for answer in answers], self._answer_type())}
+        if self.options.task_type == "classify":
+            columns[PROBS_COLUMN] = pa.array([answer.probs for answer in answers], pa.list_(pa.float32()))
         columns[INPUT_TOKENS] = pa.array([answer.input_tokens for answer in answers], pa.int64())
         if self.options.task_type == "generate":
             columns[OUTPUT_TOKENS] = pa.array([answer.output_tokens for answer in answers], pa.int64())
@@ -164,6 +173,8 @@ class TableParts:
         return columns
 
     def _answer_type(self) -> pa.DataType:
+        if self.options.task_type == "score":
+            return pa.float64()
         if self.options.task_type == "embed":
             # Before the first vector its size is unknown: null, made the vector's type when the parts are joined.
             return pa.list_(pa.float32(), self.dimensions) if self.dimensions else pa.null()
@@ -173,7 +184,8 @@ class TableParts:
 def job_columns(options: TableOptions) -> list[str]:
     """The columns the job adds to every row (beside your `postprocess`'s)."""
     tokens = [INPUT_TOKENS, OUTPUT_TOKENS] if options.task_type == "generate" else [INPUT_TOKENS]
-    return [options.answer_column, *tokens, ERROR_COLUMN]
+    probs = [PROBS_COLUMN] if options.task_type == "classify" else []
+    return [options.answer_column, *probs, *tokens, ERROR_COLUMN]
 
 
 def _added_column(name: str, values: list[Any]) -> pa.Array:

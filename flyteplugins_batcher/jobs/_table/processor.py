@@ -72,7 +72,9 @@ class TableProcessor(TableOptions):
     @property
     def replicas(self) -> list[flyte.TaskEnvironment]:
         """The replicas' environments this processor sends chunks to: your task's environment depends on them."""
-        return [embed_env] if self.task_type == "embed" else [gpu_env]
+        if self.task_type == "embed":
+            return [embed_env]
+        return [embed_env, gpu_env] if self.encoder else [gpu_env]  # a score or classify: a classifier is the LLM's
 
     async def __call__(self, table: Any) -> DataFrame:
         """The table with each row's answer (every input column, the answer, token counts, `error`), in row order.

@@ -74,8 +74,12 @@ class RowRequests:
         Raises:
             RowError: The row cannot make its request; it fails alone.
         """
-        if self.options.task_type == "embed":
-            return EmbeddingItem(row_key(number), [_text(row, self.options.column)])
+        options = self.options
+        if options.task_type in ("embed", "classify"):
+            return EmbeddingItem(row_key(number), [_text(row, options.column)], options.task_type)
+        if options.task_type == "score":
+            query, document = _text(row, options.query_column), _text(row, options.document_column)
+            return EmbeddingItem(row_key(number), [document], "score", [query])
         body = self._body(row)
         if self.schema is not None:
             body.setdefault("response_format", {"type": "json_schema", "json_schema": {"schema": self.schema}})

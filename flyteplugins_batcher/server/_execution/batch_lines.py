@@ -19,6 +19,7 @@ from typing import Any
 import flyte.errors
 
 from flyteplugins_batcher.batch_api import (
+    EmbeddingRequest,
     JSONBoundsError,
     ParsedRequest,
     RequestLineError,
@@ -140,7 +141,8 @@ class BatchLines:
                     self.store.record_lines(self.batch_id, [FinishedLine.failed(request)])
                     continue
                 self._requests[request.custom_id] = request
-                for chunk in cutter.add(request):
+                lane = self.rules.encoder_of(request) if isinstance(request, EmbeddingRequest) else ""
+                for chunk in cutter.add(request, lane):
                     if self.should_stop():  # placement hands many chunks at once: each is sent only while it may run
                         return
                     yield chunk

@@ -66,6 +66,7 @@ class InProcessExecutor:
     def _rules(self, endpoint: str) -> LineRules:
         inference = self.inference
         engine = inference.engine
+        classifier, embedding = inference.classifier, inference.embedding_replica
         return LineRules(
             served_model=inference.served_model,
             served_embedding_model=inference.embedding_model or "",
@@ -75,6 +76,9 @@ class InProcessExecutor:
             context_length=engine.context_length if engine is not None else 0,  # a max_tokens past it fails at parse
             adapters=inference.adapters,
             tool_parser=self.settings.engine.tool_call_parser,
+            classifier=self.settings.engine.model if classifier is not None else "",
+            classifier_tasks=classifier.model.tasks if classifier is not None else (),
+            embedding_tasks=embedding.model.tasks if embedding is not None else (),
         )
 
     def _chunks_in_flight(self) -> int:

@@ -17,7 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from flyteplugins_batcher.server._http import batch_routes, online
 from flyteplugins_batcher.server._http.errors import install_error_handlers
-from flyteplugins_batcher.server._http.guards import AccessGuard, HostGuard, cors
+from flyteplugins_batcher.server._http.guards import AccessGuard, HostGuard, cors, is_api_path
 from flyteplugins_batcher.server._http.limits import BodyLimit
 from flyteplugins_batcher.server._metrics import ServerMetrics
 from flyteplugins_batcher.server._service import Service
@@ -47,6 +47,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     app = FastAPI(title="flyteplugins-batcher: OpenAI-compatible batch inference", lifespan=lifespan)
     install_error_handlers(app)
     app.include_router(online.router)
+    app.include_router(online.pooling_router)
     app.include_router(batch_routes.router)
     app.add_middleware(ServerLayers)
 
@@ -110,7 +111,7 @@ class RequestCounter:
         self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith("/v1"):
+        if scope["type"] != "http" or not is_api_path(scope["path"]):
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()

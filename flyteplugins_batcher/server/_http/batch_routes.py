@@ -8,9 +8,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Form, Query, Request, UploadFile
 from fastapi.responses import FileResponse
 
+from flyteplugins_batcher.batch_api import EmbeddingRequest
 from flyteplugins_batcher.server._http.errors import APIError
 from flyteplugins_batcher.server._http.online import json_body
-from flyteplugins_batcher.server._service import ServiceDep
+from flyteplugins_batcher.server._service import Service, ServiceDep
 from flyteplugins_batcher.server._state.batches import batch_creation, new_batch
 from flyteplugins_batcher.server._state.files import file_object
 from flyteplugins_batcher.server._state.statuses import ACTIVE
@@ -74,16 +75,28 @@ async def create_batch(request: Request, service: ServiceDep) -> dict[str, Any]:
     input file (404 when it is not there, its bytes included).
     """
     creation = batch_creation(await json_body(request), short_windows=service.settings.short_windows)
-    embeddings = creation.endpoint == "/v1/embeddings"
-    if embeddings and service.inference.embedding_model is None:
-        raise APIError(400, "This server does not serve embeddings.", param="endpoint")
-    model = service.inference.embedding_model if embeddings else service.inference.served_model
+    model = _model_for(creation.endpoint, service)
     input_file = service.files.get(creation.input_file_id, param="input_file_id")
     await asyncio.to_thread(service.files.content, creation.input_file_id, param="input_file_id")  # its bytes too
     batch = new_batch(creation, input_file=input_file, model=model or "")
     service.store.insert_batch(batch)
     service.runner.start(batch["id"])
     return batch
+
+
+def _model_for(endpoint: str, service: Service) -> str:
+    """The model that answers a batch's lines (its object's `model`); 400 for an endpoint no served model answers."""
+    inference = service.inference
+    if endpoint not in EmbeddingRequest.URLS:
+        if inference.classifier is not None:
+            message = f"The model {inference.served_model!r} is a classifier: it does not generate text ({endpoint})."
+            raise APIError(400, message, param="endpoint")
+        return inference.served_model
+    if endpoint == "/v1/embeddings" or inference.classifier is None:
+        if inference.embedding_model is None:
+            raise APIError(400, f"This server serves no encoder model for {endpoint}.", param="endpoint")
+        return inference.embedding_model
+    return inference.classifier.model.name
 
 
 @router.get("/batches")

@@ -28,6 +28,7 @@ from starlette.datastructures import Headers
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from flyteplugins_batcher.batch_api import ENDPOINTS
 from flyteplugins_batcher.server._http.errors import APIError
 from flyteplugins_batcher.server._settings import ServerSettings
 
@@ -37,11 +38,18 @@ LOCAL_NAMES = ("127.0.0.1", "localhost", "[::1]")
 ANY_ADDRESS = ("0.0.0.0", "::", "[::]")
 """Binds that listen on every address: the server then answers any `Host` (a deployment behind its ingress)."""
 
-JSON_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/batches"})
-"""The endpoints whose `POST` body is JSON."""
+JSON_ENDPOINTS = frozenset({*ENDPOINTS, "/v1/batches"})
+"""The endpoints whose `POST` body is JSON: every request url of the batch format (vLLM's `/score`, `/rerank`,
+`/v2/rerank` and `/classify` among them), and batches."""
 
 UPLOAD_ENDPOINTS = frozenset({"/v1/files"})
 """The endpoints whose `POST` body is `multipart/form-data`."""
+
+
+def is_api_path(path: str) -> bool:
+    """Whether a path is the API's (a key guards it, the metrics count it): `/v1/...`, and vLLM's pooling routes
+    outside `/v1` (`/score`, `/rerank`, `/v2/rerank`, `/classify`)."""
+    return path.startswith("/v1") or path in ENDPOINTS
 
 
 def listed(text: str) -> tuple[str, ...]:
@@ -161,8 +169,8 @@ class AccessGuard:
 
 
 def key_refusal(path: str, headers: Headers, api_key: str) -> APIError | None:
-    """401 for a `/v1` request without `Authorization: Bearer <api_key>` when a key is set."""
-    if not api_key or not path.startswith("/v1"):
+    """401 for an API request (`is_api_path`) without `Authorization: Bearer <api_key>` when a key is set."""
+    if not api_key or not is_api_path(path):
         return None
     scheme, _, token = headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
