@@ -35,7 +35,7 @@ from flyteplugins_batcher.engines._engine_errors import (
     UnknownAdapterError,
 )
 from flyteplugins_batcher.engines._engine_stats import EngineCounters, EngineStats
-from flyteplugins_batcher.engines._object_store import is_remote, local_adapters
+from flyteplugins_batcher.engines._object_store import local_adapters
 from flyteplugins_batcher.engines._prompts import (
     PreparedPrompt,
     PromptRecord,
@@ -101,9 +101,8 @@ class Engine(abc.ABC):
             "when the tokenizer has one".
         model_name: The name results carry (for example in an OpenAI-style output line); by
             default the model reference the engine was given.
-        lora_modules: LoRA adapters by name (name -> folder of a PEFT adapter, local or an object-store
-            prefix such as `s3://bucket/adapters/sql`, downloaded to the replica's cache at `load()`): a
-            `Request` whose `adapter` names one generates with it. Engines that cannot load adapters refuse them.
+        lora_modules: LoRA adapters by name (name -> PEFT adapter folder, or its `s3://` prefix, fetched at load): a
+            `Request` whose `adapter` names one generates with it (engines that cannot load adapters refuse them).
 
     Example:
         ```python
@@ -169,9 +168,7 @@ class Engine(abc.ABC):
         with self._lifecycle_lock:
             if self._loaded:
                 return
-            started = time.perf_counter()
-            if any(is_remote(path) for path in self.lora_modules.values()):
-                self.lora_modules = local_adapters(self.lora_modules)  # small folders: downloaded to the cache
+            started, self.lora_modules = time.perf_counter(), local_adapters(self.lora_modules)  # a bucket's: fetched
             loaded = self._load()
             self._tokenizer, self._context_length = loaded.tokenizer, loaded.context_length
             # A template writes its own special tokens (BOS); a raw prompt gets them from the tokenizer.
