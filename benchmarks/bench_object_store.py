@@ -19,7 +19,6 @@ Run: `flock /tmp/bench.lock python benchmarks/bench_object_store.py --rounds 5`.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -27,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks._charts import add_chart_flag, write_chart_data
 from benchmarks._s3_server import S3Server
 from flyteplugins_batcher.engines import GenerationConfig, bundled_smollm2_path, create_engine
 from flyteplugins_batcher.engines._object_store import StoredModel
@@ -61,7 +61,7 @@ def downloaded_s(scratch: Path) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--chart-data", type=Path, default=None, help="write the medians as JSON here")
+    add_chart_flag(parser)
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     local = str(bundled_smollm2_path())
@@ -75,14 +75,20 @@ def main() -> None:
             times["local"].append(load_s(local))
             times["streamed"].append(streamed_s(Path(scratch)))
             times["download, then load"].append(downloaded_s(Path(scratch)))
-            print(f"round {round_number + 1}: " + ", ".join(f"{way} {values[-1]:.2f} s" for way, values in times.items()))
+            took = ", ".join(f"{way} {values[-1]:.2f} s" for way, values in times.items())
+            print(f"round {round_number + 1}: {took}")
     medians = {way: statistics.median(values) for way, values in times.items()}
     print("\n| way | load time (median) | vs local |\n|---|---|---|")
     for way, median in medians.items():
         print(f"| {way} | {median:.2f} s | {median / medians['local']:.2f}x |")
     print(f"\nload average at the end: {os.getloadavg()[0]:.1f}")
-    if args.chart_data:
-        args.chart_data.write_text(json.dumps({"medians_s": medians, "rounds_s": times}, indent=2) + "\n")
+    write_chart_data(
+        args.chart_data,
+        title="Loading SmolLM2 (538 MB, float32): from a local S3 server and from the local folder",
+        unit=f"engine.load() in seconds, median of {args.rounds} rounds",
+        rows=list(medians.items()),
+        note="Transformers engine on CPU; moto's S3 server on this machine (benchmarks/bench_object_store.py).",
+    )
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import tempfile
 import time
@@ -28,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks._charts import add_chart_flag, write_chart_data
 from benchmarks._faulty_proxy import FaultyProxy
 from benchmarks.server_process import vllm_server
 from flyteplugins_batcher.engines import Completion, GenerationConfig, Request, bundled_smollm2_path, create_engine
@@ -88,7 +88,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--sweep", default="2,4,8,16,32,64")
     parser.add_argument("--max-num-seqs", type=int, default=16)
-    parser.add_argument("--chart-data", type=Path, default=None)
+    add_chart_flag(parser)
     args = parser.parse_args()
     records = requests(args.lines, args.max_tokens)
     flags = ["--dtype", "float32", "--enforce-eager", "--max-model-len", "1024"]
@@ -110,8 +110,13 @@ def main() -> None:
     finally:
         server.stop()
     report(runs, args.lines)
-    if args.chart_data:
-        args.chart_data.write_text(json.dumps([run.__dict__ | {"goodput": run.goodput} for run in runs], indent=2))
+    write_chart_data(
+        args.chart_data,
+        title=f"{args.lines} chat lines through the remote engine to vLLM's own server",
+        unit="lines answered per second of wall time",
+        rows=[(run.way, run.goodput) for run in runs],
+        note="vLLM's CPU build, SmolLM2 float32, --max-num-seqs 16; FaultyProxy answers 30% 429 (bench_remote.py).",
+    )
 
 
 def report(runs: list[Run], lines: int) -> None:
