@@ -31,6 +31,7 @@ BatcherError                                from flyteplugins_batcher
 │   └── InvalidModelReferenceError          from flyteplugins_batcher.engines  (also ValueError)
 ├── EngineNotLoadedError                    from flyteplugins_batcher.engines  (also RuntimeError)
 ├── RequestCancelledError                   from flyteplugins_batcher.engines
+├── GarbledAnswerError                      engines, not exported  (also ValueError)
 ├── JSONBoundsError                         from flyteplugins_batcher.batch_api  (also ValueError)
 ├── RequestLineError                        from flyteplugins_batcher.batch_api
 ├── UnrecoverableRunError                   from flyteplugins_batcher.jobs  (also RuntimeError)

@@ -35,6 +35,7 @@ from flyteplugins_batcher.engines._engine_errors import (
     UnknownAdapterError,
 )
 from flyteplugins_batcher.engines._engine_stats import CountedEngine, EngineCounters
+from flyteplugins_batcher.engines._object_store import local_adapters
 from flyteplugins_batcher.engines._prompts import (
     PreparedPrompt,
     PromptRecord,
@@ -101,8 +102,8 @@ class Engine(CountedEngine, ReasoningSupport, abc.ABC):
             "when the tokenizer has one".
         model_name: The name results carry (for example in an OpenAI-style output line); by
             default the model reference the engine was given.
-        lora_modules: LoRA adapters by name (name -> local folder of a PEFT adapter): a `Request`
-            whose `adapter` names one generates with it. Engines that cannot load adapters refuse them.
+        lora_modules: LoRA adapters by name (name -> PEFT adapter folder, or its `s3://` prefix, fetched at load): a
+            `Request` whose `adapter` names one generates with it (engines that cannot load adapters refuse them).
         reasoning_parser: Take a reasoning model's thinking out of each answer's text, by vLLM's
             `--reasoning-parser` names (`ReasoningSupport`); an unknown name fails `load()`.
 
@@ -172,7 +173,7 @@ class Engine(CountedEngine, ReasoningSupport, abc.ABC):
         with self._lifecycle_lock:
             if self._loaded:
                 return
-            started = time.perf_counter()
+            started, self.lora_modules = time.perf_counter(), local_adapters(self.lora_modules)  # a bucket's: fetched
             loaded = self._load()
             self._tokenizer, self._context_length = loaded.tokenizer, loaded.context_length
             self._start_reasoning(loaded.tokenizer, on_error=self._close)

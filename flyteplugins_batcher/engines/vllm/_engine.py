@@ -50,6 +50,7 @@ from flyteplugins_batcher.engines._config import GenerationConfig
 from flyteplugins_batcher.engines._engine_errors import EngineConfigError, EngineDeadError, InvalidResponseFormatError
 from flyteplugins_batcher.engines._lora import checked_adapters, lora_rank
 from flyteplugins_batcher.engines._model_reference import model_display_name
+from flyteplugins_batcher.engines._object_store import StoredModel, is_remote
 from flyteplugins_batcher.engines._prompts import PreparedPrompt
 from flyteplugins_batcher.engines._reasoning import ReasoningParser, vllm_reasoning_parser
 from flyteplugins_batcher.engines._response_format import ResponseFormat
@@ -117,7 +118,9 @@ class VLLMSupport(Engine):
     """What both vLLM engines share: arguments, limits, sampling parameters, outputs, death.
 
     Args:
-        model: A Hugging Face model id or local path, as vLLM takes it.
+        model: A Hugging Face model id or local path, as vLLM takes it, or an object-store prefix
+            (`s3://bucket/prefix`, `gs://`, `abfs://`) of a safetensors checkpoint, streamed at load
+            (`streamed_engine_args`).
         generation: Default generation settings, mapped to `SamplingParams`.
         system_prompt: Prepended as a system message when the chat template is used.
         chat_template: Render records through the tokenizer's chat template; `None` means "when
@@ -138,6 +141,8 @@ class VLLMSupport(Engine):
     def __init__(self, model: str, **engine_args: Any) -> None:
         super().__init__(**take_engine_options(engine_args))
         self.model = model
+        self.source = model
+        """What vLLM loads: `model`, or for a model in object storage the local folder of its config and tokenizer."""
         self.engine_args = dict(engine_args)
         self._lora_requests: dict[str, Any] = {}  # by adapter name, made at load
         self._limits: Limits | None = None
@@ -174,6 +179,11 @@ class VLLMSupport(Engine):
                 for number, (name, path) in enumerate(self.lora_modules.items(), start=1)
             }
         check_engine_args(args, accepted_arguments(vllm, streaming=self.mode == "stream"), on_cpu=on_cpu)
+        self.source = self.model
+        if is_remote(self.model):
+            streaming = streamed_engine_args(self.model)
+            self.source = streaming.pop("model")
+            args = {**args, **streaming}
         return args
 
     def _lora_request(self, prompt: PreparedPrompt) -> Any:
@@ -302,7 +312,7 @@ class VLLMEngine(VLLMSupport, BatchEngine):
 
         args = {"disable_log_stats": False, **self._resolved_engine_args(vllm)}  # stats give steps and occupancy
         with config_errors(self.model):
-            self._llm = vllm.LLM(self.model, **args)
+            self._llm = vllm.LLM(self.source, **args)
         if not args["disable_log_stats"]:
             record_offline_steps(self._llm, self._counters.count_step)
         loaded = self._started(self._llm.get_tokenizer(), self._llm.llm_engine.vllm_config)
@@ -434,6 +444,28 @@ def structured_outputs(response_format: ResponseFormat) -> Any:
 
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The ranks vLLM sizes its LoRA slots for (`max_lora_rank`)."""
+
+
+def streamed_engine_args(uri: str) -> dict[str, Any]:
+    """vLLM's `model` and load arguments for a checkpoint in object storage, checked first (`StoredModel.check`).
+
+    With `flyteplugins-vllm` installed, its `flyte-streaming` load format (`model_streamer.engine_args`): the
+    config and tokenizer in the replica's cache, the weights streamed by `ModelStreamer` in vLLM's engine
+    process, never written to disk (it sets `VLLM_WORKER_MULTIPROC_METHOD=spawn`: the store's client does not
+    survive a fork). Without it, the whole checkpoint is downloaded to the cache first, and a warning says so.
+
+    Raises:
+        EngineConfigError: The store cannot be read, or the prefix holds no checkpoint.
+    """
+    stored = StoredModel(uri)
+    stored.check()
+    try:
+        from flyteplugins.vllm.model_streamer import engine_args
+    except ImportError:
+        logger.warning("%s: downloading the whole model first: pip install flyteplugins-vllm streams it", uri)
+        return {"model": str(stored.download())}
+    folder = stored.cache_folder() / "vllm"
+    return stored.read(engine_args(uri, local_dir=folder))
 
 
 def lora_engine_args(engine_args: dict[str, Any], lora_modules: dict[str, str], *, on_cpu: bool) -> dict[str, Any]:

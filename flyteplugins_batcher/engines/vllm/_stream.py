@@ -76,7 +76,7 @@ class VLLMStreamEngine(VLLMSupport, StreamingEngine):
         loop = EngineLoop(f"{self.name}-engine-loop")
         try:
             with config_errors(self.model):
-                self._async_llm = loop.call(_start_async_llm(self.model, args, [steps]))
+                self._async_llm = loop.call(_start_async_llm(self.source, args, [steps]))
         except BaseException:
             loop.close()
             raise

@@ -1,0 +1,177 @@
+"""How many requests an endpoint gets at once, and how fast: concurrency that adapts, limits per minute.
+
+`AdaptiveConcurrency` finds the concurrency an endpoint serves without being told it. It starts small and
+grows by one request for each answer that came back in time while the limit was in use (doubling each round
+trip, as TCP's slow start), so an endpoint that keeps up is soon kept full; it stops growing once answers take
+much longer per output token than the best seen (the calls wait in the endpoint's queue: vLLM queues what its
+slots cannot hold, and more calls would only wait longer). An overloaded endpoint's answer (429 or 503, or a
+request that timed out) halves it, at most once per two round trips and once a second (what was sent before the
+halving cannot have seen it; a share of 429s that says nothing about load, as a provider's per-key limit, must
+not drive it to one), and a `Retry-After` pauses every new request until then. `RatePacer` keeps optional
+limits in requests and tokens per minute.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass, field
+
+SLOWDOWN = 3.0
+"""An answer whose time per output token is more than this many times the best seen came back late."""
+
+FORGET = 1.001
+"""The best time per output token drifts up by this factor per answer, so that one lucky answer is forgotten."""
+
+MIN_HALVING_GAP_S = 1.0
+"""The least time between two halvings, whatever the round trip (a 429 answered at once has none to speak of)."""
+
+
+@dataclass
+class AdaptiveConcurrency:
+    """The number of requests allowed in flight, grown while answers come back in time and halved on overload.
+
+    Attributes:
+        initial: The limit to start from.
+        most: The highest it may grow to.
+        slow_s: An answer that took longer than this does not grow the limit (not "in time").
+
+    Example:
+        ```python
+        limit = AdaptiveConcurrency(initial=4, most=256, slow_s=30.0)
+        await limit.acquire()
+        try:
+            answer = await send()
+        finally:
+            await limit.release()
+        await limit.answered(elapsed_s, tokens, was_full=True)  # or: await limit.overloaded(retry_after_s)
+        ```
+    """
+
+    initial: int = 4
+    most: int = 256
+    slow_s: float = 30.0
+    limit: float = field(init=False)
+    in_flight: int = field(init=False, default=0)
+    paused_until: float = field(init=False, default=0.0)
+    halvings: int = field(init=False, default=0)
+    peak: float = field(init=False, default=0.0)
+    _round_trip_s: float = field(init=False, default=1.0)
+    _best_per_token: float = field(init=False, default=float("inf"))
+    _last_halving: float = field(init=False, default=float("-inf"))
+    _changed: asyncio.Condition | None = field(init=False, default=None)
+    _loop: object = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        if self.initial < 1 or self.most < self.initial:
+            raise ValueError(f"concurrency must start at >= 1 and at most {self.most}, got {self.initial}")
+        self.limit = float(self.initial)
+        self.peak = self.limit
+
+    async def acquire(self) -> None:
+        """Wait for a place within the limit (and past any `Retry-After` pause), then take it."""
+        changed = self._condition()
+        async with changed:
+            while True:
+                wait_s = self.paused_until - time.monotonic()
+                if wait_s <= 0 and self.in_flight < int(self.limit):
+                    self.in_flight += 1
+                    return
+                with contextlib.suppress(TimeoutError):  # a pause ended: look again
+                    await asyncio.wait_for(changed.wait(), timeout=wait_s if wait_s > 0 else None)
+
+    async def release(self) -> None:
+        """Give the place back."""
+        changed = self._condition()
+        async with changed:
+            self.in_flight -= 1
+            changed.notify_all()
+
+    async def answered(self, elapsed_s: float, tokens: int, *, was_full: bool) -> None:
+        """An answer of `tokens` output tokens in `elapsed_s`; `was_full`: the limit was in use when it was sent
+        (else growing proves nothing). It grows the limit by one when it came back in time: within `slow_s`, and
+        at most `SLOWDOWN` times the best time per output token seen (more means calls wait in the endpoint's
+        queue, and more of them would only wait longer)."""
+        self._round_trip_s = 0.8 * self._round_trip_s + 0.2 * elapsed_s
+        per_token = elapsed_s / max(tokens, 1)
+        self._best_per_token = min(self._best_per_token * FORGET, per_token)
+        in_time = elapsed_s <= self.slow_s and per_token <= SLOWDOWN * self._best_per_token
+        if in_time and was_full and self.limit < self.most:
+            self.limit = min(float(self.most), self.limit + 1.0)
+            self.peak = max(self.peak, self.limit)
+            await self._wake()
+
+    async def overloaded(self, retry_after_s: float | None = None) -> None:
+        """A 429, a 503 or a timeout: halve the limit (once per two round trips) and pause for `retry_after_s`."""
+        now = time.monotonic()
+        if retry_after_s:
+            self.paused_until = max(self.paused_until, now + retry_after_s)
+        if now - self._last_halving >= max(2 * self._round_trip_s, MIN_HALVING_GAP_S):
+            self.limit = max(1.0, self.limit / 2)
+            self._last_halving = now
+            self.halvings += 1
+        await self._wake()
+
+    def _condition(self) -> asyncio.Condition:
+        """The condition of the running loop (an engine may be used from one loop, then another)."""
+        loop = asyncio.get_running_loop()
+        if self._changed is None or self._loop is not loop:
+            self._changed, self._loop = asyncio.Condition(), loop
+        return self._changed
+
+    async def _wake(self) -> None:
+        changed = self._condition()
+        async with changed:
+            changed.notify_all()
+
+
+@dataclass
+class RatePacer:
+    """Optional limits in requests and (estimated) tokens per minute, as a provider sets them; 0 is none.
+
+    Each limit is a bucket that holds a minute's worth and refills continuously: a request waits until both
+    buckets hold what it takes.
+    """
+
+    requests_per_minute: float = 0.0
+    tokens_per_minute: float = 0.0
+    _requests: float = field(init=False, default=0.0)
+    _tokens: float = field(init=False, default=0.0)
+    _refilled: float = field(init=False, default_factory=time.monotonic)
+
+    def __post_init__(self) -> None:
+        if self.requests_per_minute < 0 or self.tokens_per_minute < 0:
+            raise ValueError("requests_per_minute and tokens_per_minute must be >= 0")
+        self._requests, self._tokens = self.requests_per_minute, self.tokens_per_minute
+
+    async def take(self, tokens: int) -> None:
+        """Wait until one request of `tokens` tokens fits both limits, then count it."""
+        if not (self.requests_per_minute or self.tokens_per_minute):
+            return
+        tokens = min(tokens, int(self.tokens_per_minute)) if self.tokens_per_minute else tokens
+        while True:
+            self._refill()
+            short_s = max(
+                _seconds_short(self._requests, 1, self.requests_per_minute),
+                _seconds_short(self._tokens, tokens, self.tokens_per_minute),
+            )
+            if short_s <= 0:
+                self._requests -= 1
+                self._tokens -= tokens
+                return
+            await asyncio.sleep(short_s)
+
+    def _refill(self) -> None:
+        now = time.monotonic()
+        minutes = (now - self._refilled) / 60.0
+        self._refilled = now
+        self._requests = min(self.requests_per_minute, self._requests + minutes * self.requests_per_minute)
+        self._tokens = min(self.tokens_per_minute, self._tokens + minutes * self.tokens_per_minute)
+
+
+def _seconds_short(held: float, needed: float, per_minute: float) -> float:
+    """Seconds until a bucket refilling `per_minute` holds `needed` (0: it does, or there is no limit)."""
+    if not per_minute or held >= needed:
+        return 0.0
+    return (needed - held) * 60.0 / per_minute
