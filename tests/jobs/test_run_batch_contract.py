@@ -26,7 +26,7 @@ pytest.importorskip("vllm", reason="needs vLLM: `make install` adds its CPU buil
 from flyteplugins_batcher.engines import bundled_smollm2_path
 from tests.conftest import REPO_ROOT
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.engine_starts(8)]  # 4 files, each through both commands
 
 MODEL = str(bundled_smollm2_path())
 ENGINE_FLAGS = ["--dtype", "float32", "--enforce-eager", "--max-model-len", "1024", "--max-num-seqs", "8"]

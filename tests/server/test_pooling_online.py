@@ -34,7 +34,7 @@ def cosine(first: list[float], second: list[float]) -> float:
 
 def test_score_and_rerank_with_the_embedding_model_are_cosine_similarities(smollm2_server: RunningServer) -> None:
     vectors = [item.embedding for item in smollm2_server.client().embeddings.create(
-        model="all-MiniLM-L6-v2", input=[QUERY, *DOCUMENTS]).data]  # fmt: skip
+        model="all-MiniLM-L6-v2", input=[QUERY, *DOCUMENTS], encoding_format="float").data]  # fmt: skip
     expected = [cosine(vectors[0], vector) for vector in vectors[1:]]
     for path in ("/score", "/v1/score"):
         answer = post(smollm2_server, path, queries=QUERY, documents=DOCUMENTS)
