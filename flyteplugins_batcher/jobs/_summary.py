@@ -194,12 +194,13 @@ class Counts:
     """Running counts of a run's requests, for its summary and live report.
 
     The token counts (`fresh_tokens` generated, `fresh_prompt_tokens` read, `fresh_cached_tokens` of
-    those found in the engines' prefix caches) are the answers' that this run computed.
+    those found in the engines' prefix caches) are the answers' that this run computed. `computed` and
+    `computed_failed`: the requests this run sent to a replica (not reused), and those that failed.
     """
 
     def __init__(self) -> None:
         self.done = self.failed = self.fresh_answers = self.fresh_tokens = self.reused = self.retried = 0
-        self.fresh_prompt_tokens = self.fresh_cached_tokens = 0
+        self.fresh_prompt_tokens = self.fresh_cached_tokens = self.computed = self.computed_failed = 0
 
     def count(
         self,
@@ -225,6 +226,8 @@ class Counts:
         self.failed += failed
         self.reused += not fresh
         self.retried += retried
+        self.computed += fresh
+        self.computed_failed += fresh and failed
         if fresh and not failed:
             self.fresh_answers += 1
             self.fresh_tokens += completion_tokens
