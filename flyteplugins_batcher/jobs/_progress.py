@@ -105,6 +105,11 @@ class ProgressLine:
         self._first: tuple[float, int, int] | None = None  # (time, done, tokens) at the first update with a record
         self._last_shown = -math.inf
 
+    @property
+    def interval_s(self) -> float:
+        """Least seconds between two lines."""
+        return self._interval_s
+
     def state(
         self,
         done: int,

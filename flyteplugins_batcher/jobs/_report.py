@@ -78,6 +78,7 @@ class Progress:
         self._last_flush = 0.0
         self._counts = Counts()
         self._live_from = LLMReplica.live_records()
+        self._ticked_done = 0
         self._ticker = _start_ticker(self._tick)
 
     def state(self) -> ProgressState:
@@ -124,7 +125,12 @@ class Progress:
             self._ticker = None
 
     def _tick(self) -> None:
-        self.line.show(self.state())
+        state = self.state()
+        # A line per tick only where it is rewritten in place or throttled anyway; with no interval (logs that
+        # want every update), only when a request finished.
+        if state.done != self._ticked_done or self.line.on_terminal or self.line.interval_s >= TICK_S:
+            self._ticked_done = state.done
+            self.line.show(state)
 
 
 TICK_S = 1.0

@@ -108,3 +108,20 @@ async def test_the_ticker_stops_with_the_task_that_made_it() -> None:
 def _quiet(progress: Progress) -> ProgressLine:
     """A line that writes nowhere (the test reads the state, not the terminal)."""
     return ProgressLine(progress.line.noun, stream=io.StringIO(), interval_s=0)
+
+
+async def test_logs_get_a_heartbeat_at_the_interval_and_no_stream_without_one() -> None:
+    """In logs the line comes at the configured interval even while no chunk finishes (a slow first chunk); with no
+    interval (a line per update), the ticker adds nothing while nothing finishes."""
+    logs = {interval: io.StringIO() for interval in (1.0, 0.0)}
+    runs = [Progress("test", total=8) for _ in logs]
+    for progress, (interval, log) in zip(runs, logs.items(), strict=True):
+        progress.line = ProgressLine("requests", stream=log, interval_s=interval)
+    try:
+        await asyncio.sleep(3.5)
+    finally:
+        for progress in runs:
+            progress.close()
+    heartbeat = logs[1.0].getvalue().splitlines()
+    assert len(heartbeat) >= 2 and all(line.startswith("progress: 0/8 requests") for line in heartbeat)
+    assert logs[0.0].getvalue() == ""
