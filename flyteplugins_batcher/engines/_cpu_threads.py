@@ -9,8 +9,8 @@ Transformers engine, where it loads, lowers torch's threads to what the process 
 
 GNU OpenMP's workers also spin between parallel regions, which starves a core that another process
 needs too (a busy machine). `OMP_WAIT_POLICY=PASSIVE` has them sleep instead; GNU OpenMP reads it
-when it loads, with torch, so `prefer_passive_waits` sets it (unless the user did) only if torch is
-not imported yet, and says so when it came too late.
+when it loads, with torch, so `prefer_passive_waits` (unless the user chose a policy) imports torch
+with it set, if torch is not imported yet, and takes it out of the environment again.
 """
 
 from __future__ import annotations
@@ -98,9 +98,13 @@ def size_torch_threads(
 def prefer_passive_waits(environ: MutableMapping[str, str] = os.environ) -> bool:
     """Have OpenMP's idle workers sleep, not spin (`OMP_WAIT_POLICY=PASSIVE`), unless the user chose a policy.
 
+    GNU OpenMP reads the policy once, when torch loads it: so torch is imported here with the policy set,
+    and the variable is then taken out again, so that child processes (a vLLM engine's own, which tunes
+    its OpenMP threads itself) start as they would have.
+
     Returns:
-        Whether the policy is passive for the OpenMP runtime torch loads (False once torch was imported
-        without it: the runtime read its environment then).
+        Whether the policy is passive for the OpenMP runtime torch loaded (False once torch was imported
+        before: the runtime read its environment then; False without torch).
     """
     if environ.get(WAIT_POLICY):
         return environ[WAIT_POLICY].upper() == "PASSIVE"
@@ -108,4 +112,10 @@ def prefer_passive_waits(environ: MutableMapping[str, str] = os.environ) -> bool
         logger.debug("torch was imported before the engine: OpenMP's wait policy stays as it was")
         return False
     environ[WAIT_POLICY] = "PASSIVE"
+    try:
+        import torch  # noqa: F401  (its OpenMP runtime reads the policy now)
+    except ImportError:
+        return False
+    finally:
+        del environ[WAIT_POLICY]
     return True
