@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 FIRST_LINE_WITHIN_S = 10.0
 QUESTIONS = 24
 
@@ -115,3 +117,17 @@ def test_the_first_progress_line_comes_within_seconds_of_the_first_answer(tmp_pa
     assert len(moving) >= 5, f"the line moved only through {sorted(moving)}"  # it moves as answers come
     rates = [text for _, text in pieces if re.search(r"questions/s, [\d.]+ output tokens/s \| ETA \d", text)]
     assert rates, "no line showed a rate, output tokens/s and an ETA"
+
+
+@pytest.mark.slow
+def test_on_the_transformers_engine_too(tmp_path: Path) -> None:
+    """`make run`'s engine and model (SmolLM2 on CPU), one question per batch: the line shows the first answers
+    within seconds of the first, with a rate and an ETA, however long the rest of the chunk takes."""
+    args = ["gsm8k", "--num-questions", "6", "--source", "sample", "--chunk-size", "6", "--max-batch-size", "1"]
+    args += ["--engine", "transformers", "--max-new-tokens", "24", "--no-resume", "-o", str(tmp_path / "out")]
+    pieces, status = _read_terminal(args, tmp_path, timeout_s=900)
+
+    assert status == 0, [text for _, text in pieces][-20:]
+    first_answer = _first_stamp(pieces, r"^FIRST-ANSWER$")
+    assert _first_stamp(pieces, r"progress: [1-9]/6 questions") - first_answer < FIRST_LINE_WITHIN_S
+    assert any(re.search(r"output tokens/s \| (ETA \d|done)", text) for _, text in pieces)
