@@ -29,6 +29,8 @@ CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
 """cgroup v2's CPU limit of this process's group: `<quota> <period>` in microseconds, or `max <period>`."""
 
 WAIT_POLICY = "OMP_WAIT_POLICY"
+SPIN_COUNT = "GOMP_SPINCOUNT"
+"""GNU OpenMP's own knob for how long idle workers spin (used when no policy is set): the user's choice too."""
 THREADS = "OMP_NUM_THREADS"
 
 
@@ -96,7 +98,11 @@ def size_torch_threads(
 
 
 def prefer_passive_waits(environ: MutableMapping[str, str] = os.environ) -> bool:
-    """Have OpenMP's idle workers sleep, not spin (`OMP_WAIT_POLICY=PASSIVE`), unless the user chose a policy.
+    """Have OpenMP's idle workers sleep, not spin (`OMP_WAIT_POLICY=PASSIVE`), unless the user chose how they wait.
+
+    A policy or a spin count set by the user (`OMP_WAIT_POLICY`, `GOMP_SPINCOUNT`: on a machine of one's own,
+    `GOMP_SPINCOUNT=300000` is GNU OpenMP's own default, which is faster while no other process wants the
+    cores) is left as it is.
 
     GNU OpenMP reads the policy once, when torch loads it: so torch is imported here with the policy set,
     and the variable is then taken out again, so that child processes (a vLLM engine's own, which tunes
@@ -108,6 +114,8 @@ def prefer_passive_waits(environ: MutableMapping[str, str] = os.environ) -> bool
     """
     if environ.get(WAIT_POLICY):
         return environ[WAIT_POLICY].upper() == "PASSIVE"
+    if environ.get(SPIN_COUNT):
+        return False
     if "torch" in sys.modules:
         logger.debug("torch was imported before the engine: OpenMP's wait policy stays as it was")
         return False

@@ -87,6 +87,8 @@ def test_a_wait_policy_the_user_chose_is_kept() -> None:
     environ = {"OMP_WAIT_POLICY": "active"}
     assert prefer_passive_waits(environ) is False and environ == {"OMP_WAIT_POLICY": "active"}
     assert prefer_passive_waits({"OMP_WAIT_POLICY": "passive"}) is True
+    spinning = {"GOMP_SPINCOUNT": "300000"}  # GNU OpenMP's own default, for a machine of one's own
+    assert prefer_passive_waits(spinning) is False and spinning == {"GOMP_SPINCOUNT": "300000"}
 
 
 def test_once_torch_is_imported_the_policy_is_left_alone() -> None:
