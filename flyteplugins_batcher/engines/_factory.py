@@ -10,6 +10,7 @@ from typing import Any, Literal, get_args
 from flyteplugins_batcher.engines import _install
 from flyteplugins_batcher.engines._base import Engine
 from flyteplugins_batcher.engines._config import GenerationConfig
+from flyteplugins_batcher.engines._cpu_threads import prefer_passive_waits
 
 EngineName = Literal["auto", "transformers", "vllm", "simulated", "openai"]
 ENGINE_NAMES: tuple[str, ...] = get_args(EngineName)
@@ -63,6 +64,8 @@ def create_engine(
     """
     if engine not in ENGINE_NAMES:
         raise ValueError(f"unknown engine {engine!r}; choose one of {', '.join(map(repr, ENGINE_NAMES))}")
+    if engine in ("auto", "transformers"):
+        prefer_passive_waits()  # before `vllm_usable` imports torch, whose OpenMP runtime reads the policy once
     chosen = ("vllm" if vllm_usable() else "transformers") if engine == "auto" else engine
     if chosen == "simulated":
         from flyteplugins_batcher.engines.simulated._engine import SimulatedEngine

@@ -1,13 +1,17 @@
-"""A run's progress on the terminal: done/total, failed, rate and ETA, on one line.
+"""A run's progress on the terminal: done/total, failed, rate, output tokens/s and ETA, on one line.
 
 - On a terminal (stdout is a TTY, as in `flyte run --local`), one line is rewritten in place as
-  chunks finish (at most every `TERMINAL_REFRESH_S`), and left showing the final counts.
-- Elsewhere (a cluster's logs, a pipe, CI), a full line is printed when chunks finish, at most
-  every `BATCH_PROGRESS_INTERVAL_S` seconds (60 by default; 0 prints one per finished chunk), so
-  that logs get a heartbeat rather than a stream. The summary line says the rest.
+  records finish (at most every `TERMINAL_REFRESH_S`), and left showing the final counts.
+- Elsewhere (a cluster's logs, a pipe, CI), a full line is printed at most every
+  `BATCH_PROGRESS_INTERVAL_S` seconds (60 by default; 0 prints one per update), so that logs get
+  a heartbeat rather than a stream. The summary line says the rest.
 
-The rate counts from the first finished chunk on, so model loading does not drag it down; the ETA
-is shown once the total is known (a streamed input's total is known when it has been read through).
+Who calls `show` and how often is the caller's (`jobs/_report.py`'s `Progress`: once a second, and
+as each chunk finishes). The rates are the caller's when it measured them (records finished per second
+that records were in flight, from the replicas in this process: `LLMReplica.live_records`); otherwise they
+count from the first update with a finished record on, so that model loading does not drag them down.
+The ETA is shown once the total and a rate are known (a streamed input's total is known when it has
+been read through).
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ class ProgressState:
         failed: Requests that failed.
         total: Requests in the run, or read so far while `total_known` is False.
         total_known: Whether the whole input has been read.
-        rate: Requests finished per second since the first finished chunk (0.0 until a second one).
+        rate: Requests finished per second (0.0 while not measured yet).
+        tokens_per_s: Output tokens generated per second (0.0 while not measured yet).
     """
 
     done: int
@@ -42,6 +47,7 @@ class ProgressState:
     total: int
     total_known: bool
     rate: float
+    tokens_per_s: float = 0.0
 
     def eta_s(self) -> float | None:
         """Seconds left at the current rate, when the total and a rate are known."""
@@ -50,13 +56,15 @@ class ProgressState:
         return max(self.total - self.done, 0) / self.rate
 
     def text(self, noun: str) -> str:
-        """The line: `progress: 120/1000 requests (12%), 2 failed | 3.40 requests/s | ETA 4m 18s`, say."""
+        """The line: `progress: 120/1000 requests (12%), 2 failed | 3.40 requests/s, 210 output tokens/s | ETA 4m`."""
         if self.total_known:
             share = f" ({100 * self.done / self.total:.0f}%)" if self.total else ""
             count = f"{self.done}/{self.total} {noun}{share}"
         else:
             count = f"{self.done} {noun} done of {self.total} read so far"
         rate = f"{self.rate:.2f} {noun}/s" if self.rate > 0 else f"{noun}/s: measuring"
+        if self.tokens_per_s > 0:
+            rate += f", {self.tokens_per_s:.1f} output tokens/s"
         eta = self.eta_s()
         left = f"ETA {format_duration(eta)}" if eta is not None else "ETA: not known yet"
         if self.total_known and self.done >= self.total:
@@ -77,7 +85,7 @@ class ProgressLine:
     Example:
         ```python
         line = ProgressLine("requests")
-        line.show(done=32, failed=1, total=1000)
+        line.show(done=32, failed=1, total=1000, tokens=4096)
         line.close(done=1000, failed=3, total=1000)
         ```
     """
@@ -94,32 +102,58 @@ class ProgressLine:
         self.on_terminal = bool(getattr(self._stream, "isatty", lambda: False)())
         self._interval_s = TERMINAL_REFRESH_S if self.on_terminal else _interval(interval_s)
         self._clock = clock
-        self._first: tuple[float, int] | None = None  # (time, done) at the first finished chunk
+        self._first: tuple[float, int, int] | None = None  # (time, done, tokens) at the first update with a record
         self._last_shown = -math.inf
 
-    def state(self, done: int, failed: int, total: int, total_known: bool = True) -> ProgressState:
-        """The run's state now (the rate from the first finished chunk on)."""
+    @property
+    def interval_s(self) -> float:
+        """Least seconds between two lines."""
+        return self._interval_s
+
+    def state(
+        self,
+        done: int,
+        failed: int,
+        total: int,
+        total_known: bool = True,
+        *,
+        tokens: int = 0,
+        rates: tuple[float, float] | None = None,
+    ) -> ProgressState:
+        """The run's state now.
+
+        Args:
+            done: Requests finished.
+            failed: Of those, the failed ones.
+            total: Requests in the run (or read so far).
+            total_known: Whether `total` is final.
+            tokens: Output tokens generated so far.
+            rates: (requests/s, output tokens/s) as the caller measured them; without them, both count from
+                the first update with a finished request on.
+        """
         now = self._clock()
         if self._first is None and done:
-            self._first = (now, done)
-        rate = 0.0
+            self._first = (now, done, tokens)
+        if rates is not None:
+            return ProgressState(done, failed, total, total_known, *rates)
+        rate = tokens_per_s = 0.0
         if self._first is not None and now > self._first[0] and done > self._first[1]:
-            rate = (done - self._first[1]) / (now - self._first[0])
-        return ProgressState(done, failed, total, total_known, rate)
+            elapsed = now - self._first[0]
+            rate, tokens_per_s = (done - self._first[1]) / elapsed, (tokens - self._first[2]) / elapsed
+        return ProgressState(done, failed, total, total_known, rate, max(tokens_per_s, 0.0))
 
-    def show(self, done: int, failed: int, total: int, total_known: bool = True) -> None:
+    def show(self, state: ProgressState) -> None:
         """Show the state, unless the last line is more recent than the interval."""
-        state = self.state(done, failed, total, total_known)
         now = self._clock()
         if now - self._last_shown < self._interval_s:
             return
         self._last_shown = now
         self._write(state.text(self.noun))
 
-    def close(self, done: int, failed: int, total: int) -> None:
+    def close(self, state: ProgressState) -> None:
         """End the line: on a terminal, show the final counts and move to the next line."""
         if self.on_terminal:
-            self._write(self.state(done, failed, total).text(self.noun))
+            self._write(state.text(self.noun))
             self._stream.write("\n")
             self._stream.flush()
 

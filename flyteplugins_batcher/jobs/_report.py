@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import html
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import flyte
 import flyte.report
 
-from flyteplugins_batcher.jobs._progress import ProgressLine, format_duration
+from flyteplugins_batcher.jobs._progress import ProgressLine, ProgressState, format_duration
 from flyteplugins_batcher.jobs._report_charts import timeline_section
 from flyteplugins_batcher.jobs._report_svg import CHART_WIDTH, PLOT_LEFT, svg, text
-from flyteplugins_batcher.jobs._summary import ModelRun, RunSummary, cached_share
-from flyteplugins_batcher.replica import ReplicaSnapshot
+from flyteplugins_batcher.jobs._summary import Counts, ModelRun, RunSummary, cached_share
+from flyteplugins_batcher.replica import LLMReplica, ReplicaSnapshot
 
 logger = logging.getLogger("flyteplugins_batcher.jobs._report")
 
@@ -41,9 +42,15 @@ STYLE = """
 
 
 class Progress:
-    """A run's progress while chunks complete: the live report, and one line on the terminal (`ProgressLine`).
+    """A run's progress: the live report, and one line on the terminal (`ProgressLine`), as records finish.
 
-    Both are throttled: each report flush rewrites the report, and the line follows `ProgressLine`'s rules.
+    Two sources move it. Each finished chunk (`update`) gives the run's counts. Between chunks, a ticker
+    reads once a second what the replicas in this process finished record by record
+    (`LLMReplica.live_records`): under flyte's local runner they run here, so the line moves per record,
+    with rates measured over the time records were in flight. On a cluster the replicas are other
+    processes, nothing is counted here, and the line moves per chunk. The ticker also gives logs their
+    heartbeat at the configured interval, chunk or no chunk. Both views are throttled: each report flush
+    rewrites the report, and the line follows `ProgressLine`'s rules.
 
     Args:
         title: What the run does.
@@ -51,6 +58,13 @@ class Progress:
         min_interval_s: Least time between two report flushes.
         noun: What the run counts, for the line.
         total_known: Whether `total` is final (set it once a streamed input has been read through).
+
+    Example:
+        ```python
+        progress = Progress("gsm8k", total=32, noun="questions")  # in the driver's task: the ticker starts
+        await progress.update(counts)  # as each chunk finishes
+        await progress.finish(final_html(summary, replicas))
+        ```
     """
 
     def __init__(
@@ -62,33 +76,86 @@ class Progress:
         self.line = ProgressLine(noun)
         self._min_interval_s = min_interval_s
         self._last_flush = 0.0
-        self._done = self._failed = 0
+        self._counts = Counts()
+        self._live_from = LLMReplica.live_records()
+        self._ticked_done = 0
+        self._ticker = _start_ticker(self._tick)
 
-    async def update(self, done: int, failed: int, note: str = "") -> None:
-        """Show how far the run is (at most every `min_interval_s`, and always at the end)."""
-        self._done, self._failed = done, failed
-        self.line.show(done, failed, self.total, self.total_known)
+    def state(self) -> ProgressState:
+        """The run's state now: its finished chunks' counts, and the records finished in this process since."""
+        counts, live = self._counts, LLMReplica.live_records().since(self._live_from)
+        beyond = max(live.finished - counts.computed, 0)  # finished here, in chunks not back yet
+        failed = counts.failed + max(live.failed - counts.computed_failed, 0)
+        tokens = max(counts.fresh_tokens, live.completion_tokens)
+        rates = (live.records_per_s(), live.tokens_per_s()) if live.finished else None
+        return self.line.state(counts.done + beyond, failed, self.total, self.total_known, tokens=tokens, rates=rates)
+
+    async def update(self, counts: Counts, note: str = "") -> None:
+        """A chunk finished: show how far the run is (the report at most every `min_interval_s`, and at the end)."""
+        self._counts = counts
+        state = self.state()
+        self.line.show(state)
         now = time.monotonic()
-        if now - self._last_flush < self._min_interval_s and done < self.total:
+        if now - self._last_flush < self._min_interval_s and state.done < self.total:
             return
         self._last_flush = now
-        state = self.line.state(done, failed, self.total, self.total_known)
-        percent = 100 * done / self.total if self.total else 100
+        percent = 100 * state.done / self.total if self.total else 100
         eta = state.eta_s()
-        cards = [("done", f"{done}/{self.total}"), ("failed", str(failed)), ("per second", f"{state.rate:.2f}")]
+        cards = [("done", f"{state.done}/{self.total}"), ("failed", str(state.failed))]
+        cards.append(("per second", f"{state.rate:.2f}"))
         if eta is not None:
             cards.append(("ETA", format_duration(eta)))
         if note:
             cards.append(("", note))
         await _replace(
-            f'{STYLE}<div class="bl"><h2>{html.escape(self.title)}: {done}/{self.total}</h2>'
+            f'{STYLE}<div class="bl"><h2>{html.escape(self.title)}: {state.done}/{self.total}</h2>'
             f'<div class="bar"><div style="width:{percent:.1f}%"></div></div>{cards_html(cards)}</div>'
         )
 
     async def finish(self, final: str) -> None:
         """Show the final view, and end the terminal line."""
-        self.line.close(self._done, self._failed, self.total)
+        self.close()
+        self.line.close(self.state())
         await _replace(final)
+
+    def close(self) -> None:
+        """Stop the ticker (idempotent; `finish` does it)."""
+        if self._ticker is not None:
+            self._ticker.cancel()
+            self._ticker = None
+
+    def _tick(self) -> None:
+        state = self.state()
+        # A line per tick only where it is rewritten in place or throttled anyway; with no interval (logs that
+        # want every update), only when a request finished.
+        if state.done != self._ticked_done or self.line.on_terminal or self.line.interval_s >= TICK_S:
+            self._ticked_done = state.done
+            self.line.show(state)
+
+
+TICK_S = 1.0
+"""How often the ticker reads the records finished in this process (the line itself is throttled further)."""
+
+
+def _start_ticker(tick: Callable[[], None]) -> asyncio.Task[None] | None:
+    """Call `tick` every `TICK_S` until the task that started it ends (none outside an event loop)."""
+    try:
+        owner = asyncio.current_task()
+    except RuntimeError:
+        return None
+    if owner is None:
+        return None
+
+    async def ticking() -> None:
+        while not owner.done():
+            await asyncio.sleep(TICK_S)
+            try:
+                tick()
+            except Exception as exc:  # the line is a view; it must never fail the run
+                logger.warning("could not show the progress: %s", exc)
+                return
+
+    return asyncio.get_running_loop().create_task(ticking(), name="progress-ticker")
 
 
 def report_location() -> str:

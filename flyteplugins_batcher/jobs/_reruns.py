@@ -5,7 +5,9 @@ rerun of the same job gets those outcomes back from the cache in seconds, so wit
 who fixed the cause of a failure (installed `xgrammar`, say) would get the same errors back. So a
 chunk whose outcome came from an earlier run and holds failed lines is not taken as it is: its
 failed lines go out again as a chunk of their own, and their new outcomes replace the old ones.
-Whatever the error: a line whose input is invalid fails again, which costs little.
+Not those whose failure is permanent (`retryable_positions`): a prompt too long for the model, an
+empty one, one its chat template refuses fail again with the same model and settings (which the
+chunk's cache key holds), and retrying them alone would load a model for nothing.
 
 The retry chunk is cached too, under a salt one level deeper (`<salt>retry-<level>`), so a third
 run reuses what the second one answered and retries only what still failed; each rerun adds at
@@ -36,8 +38,8 @@ class RetryableOutcome(Protocol):
     finished_at: float
     fresh: list[int] | None
 
-    def failed_positions(self) -> list[int]:
-        """Positions of the items that failed."""
+    def retryable_positions(self) -> list[int]:
+        """Positions of the items that failed for a reason another attempt may not meet."""
         ...
 
     def with_retried(self, positions: Sequence[int], retried: Self, started: float) -> Self:
@@ -70,7 +72,7 @@ def retrying_reused_failures(
 
     async def run(chunk: ChunkT, level: int = 0) -> OutcomeT:
         outcome = await infer(chunk, f"{salt}retry-{level}" if level else salt)
-        failed = outcome.failed_positions() if outcome.finished_at < started else []
+        failed = outcome.retryable_positions() if outcome.finished_at < started else []
         if not failed:
             return outcome
         retried = await run(chunk.only(failed), level + 1)

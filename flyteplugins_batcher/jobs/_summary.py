@@ -7,7 +7,7 @@ prefix caches, and the prefill tokens they computed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from flyte.io import DataFrame, File
@@ -42,7 +42,10 @@ class ModelRun:
     share: float
 
 
-@dataclass
+_EMBEDDING_FIELDS = ("dimensions", "truncated", "padding_efficiency", "avg_batch_size")
+
+
+@dataclass(repr=False)
 class RunSummary:
     """What a job run returns and prints: counts, throughput (model loading excluded), and where its output is.
 
@@ -66,6 +69,10 @@ class RunSummary:
     base model's part (its lines, load and share of the run) when the run named several; empty otherwise.
     For embeddings, `dimensions` is the vectors' size, `truncated` counts texts cut at the model's
     `max_seq_length`, and `padding_efficiency` and `avg_batch_size` are the busiest replica's.
+
+    Its `repr` (what `flyte run` prints as the run's output) leaves out what the run did not measure or
+    what does not apply to it: `None` (no `occupancy` on Transformers), the embeddings' fields on a
+    generation run, `accuracy` without gold answers, `models` of a one-model run, `output` of a JSONL run.
 
     Example:
         ```python
@@ -118,6 +125,17 @@ class RunSummary:
             **({"occupancy": fanned.occupancy()} | more),
         )
 
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{name}={_short(value)}" for name, value in self._applicable())
+        return f"RunSummary({shown})"
+
+    def _applicable(self) -> list[tuple[str, Any]]:
+        """The fields this run measured and that apply to it, with their values."""
+        left_out = {"models": not self.models, "accuracy": not self.scored, "scored": not self.scored}
+        left_out |= dict.fromkeys(_EMBEDDING_FIELDS, not self.dimensions)
+        values = ((spec.name, getattr(self, spec.name)) for spec in fields(self))
+        return [(name, value) for name, value in values if value is not None and not left_out.get(name, False)]
+
     @property
     def where(self) -> str:
         """Where its output is: the table, the results and errors files, or the one file of both."""
@@ -127,6 +145,14 @@ class RunSummary:
         if self.results is not None and self.errors is None:
             return f"results: {results} (errors inline, in input order)"
         return f"results: {results} | errors: {errors}"
+
+
+def _short(value: Any) -> str:
+    """A field's value as the summary's repr shows it: a float to 4 significant digits, a file or table by its place."""
+    if isinstance(value, float):
+        return f"{value:#.4g}"
+    where = getattr(value, "path", None) or getattr(value, "uri", None)
+    return repr(where) if isinstance(where, str) else repr(value)
 
 
 def summary_line(summary: RunSummary, noun: str = "requests") -> str:
@@ -194,12 +220,13 @@ class Counts:
     """Running counts of a run's requests, for its summary and live report.
 
     The token counts (`fresh_tokens` generated, `fresh_prompt_tokens` read, `fresh_cached_tokens` of
-    those found in the engines' prefix caches) are the answers' that this run computed.
+    those found in the engines' prefix caches) are the answers' that this run computed. `computed` and
+    `computed_failed`: the requests this run sent to a replica (not reused), and those that failed.
     """
 
     def __init__(self) -> None:
         self.done = self.failed = self.fresh_answers = self.fresh_tokens = self.reused = self.retried = 0
-        self.fresh_prompt_tokens = self.fresh_cached_tokens = 0
+        self.fresh_prompt_tokens = self.fresh_cached_tokens = self.computed = self.computed_failed = 0
 
     def count(
         self,
@@ -225,6 +252,8 @@ class Counts:
         self.failed += failed
         self.reused += not fresh
         self.retried += retried
+        self.computed += fresh
+        self.computed_failed += fresh and failed
         if fresh and not failed:
             self.fresh_answers += 1
             self.fresh_tokens += completion_tokens

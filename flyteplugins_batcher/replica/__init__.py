@@ -8,6 +8,8 @@ every request a server answers) feeds its one batcher, which keeps the model bus
   `EmbeddingChunk`.
 - `EngineSettings`: what the LLM replica's engine and batcher are built from.
 - A request line's way (`LineRules`, `ChunkCutter`, `FinishedLine`): read, cut into chunks, answered.
+- `LLMReplica.live_records()`: the records this process's replicas finished so far, one by one (a local
+  driver's progress).
 
 Example:
     ```python

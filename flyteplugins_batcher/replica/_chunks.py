@@ -294,6 +294,12 @@ class ItemResult:
         return Completion.from_samples(self.prompt_tokens, samples, cached_tokens=self.cached_tokens)
 
 
+PERMANENT_ERRORS = frozenset({"context_length_exceeded", "invalid_prompt"})
+"""Error codes an item gets again on every attempt: its prompt is too long for the model, empty, or refused by the
+chat template. A chunk's cached outcome is keyed by its items and the engine's settings, so a rerun that finds one
+has the same model and template: retrying such an item would load a model only to fail it again."""
+
+
 class ItemOutcomes:
     """What the workflows' chunk outcomes share: which items this run computed, and merging a retry.
 
@@ -318,6 +324,14 @@ class ItemOutcomes:
 
     def failed_positions(self) -> list[int]:
         return [position for position, result in enumerate(self.results) if result.error_code]
+
+    def retryable_positions(self) -> list[int]:
+        """Positions of the items that failed for a reason another attempt may not meet (not `PERMANENT_ERRORS`)."""
+        return [
+            position
+            for position, result in enumerate(self.results)
+            if result.error_code and result.error_code not in PERMANENT_ERRORS
+        ]
 
     def with_retried(self, positions: Sequence[int], retried: Self, started: float) -> Self:
         """This (reused) outcome with the items at `positions` replaced by their retry's outcomes.

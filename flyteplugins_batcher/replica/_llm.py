@@ -20,7 +20,14 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, replace
 from typing import Any
 
-from flyteplugins_batcher import DeviceMonitor, SharedBatcher, TokenBatcher
+from flyteplugins_batcher import (
+    BatcherClosedError,
+    BatcherFailedError,
+    BatcherNotRunningError,
+    DeviceMonitor,
+    SharedBatcher,
+    TokenBatcher,
+)
 from flyteplugins_batcher.batch_api import error_code
 from flyteplugins_batcher.engines import (
     CancellationToken,
@@ -34,6 +41,7 @@ from flyteplugins_batcher.engines import (
     loading_model,
 )
 from flyteplugins_batcher.replica._chunks import ChunkOutcome, ItemResult, RequestChunk, RequestItem
+from flyteplugins_batcher.replica._live import LiveRecords, count_finished, count_submitted, live_records
 from flyteplugins_batcher.replica._per_process import PerProcess
 from flyteplugins_batcher.replica._settings import EngineSettings, engine_kwargs
 from flyteplugins_batcher.replica._snapshot import ReplicaSnapshot
@@ -117,6 +125,15 @@ class LLMReplica:
         """This process's replica (made on first use): the one `infer_chunk` runs its chunks on."""
         return _PROCESS.get()
 
+    @staticmethod
+    def live_records() -> LiveRecords:
+        """The records the LLM replicas of this process finished so far, each counted as it finished (cumulative).
+
+        A driver in the same process (flyte's local runner) shows progress per record from them; on a cluster
+        its own process runs no replica, they stay at zero, and its progress moves per chunk.
+        """
+        return live_records()
+
     def install(self) -> None:
         """Make this the process's replica until it closes: a local Flyte run in this process (a server's) uses it."""
         _PROCESS.install(self)
@@ -191,10 +208,8 @@ class LLMReplica:
         requests = [replace(item.engine_request(defaults), cancellation=CancellationToken()) for item in chunk.items]
         if self.admit is not None:
             outcomes = await run_admitted(batcher, requests, self.admit, stop)
-        elif stop is None:
-            outcomes = await batcher.run(requests, return_exceptions=True)
-        else:
-            outcomes = await run_until(batcher, requests, stop)
+        else:  # never stopped without `stop`; each record counted as it finishes (`live_records`)
+            outcomes = await run_until(batcher, requests, stop or asyncio.Event())
         stopped = stop is not None and stop.is_set()
         answers = zip(chunk.items, outcomes, strict=True)
         results = [_item_result(chunk, item, outcome, stopped=stopped) for item, outcome in answers]
@@ -250,13 +265,14 @@ async def run_until(batcher: TokenBatcher, records: list[Request], stop: asyncio
     """Each record's outcome, its error in its place; once `stop` is set, those not finished are cancelled.
 
     A cancelled record's place holds a `CancelledError`: the batcher drops it if it was queued, and
-    tells it to stop (`Request.cancel`) if it was running.
+    tells it to stop (`Request.cancel`) if it was running. A record `submit` refuses (one it cannot cost)
+    holds its error. Each record is counted in `live_records` as it finishes.
     """
     futures: list[asyncio.Future[Any]] = []
     for record in records:
         if stop.is_set():
             break
-        futures.append(await batcher.submit(record))
+        futures.append(_counted(await _submit_or_refused(batcher, record)))
     batcher.flush()
     await _until_answered_or_stopped(asyncio.gather(*futures, return_exceptions=True), stop, futures)
     outcomes: list[object] = [_outcome(future) for future in futures]
@@ -274,7 +290,7 @@ async def run_admitted(
 
     async def admitted(record: Request) -> object:
         async with admit():
-            future = await batcher.submit(record)
+            future = _counted(await _submit_or_refused(batcher, record))
             try:
                 await asyncio.wait({future})
             except asyncio.CancelledError:
@@ -300,6 +316,25 @@ async def _until_answered_or_stopped(
         stopped.cancel()
         for future in pending:
             future.cancel()  # nothing happens to those that have their outcome
+
+
+async def _submit_or_refused(batcher: TokenBatcher, record: Request) -> asyncio.Future[Any]:
+    """The record's future, or one failed with the error `submit` raised for this record alone (as `map` does)."""
+    try:
+        return await batcher.submit(record)
+    except (BatcherClosedError, BatcherFailedError, BatcherNotRunningError):
+        raise
+    except Exception as error:
+        refused: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        refused.set_exception(error)
+        return refused
+
+
+def _counted(future: asyncio.Future[Any]) -> asyncio.Future[Any]:
+    """The future, counted in `live_records` now and again when it finishes (a driver in this process shows it)."""
+    count_submitted(1)
+    future.add_done_callback(lambda done: count_finished(_outcome(done)))
+    return future
 
 
 def _outcome(future: asyncio.Future[Any]) -> object:

@@ -38,13 +38,29 @@ def test_while_the_input_is_read_the_line_shows_what_is_known():
     assert state.eta_s() is None
 
 
+def test_the_line_shows_output_tokens_per_second_once_measured():
+    state = ProgressState(done=16, failed=0, total=32, total_known=True, rate=0.5, tokens_per_s=31.25)
+    assert state.text("questions") == (
+        "progress: 16/32 questions (50%), 0 failed | 0.50 questions/s, 31.2 output tokens/s | ETA 32s"
+    )
+
+
 def test_the_rate_counts_from_the_first_finished_chunk_so_model_loading_does_not_drag_it_down():
     clock = Clock()
     line = ProgressLine("requests", stream=io.StringIO(), interval_s=0, clock=clock)
     clock.now += 60  # the model loads
-    assert line.state(8, 0, 64).rate == 0.0  # one chunk: no rate yet
+    assert line.state(8, 0, 64, tokens=400).rate == 0.0  # one chunk: no rate yet
     clock.now += 4
-    assert line.state(24, 0, 64).rate == pytest.approx(4.0)  # 16 more requests in 4 s
+    later = line.state(24, 0, 64, tokens=1200)
+    assert later.rate == pytest.approx(4.0)  # 16 more requests in 4 s
+    assert later.tokens_per_s == pytest.approx(200.0)  # 800 more tokens in 4 s
+
+
+def test_rates_measured_by_the_caller_win():
+    line = ProgressLine("requests", stream=io.StringIO(), interval_s=0, clock=Clock())
+    state = line.state(16, 0, 64, tokens=900, rates=(0.5, 28.0))
+    assert (state.rate, state.tokens_per_s) == (0.5, 28.0)
+    assert state.eta_s() == pytest.approx(96.0)  # 48 left at 0.5/s, from the first finished request on
 
 
 def test_on_a_terminal_one_line_is_rewritten_in_place_and_ends_with_the_final_counts():
@@ -52,8 +68,8 @@ def test_on_a_terminal_one_line_is_rewritten_in_place_and_ends_with_the_final_co
     line = ProgressLine("questions", stream=terminal, clock=clock)
     for done in (8, 16, 24, 32):
         clock.now += 1
-        line.show(done, 1, 32)
-    line.close(32, 1, 32)
+        line.show(line.state(done, 1, 32))
+    line.close(line.state(32, 1, 32))
 
     output = terminal.getvalue()
     assert output.count("\n") == 1 and output.endswith("\n")  # one line on screen
@@ -67,8 +83,8 @@ def test_elsewhere_lines_are_throttled_to_the_interval():
     line = ProgressLine("requests", stream=log, interval_s=60, clock=clock)
     for _ in range(10):  # a chunk every 20 s
         clock.now += 20
-        line.show(8, 0, 100)
-    line.close(100, 0, 100)
+        line.show(line.state(8, 0, 100))
+    line.close(line.state(100, 0, 100))
 
     lines = log.getvalue().splitlines()
     assert len(lines) == 4  # at 20 s, 80 s, 140 s and 200 s; nothing at the close: the summary follows

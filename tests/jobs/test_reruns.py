@@ -19,20 +19,24 @@ class CachedReplica:
     """Answers chunks as `infer_chunk` would, keeping each outcome under its chunk and salt as Flyte's cache does.
 
     Args:
-        broken: Prompts that fail (with `invalid_request`) while they are in it.
+        broken: Prompts that fail (with `code`, `invalid_request` by default) while they are in it.
+        code: The error code of a broken prompt.
     """
 
-    def __init__(self, broken: set[str]) -> None:
+    def __init__(self, broken: set[str], code: str = "invalid_request") -> None:
         self.broken = broken
+        self.code = code
+        self.calls = 0
         self.cache: dict[tuple[tuple[str, ...], str], ChunkOutcome] = {}
         self.computed: list[str] = []
 
     async def infer(self, chunk: RequestChunk, salt: str) -> ChunkOutcome:
         key = (tuple(item.key for item in chunk.items), salt)
+        self.calls += 1
         if key not in self.cache:
             self.computed.extend(item.key for item in chunk.items)
             results = [
-                ItemResult(item.key, error_code="invalid_request", error_message="needs xgrammar")
+                ItemResult(item.key, error_code=self.code, error_message="needs xgrammar, or too long")
                 if item.key in self.broken
                 else ItemResult(item.key, text=f"answer to {item.key}", completion_tokens=1)
                 for item in chunk.items
@@ -82,3 +86,19 @@ async def test_each_rerun_reuses_the_last_retry_and_retries_what_still_fails() -
     replica.computed.clear()
     fourth, _ = await rerun(replica, chunk_of("a", "b", "c"))
     assert replica.computed == [] and fourth.failed_positions() == []
+
+
+async def test_a_failure_that_can_never_succeed_is_not_retried() -> None:
+    """A prompt too long for the model fails again with the same model and settings (the chunk's cache key): a rerun
+    takes the cached outcome as it is, and no retry chunk goes out to load a model for nothing."""
+    for code in ("context_length_exceeded", "invalid_prompt"):
+        replica = CachedReplica(broken={"b"}, code=code)
+        await rerun(replica, chunk_of("a", "b", "c"))
+        replica.computed.clear()
+        replica.calls = 0
+
+        again, _ = await rerun(replica, chunk_of("a", "b", "c"))
+
+        assert replica.calls == 1 and replica.computed == []  # the cache hit, and nothing sent to a replica
+        assert again.failed_positions() == [1] and again.retryable_positions() == []
+        assert again.results[1].error_code == code

@@ -27,6 +27,7 @@ from flyteplugins_batcher.engines import _install
 from flyteplugins_batcher.engines._base import BatchEngine, LoadedModel, Outcome, with_engine_options
 from flyteplugins_batcher.engines._completion import Completion, Sample, TokenLogprob, trim_at_stop
 from flyteplugins_batcher.engines._config import GenerationConfig
+from flyteplugins_batcher.engines._cpu_threads import prefer_passive_waits, size_torch_threads
 from flyteplugins_batcher.engines._engine_errors import (
     EngineConfigError,
     InvalidResponseFormatError,
@@ -88,7 +89,10 @@ class TransformersEngine(BatchEngine):
         dtype: Model dtype (`"float32"`, `"bfloat16"`, a `torch.dtype`, ...). `None` means float32
             on CPU, where greedy answers do not depend on what else the batch holds (see the module
             notes), and bfloat16 on GPU.
-        num_threads: If set, `torch.set_num_threads(num_threads)` at load (process-wide).
+        num_threads: If set, `torch.set_num_threads(num_threads)` at load (process-wide). By default torch's
+            threads are lowered at load to the CPUs the process may use (its affinity and the cgroup's CPU
+            quota, as a Kubernetes pod's limit sets it: `usable_cpus`), unless `OMP_NUM_THREADS` is set;
+            `threads` says what it runs with once loaded.
         micro_batch_size: Most rows per `model.generate` call; a larger batch runs as several calls,
             each over prompts of similar length so that little is padded. `None` runs the whole
             batch at once.
@@ -125,6 +129,7 @@ class TransformersEngine(BatchEngine):
         model_kwargs: Mapping[str, Any] | None = None,
         **options: Any,
     ) -> None:
+        prefer_passive_waits()  # before torch loads its OpenMP runtime, if it has not yet
         require_transformers()
         if options.get("lora_modules"):
             _install.require("LoRA adapters", ("peft",), "pip install 'flyteplugins-batcher[transformers]' (peft)")
@@ -139,6 +144,7 @@ class TransformersEngine(BatchEngine):
         self.device_request = device
         self.dtype_request = dtype
         self.num_threads = num_threads
+        self.threads = 0  # torch's intra-op threads, once loaded
         self.micro_batch_size = micro_batch_size
         self.trust_remote_code = trust_remote_code
         self.model_kwargs = dict(model_kwargs or {})
@@ -160,8 +166,7 @@ class TransformersEngine(BatchEngine):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        if self.num_threads is not None:
-            torch.set_num_threads(self.num_threads)
+        self.threads = size_torch_threads(torch, self.num_threads)
         source = self.model_source if self.model_source is not None else str(_bundled_checkpoint())
         device = torch_device(self.device_request)
         dtype = resolve_dtype(self.dtype_request, device)

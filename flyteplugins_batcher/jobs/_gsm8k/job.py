@@ -111,7 +111,7 @@ class _Scorer:
             fresh = outcome is None or outcome.computed_since(position, self.started)
             self.tally.add(scored, fresh=fresh, retried=outcome is not None and outcome.was_retried(position))
             (self.failures if scored["error"] else self.answers).write(scored)
-        await self.progress.update(self.tally.done, self.tally.failed, self.tally.accuracy_text())
+        await self.progress.update(self.tally, self.tally.accuracy_text())
 
     def close(self) -> None:
         self.answers.close()

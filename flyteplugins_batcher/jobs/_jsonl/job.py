@@ -166,7 +166,7 @@ class Job:
             self._write(finished, fresh=fresh, retried=outcome is not None and outcome.was_retried(position))
             failed += not finished.ok
         self.lanes.finished(chunk, failed)
-        await self.progress.update(self.counts.done, self.counts.failed)
+        await self.progress.update(self.counts)
         if self.journal is not None:
             await self.journal.flush()
 

@@ -147,7 +147,7 @@ class TableJob:
         part.outstanding -= 1
         if not part.outstanding:
             await self._finish(part)
-        await self.progress.update(self.counts.done, self.counts.failed)
+        await self.progress.update(self.counts)
 
     def _answers(self, rows: ChunkRows, members: list[int], outcome: JobOutcome | None, reason: str) -> list[RowAnswer]:
         """The answers of a chunk's rows (your `postprocess` runs here, off the event loop)."""
