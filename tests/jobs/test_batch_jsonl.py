@@ -120,7 +120,7 @@ def test_a_model_mismatch_can_be_ignored(run_locally, tmp_path: Path):
 def test_a_rerun_after_a_crash_recomputes_only_the_unfinished_chunks(cached_run, tmp_path: Path):
     marker = uuid.uuid4().hex[:8]  # requests no earlier run has cached
     request_file = write(tmp_path, [{"custom_id": f"r{n}", "prompt": f"Count to {n} ({marker})"} for n in range(12)])
-    job = {"input": request_file, "chunk_size": 3, "max_new_tokens": 4}
+    job = {"input": request_file, "chunk_size": 3, "max_new_tokens": 4, "max_failed_fraction": 0.0}  # fail loudly
     cached_run(run_batch_file, CountingBatcher(fail_when=lambda text: "Count to 10 " in text), fails="failed", **job)
 
     healthy = CountingBatcher()
@@ -135,7 +135,7 @@ def test_a_rerun_after_a_crash_recomputes_only_the_unfinished_chunks(cached_run,
 def test_a_rerun_reuses_the_answered_lines_and_sends_the_failed_ones_again(cached_run, tmp_path: Path):
     marker = uuid.uuid4().hex[:8]
     request_file = write(tmp_path, [{"custom_id": f"r{n}", "prompt": f"Count to {n} ({marker})"} for n in range(6)])
-    job = {"input": request_file, "chunk_size": 3, "max_new_tokens": 4}
+    job = {"input": request_file, "chunk_size": 3, "max_new_tokens": 4, "max_failed_fraction": 0.0}  # fail loudly
     refusing = CountingBatcher(refuse_when=lambda text: "Count to 4 " in text)  # say, xgrammar was missing
     cached_run(run_batch_file, refusing, fails="1 of 6 requests failed", **job)
 
