@@ -53,10 +53,12 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
 
     @app.get("/health")
     async def health(request: Request) -> JSONResponse:
-        """200 once the models are loaded and the server answers; 503 before (and when the LLM engine died)."""
+        """200 once the models are loaded and the server answers; 503 before (and when the LLM engine died). A server
+        whose model is a classifier has no LLM: it is healthy once the classifier is loaded."""
         service: Service | None = getattr(request.app.state, "service", None)
         engine = service.inference.engine if service is not None else None
-        healthy = service is not None and service.ready and engine is not None and engine.is_healthy
+        llm_healthy = engine is not None and engine.is_healthy
+        healthy = service is not None and service.ready and (llm_healthy or service.inference.classifier is not None)
         model = service.inference.served_model if service is not None else ""
         return JSONResponse({"status": "ok" if healthy else "unavailable", "model": model}, 200 if healthy else 503)
 
