@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -83,10 +85,11 @@ class CommandRun:
         return f"{what} failed ({self.returncode}):\n{self.stdout[-2000:]}{self.stderr[-4000:]}"
 
 
-def run_command(command: list[str], cwd: Path) -> CommandRun:
-    """Run `command` in `cwd` to its exit, timed from its start as a user waits."""
+def run_command(command: list[str], cwd: Path, env: Mapping[str, str] | None = None) -> CommandRun:
+    """Run `command` in `cwd` (with `env` added to this process's environment) to its exit, timed as a user waits."""
     launched, started = time.time(), time.perf_counter()
-    finished = subprocess.run(command, capture_output=True, text=True, cwd=cwd)
+    environment = {**os.environ, **env} if env else None
+    finished = subprocess.run(command, capture_output=True, text=True, cwd=cwd, env=environment)
     exit_s = time.perf_counter() - started
     marks = [line for line in finished.stderr.splitlines() if line.startswith("phases: ")]
     phases = json.loads(marks[-1].removeprefix("phases: ")) if marks else {}
