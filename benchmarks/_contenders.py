@@ -98,9 +98,10 @@ def run_command(command: list[str], cwd: Path, env: Mapping[str, str] | None = N
 
 
 def batch_bodies(results: Path) -> dict[str, dict]:
-    """The response bodies of a batch's result file by custom_id (its lines with a response)."""
+    """The response bodies of a batch's result file by custom_id (its answered lines: vLLM writes a failed line's
+    error beside a response whose body is null)."""
     lines = [json.loads(line) for line in results.read_text(encoding="utf-8").splitlines() if line.strip()]
-    return {line["custom_id"]: line["response"]["body"] for line in lines if line.get("response")}
+    return {line["custom_id"]: line["response"]["body"] for line in lines if (line.get("response") or {}).get("body")}
 
 
 def batch_answers(results: Path) -> tuple[dict[str, str], int]:
