@@ -101,10 +101,13 @@ def run_tree(tree: Path, label: str, args: argparse.Namespace) -> dict[str, Any]
     return {"label": label, "tree": str(tree), "load": os.getloadavg(), "runs": runs}
 
 
-def parsed(text: str | None) -> Any:
-    """An answer's JSON value (`None` for no answer or text that does not parse)."""
+def parsed(answer: Any) -> Any:
+    """An answer's JSON value: the table job's output column holds it parsed already (a struct), else its text is
+    parsed (`None` for no answer or text that does not parse)."""
+    if not isinstance(answer, str):
+        return answer
     try:
-        return None if text is None else json.loads(text)
+        return json.loads(answer)
     except json.JSONDecodeError:
         return None
 
@@ -119,8 +122,40 @@ def same_json_tokens(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[int
     ]
 
 
+def compact_tokens(value: Any, tokenizer: Any) -> int:
+    """The tokens `value` takes written as compact JSON (`{"a":1}`), its end-of-text token included."""
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"]) + 1
+
+
+def overhead(run: dict[str, Any], tokenizer: Any) -> tuple[int, float]:
+    """The answers of `run` that fit, and the tokens they took per token of the same values written compact.
+
+    Two runs rarely write the same JSON (the grammar changes what a greedy model says), so this compares
+    their answers by what each costs against its own compact tokenization: 1.0 would be no whitespace and
+    the tokenizer's own split; constrained decoding splits text into more tokens than the tokenizer does.
+    """
+    fitted = [(tokens, parsed(answer)) for answer, tokens in zip(run["answers"], run["tokens"], strict=True)]
+    fitted = [(tokens, value) for tokens, value in fitted if value is not None]
+    compact = sum(compact_tokens(value, tokenizer) for _, value in fitted)
+    return len(fitted), sum(tokens for tokens, _ in fitted) / max(compact, 1)
+
+
+def overhead_change(old: dict[str, Any], new: dict[str, Any], tokenizer: Any) -> str:
+    (old_count, old_ratio), (new_count, new_ratio) = overhead(old, tokenizer), overhead(new, tokenizer)
+    return (
+        f"{old_ratio:.2f} ({old_count}) -> {new_ratio:.2f} ({new_count}): {new_ratio / max(old_ratio, 1e-9) - 1:+.0%}"
+    )
+
+
 def compare(before: dict[str, Any], after: dict[str, Any]) -> str:
-    """A table of each engine's runs side by side, and the rows whose JSON is the same in both."""
+    """A table of each engine's runs side by side: every answer's tokens, the rows whose JSON is the same in both
+    (and their tokens), and what the answers that fit cost per token of their values written compact (`overhead`)."""
+    from transformers import AutoTokenizer
+
+    from flyteplugins_batcher.engines import bundled_smollm2_path
+
+    tokenizer = AutoTokenizer.from_pretrained(str(bundled_smollm2_path()))
     table = []
     for engine, old in before["runs"].items():
         new = after["runs"].get(engine)
@@ -133,14 +168,15 @@ def compare(before: dict[str, Any], after: dict[str, Any]) -> str:
             [
                 engine,
                 f"{old['output_tokens']} -> {new['output_tokens']} ({change:+.0%})",
-                f"{len(same)}/{old['rows']}: {saved:.0%} fewer tokens",
+                f"{len(same)}/{old['rows']}" + (f": {saved:.0%} fewer tokens" if same else ""),
+                overhead_change(old, new, tokenizer),
                 f"{old['wall_s']:.1f} -> {new['wall_s']:.1f}",
                 f"{old['inference_s']} -> {new['inference_s']}",
                 f"{old['answered']} -> {new['answered']}",
             ]
         )
-    headers = ["engine", "output tokens", "same JSON: its tokens", "wall s", "inference s", "answers that fit"]
-    return markdown_table(headers, table)
+    headers = ["engine", "output tokens", "same JSON", "tokens per compact token (answers)", "wall s", "inference s"]
+    return markdown_table([*headers, "answers that fit"], table)
 
 
 def write_chart(path: Path | None, before: dict[str, Any], after: dict[str, Any]) -> None:
