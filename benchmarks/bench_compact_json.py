@@ -1,13 +1,18 @@
 """Compact constrained output: the table job's `--response-format` run, its output tokens and wall time.
 
 `flyteplugins-batcher run-table --response-format schema.json` over gsm8k questions (greedy, the
-bundled SmolLM2-135M), on each engine, with the package of a source tree of your choice: run it
-once with the tree before a change (`--tree /path/to/old/checkout`) and once with this one, then
-`--compare` the two result files. The JSON answers are compared parsed (the same values, whatever
-the whitespace), and the output tokens and wall time side by side.
+bundled SmolLM2-135M), on each engine, with the package of two source trees: a revision before a
+change (`--before REV`, checked out with `git archive` into a temporary folder) and this tree. The
+JSON answers are compared parsed (the same values, whatever the whitespace); the table gives each
+engine's output tokens, those of the answers that are the same JSON in both, and the wall time.
 
-    flock /tmp/bench.lock python benchmarks/bench_compact_json.py --tree /tmp/old --label before --out before.json
-    flock /tmp/bench.lock python benchmarks/bench_compact_json.py --label after --out after.json
+    python benchmarks/bench_compact_json.py --before 7110aee~1          # the commit before compact JSON
+    python benchmarks/bench_compact_json.py --quick --engines transformers --before 7110aee~1
+
+Or one tree at a time, then the two result files side by side:
+
+    python benchmarks/bench_compact_json.py --tree /tmp/old --label before --json before.json
+    python benchmarks/bench_compact_json.py --label after --json after.json
     python benchmarks/bench_compact_json.py --compare before.json after.json
 """
 
@@ -20,18 +25,16 @@ import re
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: `benchmarks` imports
 
-from benchmarks._charts import add_chart_flag, write_chart_data
+from benchmarks._charts import write_chart_data
+from benchmarks._contenders import run_command
+from benchmarks._harness import GSM8K, REPO_ROOT, benchmark_parser, gsm8k_questions
 from benchmarks._tables import markdown_table
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "gsm8k" / "test.jsonl"
-SAMPLE_DATA = REPO_ROOT / "flyteplugins_batcher" / "jobs" / "data" / "gsm8k_sample.jsonl"
 SCHEMA = {
     "type": "object",
     "properties": {
@@ -47,69 +50,133 @@ SCHEMA = {
 _INFERENCE = re.compile(r"inference ([\d.]+) s, model load ([\d.]+) s")
 
 
+def table_command(engine: str, args: argparse.Namespace, folder: Path) -> list[str]:
+    """`run-table` over `folder`'s questions with the schema as the response format, on `engine`."""
+    command = [sys.executable, "-m", "flyteplugins_batcher", "run-table", "-i", str(folder / "questions.parquet")]
+    command += ["-o", str(folder / f"out-{engine}"), "--prompt", "Solve it, answering in JSON: {question}"]
+    command += ["--response-format", str(folder / "schema.json"), "--engine", engine]
+    command += ["--max-new-tokens", str(args.max_tokens), "--temperature", "0", "--no-resume"]
+    command += ["--max-failed-fraction", "1"]
+    if engine == "vllm":
+        command += ["--max-model-len", str(args.max_model_len), "--kv-cache-gb", f"{args.kv_cache_gb:g}"]
+        command += ["--dtype", args.dtype]
+    return command
+
+
 def run_once(engine: str, tree: Path, args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     """One run-table run of the package in `tree` on `engine`: its tokens, times and answers."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    rows = [json.loads(line) for line in args.data.read_text().splitlines()[: args.rows]]
-    pq.write_table(pa.table({"question": [row["question"] for row in rows]}), folder / "questions.parquet")
+    pq.write_table(pa.table({"question": gsm8k_questions(args.data, args.rows)}), folder / "questions.parquet")
     (folder / "schema.json").write_text(json.dumps(SCHEMA))
-    output = folder / f"out-{engine}"
-    command = [sys.executable, "-m", "flyteplugins_batcher", "run-table", "-i", str(folder / "questions.parquet")]
-    command += ["-o", str(output), "--prompt", "Solve it, answering in JSON: {question}", "--response-format"]
-    command += [str(folder / "schema.json"), "--engine", engine, "--max-new-tokens", str(args.max_tokens)]
-    command += ["--temperature", "0", "--no-resume", "--max-failed-fraction", "1"]
-    if engine == "vllm":
-        command += ["--max-model-len", "2048", "--kv-cache-gb", "1", "--dtype", "float32"]
-    environment = {**os.environ, "PYTHONPATH": str(tree), "HF_HUB_OFFLINE": "1"}
-    started = time.perf_counter()
-    ran = subprocess.run(command, cwd=folder, env=environment, capture_output=True, text=True, check=False)
-    wall_s = time.perf_counter() - started
+    ran = run_command(table_command(engine, args, folder), folder, env={"PYTHONPATH": str(tree), "HF_HUB_OFFLINE": "1"})
     if ran.returncode != 0:
-        raise RuntimeError(f"{engine} run failed:\n{ran.stdout[-2000:]}\n{ran.stderr[-3000:]}")
-    table = pq.read_table(output).to_pylist()
+        raise SystemExit(ran.failure(f"{engine} run of {tree}"))
+    table = pq.read_table(folder / f"out-{engine}").to_pylist()
     inference = _INFERENCE.search(ran.stdout)
     return {
         "engine": engine,
         "rows": len(table),
         "answered": sum(row["error"] is None for row in table),
         "output_tokens": sum(row["num_generated_tokens"] or 0 for row in table),
-        "wall_s": wall_s,
+        "wall_s": ran.exit_s,
         "inference_s": float(inference.group(1)) if inference else None,
         "answers": [row["generated_text"] for row in table],
         "tokens": [row["num_generated_tokens"] for row in table],
     }
 
 
+def run_tree(tree: Path, label: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Every engine's run of the package in `tree`, with the load average at its end."""
+    runs = {}
+    for engine in args.engines.split(","):
+        with tempfile.TemporaryDirectory(prefix="bench-compact-") as folder:
+            run = runs[engine] = run_once(engine, tree, args, Path(folder))
+        print(
+            f"{label} {engine}: {run['output_tokens']} output tokens, {run['answered']}/{run['rows']} fit, "
+            f"{run['wall_s']:.1f} s wall, {run['inference_s']} s inference",
+            flush=True,
+        )
+    return {"label": label, "tree": str(tree), "load": os.getloadavg(), "runs": runs}
+
+
+def parsed(answer: Any) -> Any:
+    """An answer's JSON value: the table job's output column holds it parsed already (a struct), else its text is
+    parsed (`None` for no answer or text that does not parse)."""
+    if not isinstance(answer, str):
+        return answer
+    try:
+        return json.loads(answer)
+    except json.JSONDecodeError:
+        return None
+
+
+def same_json_tokens(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[int, int]]:
+    """(tokens before, tokens after) of each row whose answer is the same JSON value in both runs."""
+    rows = zip(old["answers"], new["answers"], old["tokens"], new["tokens"], strict=True)
+    return [
+        (old_tokens, new_tokens)
+        for old_answer, new_answer, old_tokens, new_tokens in rows
+        if parsed(old_answer) is not None and parsed(old_answer) == parsed(new_answer)
+    ]
+
+
+def compact_tokens(value: Any, tokenizer: Any) -> int:
+    """The tokens `value` takes written as compact JSON (`{"a":1}`), its end-of-text token included."""
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"]) + 1
+
+
+def overhead(run: dict[str, Any], tokenizer: Any) -> tuple[int, float]:
+    """The answers of `run` that fit, and the tokens they took per token of the same values written compact.
+
+    Two runs rarely write the same JSON (the grammar changes what a greedy model says), so this compares
+    their answers by what each costs against its own compact tokenization: 1.0 would be no whitespace and
+    the tokenizer's own split; constrained decoding splits text into more tokens than the tokenizer does.
+    """
+    fitted = [(tokens, parsed(answer)) for answer, tokens in zip(run["answers"], run["tokens"], strict=True)]
+    fitted = [(tokens, value) for tokens, value in fitted if value is not None]
+    compact = sum(compact_tokens(value, tokenizer) for _, value in fitted)
+    return len(fitted), sum(tokens for tokens, _ in fitted) / max(compact, 1)
+
+
+def overhead_change(old: dict[str, Any], new: dict[str, Any], tokenizer: Any) -> str:
+    (old_count, old_ratio), (new_count, new_ratio) = overhead(old, tokenizer), overhead(new, tokenizer)
+    return (
+        f"{old_ratio:.2f} ({old_count}) -> {new_ratio:.2f} ({new_count}): {new_ratio / max(old_ratio, 1e-9) - 1:+.0%}"
+    )
+
+
 def compare(before: dict[str, Any], after: dict[str, Any]) -> str:
-    """A table of each engine's runs side by side, and the rows whose JSON is the same in both."""
+    """A table of each engine's runs side by side: every answer's tokens, the rows whose JSON is the same in both
+    (and their tokens), and what the answers that fit cost per token of their values written compact (`overhead`)."""
+    from transformers import AutoTokenizer
+
+    from flyteplugins_batcher.engines import bundled_smollm2_path
+
+    tokenizer = AutoTokenizer.from_pretrained(str(bundled_smollm2_path()))
     table = []
     for engine, old in before["runs"].items():
         new = after["runs"].get(engine)
         if new is None:
             continue
-        same = [
-            (old_tokens, new_tokens)
-            for old_answer, new_answer, old_tokens, new_tokens in zip(
-                old["answers"], new["answers"], old["tokens"], new["tokens"], strict=True
-            )
-            if old_answer is not None and old_answer == new_answer
-        ]
+        same = same_json_tokens(old, new)
         change = new["output_tokens"] / max(old["output_tokens"], 1) - 1
         saved = 1 - sum(new_tokens for _, new_tokens in same) / max(sum(old_tokens for old_tokens, _ in same), 1)
         table.append(
             [
                 engine,
                 f"{old['output_tokens']} -> {new['output_tokens']} ({change:+.0%})",
-                f"{len(same)}/{old['rows']}: {saved:.0%} fewer tokens",
+                f"{len(same)}/{old['rows']}" + (f": {saved:.0%} fewer tokens" if same else ""),
+                overhead_change(old, new, tokenizer),
                 f"{old['wall_s']:.1f} -> {new['wall_s']:.1f}",
-                f"{old['inference_s']:.1f} -> {new['inference_s']:.1f}",
+                f"{old['inference_s']} -> {new['inference_s']}",
                 f"{old['answered']} -> {new['answered']}",
             ]
         )
-    headers = ["engine", "output tokens", "same JSON: its tokens", "wall s", "inference s", "answers that fit"]
-    return markdown_table(headers, table)
+    headers = ["engine", "output tokens", "same JSON", "tokens per compact token (answers)", "wall s", "inference s"]
+    return markdown_table([*headers, "answers that fit"], table)
 
 
 def write_chart(path: Path | None, before: dict[str, Any], after: dict[str, Any]) -> None:
@@ -132,37 +199,48 @@ def write_chart(path: Path | None, before: dict[str, Any], after: dict[str, Any]
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--engines", default="transformers,vllm")
+def checked_out(revision: str, folder: Path) -> Path:
+    """This repository's `revision` written into `folder` (`git archive`: no worktree to clean up)."""
+    archive = subprocess.run(["git", "archive", revision], cwd=REPO_ROOT, capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(folder)], input=archive.stdout, check=True)
+    return folder
+
+
+def parse_args() -> argparse.Namespace:
+    parser = benchmark_parser(
+        __doc__, data=GSM8K, json=None, quick=False, dtype="float32", max_model_len=2048, kv_cache_gb=1.0
+    )
+    parser.add_argument("--engines", default="transformers,vllm", help="the engines to run, comma-separated")
+    parser.add_argument("--before", help="a git revision to run first, labelled 'before', then this tree 'after'")
     parser.add_argument("--tree", type=Path, default=REPO_ROOT, help="the source tree whose package runs")
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA if DEFAULT_DATA.exists() else SAMPLE_DATA)
-    parser.add_argument("--rows", type=int, default=64)
-    parser.add_argument("--max-tokens", type=int, default=160)
-    parser.add_argument("--label", default="run")
-    parser.add_argument("--out", type=Path, default=None, help="write the runs here (JSON), for --compare")
-    parser.add_argument("--compare", nargs=2, type=Path, metavar=("BEFORE", "AFTER"))
-    add_chart_flag(parser)
+    parser.add_argument("--rows", type=int, default=64, help="gsm8k questions in the table")
+    parser.add_argument("--max-tokens", type=int, default=160, help="each answer's max new tokens")
+    parser.add_argument("--label", default="run", help="this run's name in --compare's table (before, after)")
+    parser.add_argument("--compare", nargs=2, type=Path, metavar=("BEFORE", "AFTER"), help="two --json files")
     args = parser.parse_args()
-    if args.compare:
-        before, after = (json.loads(path.read_text()) for path in args.compare)
-        print(f"{before['label']} -> {after['label']}, load {after['load']}\n")
+    if args.quick:
+        args.rows, args.max_tokens = min(args.rows, 8), min(args.max_tokens, 64)
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    if args.compare or args.before:
+        if args.compare:
+            before, after = (json.loads(path.read_text()) for path in args.compare)
+        else:
+            with tempfile.TemporaryDirectory(prefix="bench-compact-before-") as folder:
+                before = run_tree(checked_out(args.before, Path(folder)), f"before ({args.before})", args)
+            after = run_tree(args.tree, "after", args)
+            if args.json is not None:
+                args.json.write_text(json.dumps({"before": before, "after": after}))
+        print(f"\n{before['label']} -> {after['label']}, load {after['load']}\n")
         print(compare(before, after))
         write_chart(args.chart_data, before, after)
         return
-    runs = {}
-    with tempfile.TemporaryDirectory(prefix="bench-compact-") as folder:
-        for engine in args.engines.split(","):
-            runs[engine] = run_once(engine, args.tree, args, Path(folder))
-            run = runs[engine]
-            print(
-                f"{args.label} {engine}: {run['output_tokens']} output tokens, {run['answered']}/{run['rows']} fit, "
-                f"{run['wall_s']:.1f} s wall, {run['inference_s']} s inference",
-                flush=True,
-            )
-    result = {"label": args.label, "tree": str(args.tree), "load": os.getloadavg(), "runs": runs}
-    if args.out is not None:
-        args.out.write_text(json.dumps(result))
+    result = run_tree(args.tree, args.label, args)
+    if args.json is not None:
+        args.json.write_text(json.dumps(result))
 
 
 if __name__ == "__main__":

