@@ -20,8 +20,16 @@ every target with margin wins instead: the others' work gets the device's best t
 
 When even the best limit misses a target at the load offered, and the latest records miss it too
 (or no limit clears the load at all), that priority is overloaded: the batcher logs one warning,
-`BatchStats.slo.overloaded` says so until the load falls, and it keeps the batches that clear the
-most records.
+`BatchStats.slo.overloaded` says so until the load falls, and meanwhile it runs the batches that
+serve the most records per second (`FastestBatches`: the shortest limit, up to twice the tightest
+target, within a few percent of the device's best throughput), since a target that cannot be met
+is no reason to serve fewer. When the load falls so that the best limit is predicted within the
+target again, it says so and goes back to the limit chosen for latency.
+
+On a real clock, the batcher's own time between batches (settling one, planning the next) and how
+late its timer fires count too (`latency_model.OwnTime`): the model learns each batch's time as
+its call's plus the time before it, so that the capacity the controller reckons with is what the
+device and the batcher achieve together.
 
 Until it has timed a few batches, batches start small (1, 2, 4 records), so that the first ones
 teach the model without keeping anybody waiting.
@@ -43,6 +51,7 @@ from flyteplugins_batcher._pipeline.latency_model import (
     BatchLimit,
     ClearingCurve,
     LatencyModel,
+    OwnTime,
     pools_of,
     predicted_latency,
 )
@@ -82,6 +91,10 @@ OWN_TARGET_DECISIONS = 32
 about three targets' time, so that a priority whose records stop carrying one is soon back to its setting."""
 WARN_AGAIN_S = 60.0
 """Seconds without overload (at least a hundred targets' times) after which a new overload is warned of again."""
+FASTEST_REACH = 2.0
+"""Under overload, limits up to this many times the tightest target are weighed for the most records per second."""
+SUSTAINABLE_EVERY = 8
+"""Decisions between two estimates of the sustainable load (shown in the stats and the warning), unless overloaded."""
 
 
 class OverloadWatch:
@@ -139,6 +152,67 @@ class OverloadWatch:
         self._overloaded_at = now
 
 
+class FastestBatches:
+    """Under overload, the batch time limit that serves the most records per second; a log line each way.
+
+    Args:
+        batcher_name: For the log lines.
+    """
+
+    def __init__(self, batcher_name: str) -> None:
+        self._name = batcher_name
+        self.active = False
+
+    def choose(
+        self, model: LatencyModel, pools: list[list[list[int]]], curves: list[ClearingCurve], reach_s: float
+    ) -> ClearingCurve:
+        """Of `curves` (ascending limits) and longer ones up to `reach_s`, the shortest within `TIE` of the fastest."""
+        longer = [curves[-1].limit_s * LADDER]
+        while longer[-1] * LADDER <= reach_s:
+            longer.append(longer[-1] * LADDER)
+        every = [*curves, *(ClearingCurve.of(model, pools, limit) for limit in longer)]
+        best = min(curve.per_record_s for curve in every)
+        fastest = next(curve for curve in every if curve.per_record_s <= best * TIE)
+        if not self.active:
+            logger.warning(
+                "%s: overloaded: running the batches that serve the most records per second (about %.0f records, "
+                "%.0f ms a batch: about %.0f records/s) until the load falls",
+                self._name,
+                fastest.batch_size,
+                1000 * fastest.limit_s,
+                1 / fastest.per_record_s if fastest.per_record_s > 0 else math.inf,
+            )
+        self.active = True
+        return fastest
+
+    def leave(self, arrivals_per_s: float) -> None:
+        """The load fell within what a limit chosen for latency serves: say so once, if it was overloaded."""
+        if self.active:
+            logger.info(
+                "%s: the load fell to %.0f records/s: back to batches sized for the latency target",
+                self._name,
+                arrivals_per_s,
+            )
+        self.active = False
+
+
+def sustainable_load(
+    curves: list[ClearingCurve], score: Callable[[ClearingCurve, float], float], total: float
+) -> float:
+    """The highest total load, with today's mix, at which some curve's `score(curve, load factor)` is at most 1."""
+    if total <= 0:
+        return 0.0
+    fastest = min(curve.per_record_s for curve in curves)
+    low, high = 0.0, 1.0 / (total * fastest) if fastest > 0 else 1e6
+    for _ in range(10):
+        middle = (low + high) / 2
+        if any(score(curve, middle) <= 1.0 for curve in curves):
+            low = middle
+        else:
+            high = middle
+    return low * total
+
+
 class SloStagingArea(StagingArea):
     """The staging area of a batcher with a latency target: it also counts the records that arrive, by priority."""
 
@@ -180,6 +254,9 @@ class SloController:
         self._calibration: dict[int, float] = {}  # observed / predicted latency, per priority
         self._predicted: dict[int, float] = {}  # the model's latest prediction per priority, before calibration
         self._overload = OverloadWatch(settings, batcher_name, self.tightest_s)
+        self._fastest = FastestBatches(batcher_name)
+        self.own_time = OwnTime()  # the batcher's own time between batches, and its timer's lateness
+        self._decisions = 0
         self._decided_at = -math.inf
         self._chosen_at = -math.inf  # when the batch time limit last changed
         self._counted_since = time.monotonic()
@@ -233,7 +310,8 @@ class SloController:
         envelopes = batch.envelopes
         if batch.calls == 1 and envelopes:  # a batch split to isolate a failure is not one device call
             costs = [envelope.cost for envelope in envelopes]
-            self.model.observe(len(costs), sum(costs), max(costs), batch.in_flight_before, batch.device_s)
+            seconds = batch.device_s + self.own_time.before(batch.after_s, batch.started_at)
+            self.model.observe(len(costs), sum(costs), max(costs), batch.in_flight_before, seconds)
             self._costs.extend(costs)
         now = time.monotonic()
         if self.model.batches < LEARNING_BATCHES:
@@ -261,14 +339,20 @@ class SloController:
         pools = pools_of(costs, windows=1 if self._by_cost else 8)
         curves = [ClearingCurve.of(self.model, pools, limit) for limit in self._candidates(costs)]
         curve = self._best(curves, classes)
+        self._judge(curve, classes, now, steady=not self._backlogged(curve))
+        arrivals = self._tally.arrivals_per_s = sum(self._rates.values())
+        if self._tally.overloaded:  # no limit meets the target: serve the most records
+            curve = self._fastest.choose(self.model, pools, curves, FASTEST_REACH * self.tightest_s)
+        else:
+            self._fastest.leave(arrivals)
         choice = self._choice(curve)
         if self._tally.choice is None or self._tally.choice.batch_time_s != choice.batch_time_s:
             self._chosen_at = now
-        self._judge(curve, classes, now, steady=not self._backlogged(curve))
         self._tally.choice = choice
         self._tally.model = self.model.as_dict()
-        self._tally.arrivals_per_s = sum(self._rates.values())
-        self._tally.sustainable_per_s = self._sustainable(curves, classes)
+        if self._decisions % SUSTAINABLE_EVERY == 0 or self._tally.overloaded:
+            self._tally.sustainable_per_s = self._sustainable(curves, classes)
+        self._decisions += 1
         if self._staging is not None:
             self._apply(choice, self._staging)
         self._decide_cost_s = time.perf_counter() - started
@@ -347,7 +431,8 @@ class SloController:
     def _predict(self, curve: ClearingCurve, slo_s: float, rate: float, load: float = 1.0) -> float:
         """The latency quantile of a priority that sees `rate` records/s at or above it, at `load` times that."""
         behind_others = rate < sum(self._rates.values())  # lower priorities run too: their batch may be running
-        return predicted_latency(curve, rate * load, self._burst_z, 4 * slo_s, behind_others=behind_others)
+        predicted = predicted_latency(curve, rate * load, self._burst_z, 4 * slo_s, behind_others=behind_others)
+        return predicted + self.own_time.timer_late_s
 
     def _best(self, curves: list[ClearingCurve], classes: list[tuple[int, float, float]]) -> ClearingCurve:
         """The current limit if it scores about as well as the best, else the shortest of the best scored.
@@ -370,7 +455,8 @@ class SloController:
 
     def _choice(self, curve: ClearingCurve) -> SloChoice:
         settings = self._settings
-        wait = min(settings.batch_timeout_s, max(self.tightest_s - 2 * curve.limit_s, 0.0))
+        late = self.own_time.timer_late_s  # the timer fires that late: wait that much less
+        wait = min(settings.batch_timeout_s, max(self.tightest_s - 2 * curve.limit_s - late, 0.0))
         in_flight = settings.in_flight_cost_limit
         per_in_flight = self.model.coefficients[-1]
         if per_in_flight > 0:
@@ -439,14 +525,6 @@ class SloController:
     def _sustainable(self, curves: list[ClearingCurve], classes: list[tuple[int, float, float]]) -> float:
         """The highest total load, with today's mix, at which some limit is predicted to meet every target."""
         total = sum(self._rates.values())
-        if not classes or total <= 0:
-            return 0.0
-        fastest = min(curve.per_record_s for curve in curves)
-        low, high = 0.0, 1.0 / (total * fastest) if fastest > 0 else 1e6
-        for _ in range(12):
-            middle = (low + high) / 2
-            if any(self._score(curve, classes, middle) <= 1.0 for curve in curves):
-                low = middle
-            else:
-                high = middle
-        return low * total
+        return (
+            sustainable_load(curves, lambda curve, load: self._score(curve, classes, load), total) if classes else 0.0
+        )
