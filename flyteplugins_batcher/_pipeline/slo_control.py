@@ -171,8 +171,10 @@ class FastestBatches:
         while longer[-1] * LADDER <= reach_s:
             longer.append(longer[-1] * LADDER)
         every = [*curves, *(ClearingCurve.of(model, pools, limit) for limit in longer)]
-        best = min(curve.per_record_s for curve in every)
-        fastest = next(curve for curve in every if curve.per_record_s <= best * TIE)
+        # A curve from records in the order they came (fifo) may show a noisy slope <= 0: not a real one.
+        timed = [curve for curve in every if curve.per_record_s > 0] or every[-1:]
+        best = min(curve.per_record_s for curve in timed)
+        fastest = next(curve for curve in timed if curve.per_record_s <= best * TIE)
         if not self.active:
             logger.warning(
                 "%s: overloaded: running the batches that serve the most records per second (about %.0f records, "

@@ -456,3 +456,14 @@ def test_the_model_counts_the_batchers_own_time_between_batches() -> None:
 
     assert learned(None) == pytest.approx(GPU.fixed_s, rel=1e-3)  # a virtual clock: no time between batches
     assert learned(0.002) == pytest.approx(GPU.fixed_s + 0.002, rel=0.05)  # the batcher's 2 ms count as the device's
+
+
+def test_under_overload_in_submission_order_it_keeps_deciding(
+    clock: VirtualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    # In fifo order the clearing curves come from runs of consecutive records: noisy, yet a choice each time.
+    caplog.set_level(logging.INFO)
+    traffic, stats = run_phases(clock, lambda: ours.DynamicBatcher(GPU, latency_slo_s=SLO_S), OVERLOAD)
+    assert not [record for record in caplog.records if record.levelno >= logging.ERROR]  # no decision failed
+    assert any(flagged for _, _, flagged in traffic.choices) and not traffic.choices[-1][2]
+    assert stats.total_completed == len(traffic.latencies)
