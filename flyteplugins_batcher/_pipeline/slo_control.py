@@ -20,11 +20,13 @@ every target with margin wins instead: the others' work gets the device's best t
 
 When even the best limit misses a target at the load offered, and the latest records miss it too
 (or no limit clears the load at all), that priority is overloaded: the batcher logs one warning,
-`BatchStats.slo.overloaded` says so until the load falls, and meanwhile it runs the batches that
-serve the most records per second (`FastestBatches`: the shortest limit, up to twice the tightest
-target, within a few percent of the device's best throughput), since a target that cannot be met
-is no reason to serve fewer. When the load falls so that the best limit is predicted within the
-target again, it says so and goes back to the limit chosen for latency.
+and `BatchStats.slo.overloaded` says so until the load falls. If it then serves well under the
+records that arrive (`FALLING_BEHIND`), it weighs longer batches too, up to twice the tightest
+target (`FastestBatches`): the limit that clears the backlog and then serves the arrivals soonest,
+or, when no limit clears the load, the batches that serve the most records per second; a target
+that cannot be met is no reason to serve fewer. It says so once, and once the load falls so that
+the best limit is predicted within the target again, it says so and goes back to the limit chosen
+for latency.
 
 On a real clock, the batcher's own time between batches (settling one, planning the next) and how
 late its timer fires count too (`latency_model.OwnTime`): the model learns each batch's time as
@@ -43,6 +45,7 @@ import statistics
 import time
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING
 
 from flyteplugins_batcher._measure.slo_stats import SloChoice, SloTally, SloVerdict, describe
@@ -93,6 +96,9 @@ WARN_AGAIN_S = 60.0
 """Seconds without overload (at least a hundred targets' times) after which a new overload is warned of again."""
 FASTEST_REACH = 2.0
 """Under overload, limits up to this many times the tightest target are weighed for the most records per second."""
+FALLING_BEHIND = 0.8
+"""Overloaded and serving less than this share of the arrivals: the limit chosen for latency falls behind the load,
+and longer batches are weighed (`FastestBatches`) until the load falls."""
 SUSTAINABLE_EVERY = 8
 """Decisions between two estimates of the sustainable load (shown in the stats and the warning), unless overloaded."""
 
@@ -164,28 +170,48 @@ class FastestBatches:
         self.active = False
 
     def choose(
-        self, model: LatencyModel, pools: list[list[list[int]]], curves: list[ClearingCurve], reach_s: float
+        self,
+        model: LatencyModel,
+        pools: list[list[list[int]]],
+        curves: list[ClearingCurve],
+        reach_s: float,
+        load: tuple[float, int],
+        latency: Callable[[ClearingCurve], float],
     ) -> ClearingCurve:
-        """Of `curves` (ascending limits) and longer ones up to `reach_s`, the shortest within `TIE` of the fastest."""
+        """Of `curves` (ascending limits) and longer ones up to `reach_s`, the one that serves `load` soonest.
+
+        `load` is the records arriving per second and those waiting. A limit that clears more than
+        arrive is scored by the time to clear the backlog plus `latency(curve)`, a new record's latency
+        once it is cleared; when none does, the shortest limit within `TIE` of the most records per second.
+        """
         longer = [curves[-1].limit_s * LADDER]
         while longer[-1] * LADDER <= reach_s:
             longer.append(longer[-1] * LADDER)
         every = [*curves, *(ClearingCurve.of(model, pools, limit) for limit in longer)]
         # A curve from records in the order they came (fifo) may show a noisy slope <= 0: not a real one.
         timed = [curve for curve in every if curve.per_record_s > 0] or every[-1:]
-        best = min(curve.per_record_s for curve in timed)
-        fastest = next(curve for curve in timed if curve.per_record_s <= best * TIE)
+        rate, waiting = load
+        soonest = math.inf
+        chosen = None
+        for curve in timed:
+            spare = 1 / curve.per_record_s - rate if curve.per_record_s > 0 else math.inf
+            took = waiting / spare + latency(curve) if spare > 0 else math.inf
+            if took < soonest / TIE:
+                soonest, chosen = took, curve
+        if chosen is None:  # no limit clears the load: the most records per second
+            best = min(curve.per_record_s for curve in timed)
+            chosen = next(curve for curve in timed if curve.per_record_s <= best * TIE)
         if not self.active:
             logger.warning(
-                "%s: overloaded: running the batches that serve the most records per second (about %.0f records, "
-                "%.0f ms a batch: about %.0f records/s) until the load falls",
+                "%s: overloaded: batches of about %.0f records (%.0f ms), which serve about %.0f records/s, "
+                "until the load falls",
                 self._name,
-                fastest.batch_size,
-                1000 * fastest.limit_s,
-                1 / fastest.per_record_s if fastest.per_record_s > 0 else math.inf,
+                chosen.batch_size,
+                1000 * chosen.limit_s,
+                1 / chosen.per_record_s if chosen.per_record_s > 0 else math.inf,
             )
         self.active = True
-        return fastest
+        return chosen
 
     def leave(self, arrivals_per_s: float) -> None:
         """The load fell within what a limit chosen for latency serves: say so once, if it was overloaded."""
@@ -198,21 +224,28 @@ class FastestBatches:
         self.active = False
 
 
-def sustainable_load(
-    curves: list[ClearingCurve], score: Callable[[ClearingCurve, float], float], total: float
-) -> float:
-    """The highest total load, with today's mix, at which some curve's `score(curve, load factor)` is at most 1."""
+def sustainable_load(curves: list[ClearingCurve], score: Callable[..., float], total: float) -> float:
+    """The highest total load, with today's mix, at which some curve's `score(curve, load=factor)` is at most 1."""
     if total <= 0:
         return 0.0
     fastest = min(curve.per_record_s for curve in curves)
     low, high = 0.0, 1.0 / (total * fastest) if fastest > 0 else 1e6
     for _ in range(10):
         middle = (low + high) / 2
-        if any(score(curve, middle) <= 1.0 for curve in curves):
+        if any(score(curve, load=middle) <= 1.0 for curve in curves):
             low = middle
         else:
             high = middle
     return low * total
+
+
+def remember_tightest(own_targets: dict[int, deque[float]], arrived: dict[int, float]) -> None:
+    """Keep the tightest own target of each priority over the latest `OWN_TARGET_DECISIONS` decisions."""
+    for priority in set(own_targets) | set(arrived):
+        targets = own_targets.setdefault(priority, deque(maxlen=OWN_TARGET_DECISIONS))
+        targets.append(arrived.get(priority, math.inf))  # none came: the targets before age out
+        if math.isinf(min(targets)):
+            del own_targets[priority]
 
 
 class SloStagingArea(StagingArea):
@@ -259,6 +292,7 @@ class SloController:
         self._fastest = FastestBatches(batcher_name)
         self.own_time = OwnTime()  # the batcher's own time between batches, and its timer's lateness
         self._decisions = 0
+        self._served, self._served_rate = 0, 0.0  # records out of the process function since the last decision
         self._decided_at = -math.inf
         self._chosen_at = -math.inf  # when the batch time limit last changed
         self._counted_since = time.monotonic()
@@ -315,6 +349,7 @@ class SloController:
             seconds = batch.device_s + self.own_time.before(batch.after_s, batch.started_at)
             self.model.observe(len(costs), sum(costs), max(costs), batch.in_flight_before, seconds)
             self._costs.extend(costs)
+        self._served += len(envelopes)
         now = time.monotonic()
         if self.model.batches < LEARNING_BATCHES:
             if self._staging is not None:
@@ -341,15 +376,19 @@ class SloController:
         pools = pools_of(costs, windows=1 if self._by_cost else 8)
         curves = [ClearingCurve.of(self.model, pools, limit) for limit in self._candidates(costs)]
         curve = self._best(curves, classes)
+        before = self._tally.choice.batch_time_s if self._tally.choice is not None else None
+        if before != curve.limit_s:
+            self._chosen_at = now
         self._judge(curve, classes, now, steady=not self._backlogged(curve))
         arrivals = self._tally.arrivals_per_s = sum(self._rates.values())
-        if self._tally.overloaded:  # no limit meets the target: serve the most records
-            curve = self._fastest.choose(self.model, pools, curves, FASTEST_REACH * self.tightest_s)
+        if self._tally.overloaded and (self._fastest.active or self._served_rate < FALLING_BEHIND * arrivals):
+            load, reach = (arrivals, self._staging.waiting if self._staging else 0), FASTEST_REACH * self.tightest_s
+            after = partial(predicted_latency, rate=arrivals, burst_z=self._burst_z, horizon_s=100 * self.tightest_s)
+            curve = self._fastest.choose(self.model, pools, curves, reach, load, after)
+            self._chosen_at = now if before != curve.limit_s else self._chosen_at
         else:
             self._fastest.leave(arrivals)
         choice = self._choice(curve)
-        if self._tally.choice is None or self._tally.choice.batch_time_s != choice.batch_time_s:
-            self._chosen_at = now
         self._tally.choice = choice
         self._tally.model = self.model.as_dict()
         if self._decisions % SUSTAINABLE_EVERY == 0 or self._tally.overloaded:
@@ -369,18 +408,11 @@ class SloController:
             measured = self._arrived.get(priority, 0) / elapsed
             previous = self._rates.get(priority)
             self._rates[priority] = measured if previous is None else previous + weight * (measured - previous)
-        self._arrived = {}
+        self._served_rate += weight * (self._served / elapsed - self._served_rate)
+        self._arrived, self._served = {}, 0
         self._counted_since = now
-        self._remember_own_targets()
-
-    def _remember_own_targets(self) -> None:
-        """Keep the tightest own target of each priority over the latest `OWN_TARGET_DECISIONS` decisions."""
         arrived, self._own_arrived = self._own_arrived, {}
-        for priority in set(self._own_targets) | set(arrived):
-            targets = self._own_targets.setdefault(priority, deque(maxlen=OWN_TARGET_DECISIONS))
-            targets.append(arrived.get(priority, math.inf))  # none came: the targets before age out
-            if math.isinf(min(targets)):
-                del self._own_targets[priority]
+        remember_tightest(self._own_targets, arrived)
 
     def _classes(self) -> list[tuple[int, float, float]]:
         """Each priority with a target that records came in at: (priority, target, records/s at or above it)."""
@@ -527,6 +559,4 @@ class SloController:
     def _sustainable(self, curves: list[ClearingCurve], classes: list[tuple[int, float, float]]) -> float:
         """The highest total load, with today's mix, at which some limit is predicted to meet every target."""
         total = sum(self._rates.values())
-        return (
-            sustainable_load(curves, lambda curve, load: self._score(curve, classes, load), total) if classes else 0.0
-        )
+        return sustainable_load(curves, partial(self._score, classes=classes), total) if classes else 0.0

@@ -416,7 +416,7 @@ def test_under_overload_it_serves_the_most_records_and_comes_back_when_the_load_
     assert max(calm) <= SLO_S / 2 + 1e-9
     assert not traffic.choices[-1][2] and traffic.choices[-1][1] <= SLO_S / 2 + 1e-9  # back to a latency choice
     messages = [record.getMessage() for record in caplog.records]
-    switched = [number for number, text in enumerate(messages) if "serve the most records per second" in text]
+    switched = [number for number, text in enumerate(messages) if "overloaded: batches of about" in text]
     back = [number for number, text in enumerate(messages) if "back to batches sized for the latency target" in text]
     assert len(switched) == 1 and len(back) == 1 and switched[0] < back[0]  # said once each way, in that order
     assert traffic.p99(since=30.0) <= SLO_S  # the backlog served, the target is met again
