@@ -467,3 +467,19 @@ def test_under_overload_in_submission_order_it_keeps_deciding(
     assert not [record for record in caplog.records if record.levelno >= logging.ERROR]  # no decision failed
     assert any(flagged for _, _, flagged in traffic.choices) and not traffic.choices[-1][2]
     assert stats.total_completed == len(traffic.latencies)
+
+
+def test_a_timer_that_fires_late_shortens_the_wait_by_its_lateness() -> None:
+    controller = SloController.of(ours.BatcherSettings(latency_slo_s=SLO_S, grouping="by_cost"), "test")
+    assert controller is not None
+    controller.model = timed_batches(GPU, [1, 2, 4, 8, 16, 32] * 2)
+    costs = sorted(doc.tokens for _, doc in poisson_arrivals(1000.0, 0.3, seed=5))
+    curve = ClearingCurve.of(controller.model, pools_of(costs), 0.11)  # waits up to 250 - 2 x 110 = 30 ms
+    on_time = controller._choice(curve).wait_s
+    for _ in range(100):
+        controller.own_time.timer_fired(0.004)
+    late = controller.own_time.timer_late_s
+    assert late == pytest.approx(0.004, rel=0.01)
+    assert on_time == pytest.approx(SLO_S - 2 * 0.11) and controller._choice(curve).wait_s == pytest.approx(
+        on_time - late
+    )
