@@ -95,7 +95,7 @@ about three targets' time, so that a priority whose records stop carrying one is
 WARN_AGAIN_S = 60.0
 """Seconds without overload (at least a hundred targets' times) after which a new overload is warned of again."""
 FASTEST_REACH = 2.0
-"""Under overload, limits up to this many times the tightest target are weighed for the most records per second."""
+"""Overloaded and falling behind, limits up to this many times the tightest target are weighed (`FastestBatches`)."""
 FALLING_BEHIND = 0.8
 """Overloaded and serving less than this share of the arrivals: the limit chosen for latency falls behind the load,
 and longer batches are weighed (`FastestBatches`) until the load falls."""
@@ -159,10 +159,21 @@ class OverloadWatch:
 
 
 class FastestBatches:
-    """Under overload, the batch time limit that serves the most records per second; a log line each way.
+    """While overloaded and falling behind: the batch time limit that serves the load and its backlog soonest.
+
+    Longer batches than the target allows are weighed too; when no limit clears the load, the one
+    that serves the most records per second wins. It logs its choice once, and once more when the
+    load falls (`leave`).
 
     Args:
         batcher_name: For the log lines.
+
+    Example:
+        ```python
+        fastest = FastestBatches("embed")
+        curve = fastest.choose(model, pools, curves, reach_s=0.5, load=(600.0, 2_000), latency=predict)
+        fastest.leave(arrivals_per_s=200.0)  # logs that it is back to the target's limit
+        ```
     """
 
     def __init__(self, batcher_name: str) -> None:
