@@ -96,7 +96,7 @@ WARN_AGAIN_S = 60.0
 """Seconds without overload (at least a hundred targets' times) after which a new overload is warned of again."""
 FASTEST_REACH = 2.0
 """Overloaded and falling behind, limits up to this many times the tightest target are weighed (`FastestBatches`)."""
-FALLING_BEHIND = 0.8
+FALLING_BEHIND = 0.75
 """Overloaded and serving less than this share of the arrivals: the limit chosen for latency falls behind the load,
 and longer batches are weighed (`FastestBatches`) until the load falls."""
 SUSTAINABLE_EVERY = 8

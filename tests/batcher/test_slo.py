@@ -394,8 +394,8 @@ async def test_a_plain_def_in_a_worker_thread_is_timed_and_batched_within_the_li
 
 # -- overload: the most records per second, and back ---------------------------------------------------------------
 
-OVERLOAD = [(100.0, 5.0), (900.0, 6.0), (100.0, 25.0)]
-"""A calm start, twice what the device clears within the target (about 450 records/s), then calm again."""
+OVERLOAD = [(100.0, 5.0), (1500.0, 4.0), (100.0, 30.0)]
+"""A calm start, about twice what the device clears at all (thrice what it clears within the target), calm again."""
 
 
 def served_by(traffic: Traffic, until: float) -> int:
