@@ -14,9 +14,11 @@ target, the model gives the latency quantile each priority would see (`latency_m
 a priority's records wait behind those of its own and higher priorities, and behind a lower
 one's batch already running), corrected by how far its predictions were from what the records
 then saw. The limit whose worst priority takes the smallest share of its target wins (the current
-one stays while it is about as good, so that noise does not move it). With records of priorities
-without a target beside, the limit that clears the most records per second among those that keep
-every target with margin wins instead: the others' work gets the device's best throughput.
+one stays while it is about as good, so that noise does not move it; and while more records wait
+than a steady cycle leaves, no shorter one replaces it: shorter batches would clear them slower).
+With records of priorities without a target beside, the limit that clears the most records per
+second among those that keep every target with margin wins instead: the others' work gets the
+device's best throughput.
 
 When even the best limit misses a target at the load offered, and the latest records miss it too
 (or no limit clears the load at all), that priority is overloaded: the batcher logs one warning,
@@ -388,6 +390,8 @@ class SloController:
         curves = [ClearingCurve.of(self.model, pools, limit) for limit in self._candidates(costs)]
         curve = self._best(curves, classes)
         before = self._tally.choice.batch_time_s if self._tally.choice is not None else None
+        if before is not None and curve.limit_s < before and self._backlogged(curve):  # shorter batches clear less
+            curve = next((kept for kept in curves if kept.limit_s == before), curve)
         if before != curve.limit_s:
             self._chosen_at = now
         self._judge(curve, classes, now, steady=not self._backlogged(curve))
