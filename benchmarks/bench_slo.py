@@ -425,7 +425,8 @@ def chart(
             Panel("p99 latency, ms (log scale)", p99, log=True, threshold=SLO_S * 1000, threshold_label="target"),
             Panel("records/s served", served),
         ),
-        note=f"{clock.capitalize()} clock, {duration:.0f} s per run (benchmarks/bench_slo.py --clock {clock}).",
+        note=f"{clock.capitalize()} clock, {duration:.0f} {'simulated ' if clock == 'virtual' else ''}s per run "
+        f"(benchmarks/bench_slo.py --clock {clock}).",
     )
 
 
