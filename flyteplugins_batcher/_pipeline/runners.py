@@ -161,6 +161,8 @@ class RunnerPool:
                 if batch is None:
                     post(hooks.on_retired, skipped)
                     return
+                if finished is not None:
+                    batch.after_s = finished.ended_at
                 post(hooks.on_dispatched, batch, skipped)
                 try:
                     self._drive_sync(batch, context, lambda part, outcome: post(hooks.on_outcome, part, outcome))
@@ -182,6 +184,8 @@ class RunnerPool:
             if batch is None:
                 hooks.on_retired(skipped)
                 return
+            if finished is not None:
+                batch.after_s = finished.ended_at  # the time between is the batcher's own (settling, planning)
             hooks.on_dispatched(batch, skipped)
             try:
                 await self._drive_async(batch, hooks.on_outcome)
@@ -238,7 +242,11 @@ class RunnerPool:
     def _time_call(self, batch: Batch, part: list[Envelope], started: float, results: Any) -> None:
         """`part` of `batch` (all of it, unless a failing batch was split) left the process function with `results`."""
         cost = batch.cost if part is batch.envelopes else sum(envelope.cost for envelope in part)
-        batch.device_s += self._busy.exit_call(started, len(part), cost, results)  # what a latency target learns from
+        seconds = self._busy.exit_call(started, len(part), cost, results)
+        batch.device_s += seconds  # what a latency target learns from, with the time between batches
+        if not batch.calls:
+            batch.started_at = started
+        batch.ended_at = started + seconds
         batch.calls += 1
 
     def _attempts(

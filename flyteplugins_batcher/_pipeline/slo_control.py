@@ -14,14 +14,26 @@ target, the model gives the latency quantile each priority would see (`latency_m
 a priority's records wait behind those of its own and higher priorities, and behind a lower
 one's batch already running), corrected by how far its predictions were from what the records
 then saw. The limit whose worst priority takes the smallest share of its target wins (the current
-one stays while it is about as good, so that noise does not move it). With records of priorities
-without a target beside, the limit that clears the most records per second among those that keep
-every target with margin wins instead: the others' work gets the device's best throughput.
+one stays while it is about as good, so that noise does not move it; and while more records wait
+than a steady cycle leaves, no shorter one replaces it: shorter batches would clear them slower).
+With records of priorities without a target beside, the limit that clears the most records per
+second among those that keep every target with margin wins instead: the others' work gets the
+device's best throughput.
 
 When even the best limit misses a target at the load offered, and the latest records miss it too
 (or no limit clears the load at all), that priority is overloaded: the batcher logs one warning,
-`BatchStats.slo.overloaded` says so until the load falls, and it keeps the batches that clear the
-most records.
+and `BatchStats.slo.overloaded` says so until the load falls. If it then serves well under the
+records that arrive (`FALLING_BEHIND`), it weighs longer batches too, up to twice the tightest
+target (`FastestBatches`): the limit that clears the backlog and then serves the arrivals soonest,
+or, when no limit clears the load, the batches that serve the most records per second; a target
+that cannot be met is no reason to serve fewer. It says so once, and once the load falls so that
+the best limit is predicted within the target again, it says so and goes back to the limit chosen
+for latency.
+
+On a real clock, the batcher's own time between batches (settling one, planning the next) and how
+late its timer fires count too (`latency_model.OwnTime`): the model learns each batch's time as
+its call's plus the time before it, so that the capacity the controller reckons with is what the
+device and the batcher achieve together.
 
 Until it has timed a few batches, batches start small (1, 2, 4 records), so that the first ones
 teach the model without keeping anybody waiting.
@@ -35,6 +47,7 @@ import statistics
 import time
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING
 
 from flyteplugins_batcher._measure.slo_stats import SloChoice, SloTally, SloVerdict, describe
@@ -43,6 +56,7 @@ from flyteplugins_batcher._pipeline.latency_model import (
     BatchLimit,
     ClearingCurve,
     LatencyModel,
+    OwnTime,
     pools_of,
     predicted_latency,
 )
@@ -82,6 +96,13 @@ OWN_TARGET_DECISIONS = 32
 about three targets' time, so that a priority whose records stop carrying one is soon back to its setting."""
 WARN_AGAIN_S = 60.0
 """Seconds without overload (at least a hundred targets' times) after which a new overload is warned of again."""
+FASTEST_REACH = 2.0
+"""Overloaded and falling behind, limits up to this many times the tightest target are weighed (`FastestBatches`)."""
+FALLING_BEHIND = 0.75
+"""Overloaded and serving less than this share of the arrivals: the limit chosen for latency falls behind the load,
+and longer batches are weighed (`FastestBatches`) until the load falls."""
+SUSTAINABLE_EVERY = 8
+"""Decisions between two estimates of the sustainable load (shown in the stats and the warning), unless overloaded."""
 
 
 class OverloadWatch:
@@ -139,6 +160,107 @@ class OverloadWatch:
         self._overloaded_at = now
 
 
+class FastestBatches:
+    """While overloaded and falling behind: the batch time limit that serves the load and its backlog soonest.
+
+    Longer batches than the target allows are weighed too; when no limit clears the load, the one
+    that serves the most records per second wins. It logs its choice once, and once more when the
+    load falls (`leave`).
+
+    Args:
+        batcher_name: For the log lines.
+
+    Example:
+        ```python
+        fastest = FastestBatches("embed")
+        curve = fastest.choose(model, pools, curves, reach_s=0.5, load=(600.0, 2_000), latency=predict)
+        fastest.leave(arrivals_per_s=200.0)  # logs that it is back to the target's limit
+        ```
+    """
+
+    def __init__(self, batcher_name: str) -> None:
+        self._name = batcher_name
+        self.active = False
+
+    def choose(
+        self,
+        model: LatencyModel,
+        pools: list[list[list[int]]],
+        curves: list[ClearingCurve],
+        reach_s: float,
+        load: tuple[float, int],
+        latency: Callable[[ClearingCurve], float],
+    ) -> ClearingCurve:
+        """Of `curves` (ascending limits) and longer ones up to `reach_s`, the one that serves `load` soonest.
+
+        `load` is the records arriving per second and those waiting. A limit that clears more than
+        arrive is scored by the time to clear the backlog plus `latency(curve)`, a new record's latency
+        once it is cleared; when none does, the shortest limit within `TIE` of the most records per second.
+        """
+        longer = [curves[-1].limit_s * LADDER]
+        while longer[-1] * LADDER <= reach_s:
+            longer.append(longer[-1] * LADDER)
+        every = [*curves, *(ClearingCurve.of(model, pools, limit) for limit in longer)]
+        # A curve from records in the order they came (fifo) may show a noisy slope <= 0: not a real one.
+        timed = [curve for curve in every if curve.per_record_s > 0] or every[-1:]
+        rate, waiting = load
+        soonest = math.inf
+        chosen = None
+        for curve in timed:
+            spare = 1 / curve.per_record_s - rate if curve.per_record_s > 0 else math.inf
+            took = waiting / spare + latency(curve) if spare > 0 else math.inf
+            if took < soonest / TIE:
+                soonest, chosen = took, curve
+        if chosen is None:  # no limit clears the load: the most records per second
+            best = min(curve.per_record_s for curve in timed)
+            chosen = next(curve for curve in timed if curve.per_record_s <= best * TIE)
+        if not self.active:
+            logger.warning(
+                "%s: overloaded: batches of about %.0f records (%.0f ms), which serve about %.0f records/s, "
+                "until the load falls",
+                self._name,
+                chosen.batch_size,
+                1000 * chosen.limit_s,
+                1 / chosen.per_record_s if chosen.per_record_s > 0 else math.inf,
+            )
+        self.active = True
+        return chosen
+
+    def leave(self, arrivals_per_s: float) -> None:
+        """The load fell within what a limit chosen for latency serves: say so once, if it was overloaded."""
+        if self.active:
+            logger.info(
+                "%s: the load fell to %.0f records/s: back to batches sized for the latency target",
+                self._name,
+                arrivals_per_s,
+            )
+        self.active = False
+
+
+def sustainable_load(curves: list[ClearingCurve], score: Callable[..., float], total: float) -> float:
+    """The highest total load, with today's mix, at which some curve's `score(curve, load=factor)` is at most 1."""
+    if total <= 0:
+        return 0.0
+    fastest = min(curve.per_record_s for curve in curves)
+    low, high = 0.0, 1.0 / (total * fastest) if fastest > 0 else 1e6
+    for _ in range(10):
+        middle = (low + high) / 2
+        if any(score(curve, load=middle) <= 1.0 for curve in curves):
+            low = middle
+        else:
+            high = middle
+    return low * total
+
+
+def remember_tightest(own_targets: dict[int, deque[float]], arrived: dict[int, float]) -> None:
+    """Keep the tightest own target of each priority over the latest `OWN_TARGET_DECISIONS` decisions."""
+    for priority in set(own_targets) | set(arrived):
+        targets = own_targets.setdefault(priority, deque(maxlen=OWN_TARGET_DECISIONS))
+        targets.append(arrived.get(priority, math.inf))  # none came: the targets before age out
+        if math.isinf(min(targets)):
+            del own_targets[priority]
+
+
 class SloStagingArea(StagingArea):
     """The staging area of a batcher with a latency target: it also counts the records that arrive, by priority."""
 
@@ -180,6 +302,10 @@ class SloController:
         self._calibration: dict[int, float] = {}  # observed / predicted latency, per priority
         self._predicted: dict[int, float] = {}  # the model's latest prediction per priority, before calibration
         self._overload = OverloadWatch(settings, batcher_name, self.tightest_s)
+        self._fastest = FastestBatches(batcher_name)
+        self.own_time = OwnTime()  # the batcher's own time between batches, and its timer's lateness
+        self._decisions = 0
+        self._served, self._served_rate = 0, 0.0  # records out of the process function since the last decision
         self._decided_at = -math.inf
         self._chosen_at = -math.inf  # when the batch time limit last changed
         self._counted_since = time.monotonic()
@@ -233,8 +359,10 @@ class SloController:
         envelopes = batch.envelopes
         if batch.calls == 1 and envelopes:  # a batch split to isolate a failure is not one device call
             costs = [envelope.cost for envelope in envelopes]
-            self.model.observe(len(costs), sum(costs), max(costs), batch.in_flight_before, batch.device_s)
+            seconds = batch.device_s + self.own_time.before(batch.after_s, batch.started_at)
+            self.model.observe(len(costs), sum(costs), max(costs), batch.in_flight_before, seconds)
             self._costs.extend(costs)
+        self._served += len(envelopes)
         now = time.monotonic()
         if self.model.batches < LEARNING_BATCHES:
             if self._staging is not None:
@@ -261,14 +389,26 @@ class SloController:
         pools = pools_of(costs, windows=1 if self._by_cost else 8)
         curves = [ClearingCurve.of(self.model, pools, limit) for limit in self._candidates(costs)]
         curve = self._best(curves, classes)
-        choice = self._choice(curve)
-        if self._tally.choice is None or self._tally.choice.batch_time_s != choice.batch_time_s:
+        before = self._tally.choice.batch_time_s if self._tally.choice is not None else None
+        if before is not None and curve.limit_s < before and self._backlogged(curve):  # shorter batches clear less
+            curve = next((kept for kept in curves if kept.limit_s == before), curve)
+        if before != curve.limit_s:
             self._chosen_at = now
         self._judge(curve, classes, now, steady=not self._backlogged(curve))
+        arrivals = self._tally.arrivals_per_s = sum(self._rates.values())
+        if self._tally.overloaded and (self._fastest.active or self._served_rate < FALLING_BEHIND * arrivals):
+            load, reach = (arrivals, self._staging.waiting if self._staging else 0), FASTEST_REACH * self.tightest_s
+            after = partial(predicted_latency, rate=arrivals, burst_z=self._burst_z, horizon_s=100 * self.tightest_s)
+            curve = self._fastest.choose(self.model, pools, curves, reach, load, after)
+            self._chosen_at = now if before != curve.limit_s else self._chosen_at
+        else:
+            self._fastest.leave(arrivals)
+        choice = self._choice(curve)
         self._tally.choice = choice
         self._tally.model = self.model.as_dict()
-        self._tally.arrivals_per_s = sum(self._rates.values())
-        self._tally.sustainable_per_s = self._sustainable(curves, classes)
+        if self._decisions % SUSTAINABLE_EVERY == 0 or self._tally.overloaded:
+            self._tally.sustainable_per_s = self._sustainable(curves, classes)
+        self._decisions += 1
         if self._staging is not None:
             self._apply(choice, self._staging)
         self._decide_cost_s = time.perf_counter() - started
@@ -283,18 +423,11 @@ class SloController:
             measured = self._arrived.get(priority, 0) / elapsed
             previous = self._rates.get(priority)
             self._rates[priority] = measured if previous is None else previous + weight * (measured - previous)
-        self._arrived = {}
+        self._served_rate += weight * (self._served / elapsed - self._served_rate)
+        self._arrived, self._served = {}, 0
         self._counted_since = now
-        self._remember_own_targets()
-
-    def _remember_own_targets(self) -> None:
-        """Keep the tightest own target of each priority over the latest `OWN_TARGET_DECISIONS` decisions."""
         arrived, self._own_arrived = self._own_arrived, {}
-        for priority in set(self._own_targets) | set(arrived):
-            targets = self._own_targets.setdefault(priority, deque(maxlen=OWN_TARGET_DECISIONS))
-            targets.append(arrived.get(priority, math.inf))  # none came: the targets before age out
-            if math.isinf(min(targets)):
-                del self._own_targets[priority]
+        remember_tightest(self._own_targets, arrived)
 
     def _classes(self) -> list[tuple[int, float, float]]:
         """Each priority with a target that records came in at: (priority, target, records/s at or above it)."""
@@ -347,7 +480,8 @@ class SloController:
     def _predict(self, curve: ClearingCurve, slo_s: float, rate: float, load: float = 1.0) -> float:
         """The latency quantile of a priority that sees `rate` records/s at or above it, at `load` times that."""
         behind_others = rate < sum(self._rates.values())  # lower priorities run too: their batch may be running
-        return predicted_latency(curve, rate * load, self._burst_z, 4 * slo_s, behind_others=behind_others)
+        predicted = predicted_latency(curve, rate * load, self._burst_z, 4 * slo_s, behind_others=behind_others)
+        return predicted + self.own_time.timer_late_s
 
     def _best(self, curves: list[ClearingCurve], classes: list[tuple[int, float, float]]) -> ClearingCurve:
         """The current limit if it scores about as well as the best, else the shortest of the best scored.
@@ -370,7 +504,8 @@ class SloController:
 
     def _choice(self, curve: ClearingCurve) -> SloChoice:
         settings = self._settings
-        wait = min(settings.batch_timeout_s, max(self.tightest_s - 2 * curve.limit_s, 0.0))
+        late = self.own_time.timer_late_s  # the timer fires that late: wait that much less
+        wait = min(settings.batch_timeout_s, max(self.tightest_s - 2 * curve.limit_s - late, 0.0))
         in_flight = settings.in_flight_cost_limit
         per_in_flight = self.model.coefficients[-1]
         if per_in_flight > 0:
@@ -439,14 +574,4 @@ class SloController:
     def _sustainable(self, curves: list[ClearingCurve], classes: list[tuple[int, float, float]]) -> float:
         """The highest total load, with today's mix, at which some limit is predicted to meet every target."""
         total = sum(self._rates.values())
-        if not classes or total <= 0:
-            return 0.0
-        fastest = min(curve.per_record_s for curve in curves)
-        low, high = 0.0, 1.0 / (total * fastest) if fastest > 0 else 1e6
-        for _ in range(12):
-            middle = (low + high) / 2
-            if any(self._score(curve, classes, middle) <= 1.0 for curve in curves):
-                low = middle
-            else:
-                high = middle
-        return low * total
+        return sustainable_load(curves, partial(self._score, classes=classes), total) if classes else 0.0

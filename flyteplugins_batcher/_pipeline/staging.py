@@ -43,6 +43,9 @@ class Batch:
     in_flight_before: int = 0  # cost already in flight when a runner took it
     device_s: float = 0.0  # seconds inside the process function, measured by its runner
     calls: int = 0  # calls of the process function it took (more than one when split to isolate a failure)
+    started_at: float = 0.0  # when its first call began (`time.monotonic`), and when its last one ended
+    ended_at: float = 0.0
+    after_s: float | None = None  # when its runner's batch before it ended, if the runner went straight on to it
 
 
 @dataclass

@@ -113,6 +113,24 @@ async def test_submit_from_another_event_loop_is_a_clear_error():
     assert error is not None and "another event loop" in str(error)
 
 
+def test_submit_from_another_event_loop_on_the_same_thread_is_a_clear_error() -> None:
+    # The batcher's loop is stopped, not closed, and another runs on its thread: the thread alone says nothing.
+    batcher = ours.DynamicBatcher(lambda batch: batch)
+    first = asyncio.new_event_loop()
+    try:
+        first.run_until_complete(batcher.start())
+
+        async def submit() -> None:
+            await batcher.submit(1)
+
+        with pytest.raises(RuntimeError, match="another event loop"):
+            asyncio.run(submit())
+        assert batcher.stats.total_submitted == 0
+        first.run_until_complete(batcher.stop())
+    finally:
+        first.close()
+
+
 async def test_a_timeout_around_run_fires_even_when_the_device_hangs():
     stuck = threading.Event()
 

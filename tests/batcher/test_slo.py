@@ -22,6 +22,8 @@ import flyteplugins_batcher as ours
 from benchmarks._padded_gpu import Doc, PaddedGpu, poisson_arrivals
 from benchmarks._virtual_clock import VirtualClock
 from flyteplugins_batcher._pipeline.latency_model import BatchLimit, ClearingCurve, LatencyModel, pools_of
+from flyteplugins_batcher._pipeline.slo_control import SloController
+from flyteplugins_batcher._pipeline.staging import Batch
 
 REAL_MONOTONIC = time.monotonic
 GPU = PaddedGpu(fixed_s=0.010, per_padded_token_s=10e-6)
@@ -388,3 +390,96 @@ async def test_a_plain_def_in_a_worker_thread_is_timed_and_batched_within_the_li
     slo = batcher.stats.slo
     assert slo is not None and slo.completed == len(docs) and 0 <= slo.met <= slo.completed
     assert slo.model["overhead_s"] > 0 and slo.choice is not None
+
+
+# -- overload: the most records per second, and back ---------------------------------------------------------------
+
+OVERLOAD = [(100.0, 5.0), (1500.0, 4.0), (100.0, 30.0)]
+"""A calm start, about twice what the device clears at all (thrice what it clears within the target), calm again."""
+
+
+def served_by(traffic: Traffic, until: float) -> int:
+    """Records answered by `until` (seconds from the first phase's start)."""
+    return sum(
+        arrived + latency <= until for arrived, latency in zip(traffic.arrived_at, traffic.latencies, strict=True)
+    )
+
+
+def test_under_overload_it_serves_the_most_records_and_comes_back_when_the_load_falls(
+    clock: VirtualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="flyteplugins_batcher")
+    traffic, stats = run_phases(clock, lambda: slo_batcher(max_queue_size=0), OVERLOAD)
+    overloaded = [limit for _, limit, flagged in traffic.choices if flagged]
+    calm = [limit for _, limit, flagged in traffic.choices if not flagged]
+    assert overloaded and max(overloaded) > SLO_S / 2  # past the limits weighed for latency: the fastest batches
+    assert max(calm) <= SLO_S / 2 + 1e-9
+    assert not traffic.choices[-1][2] and traffic.choices[-1][1] <= SLO_S / 2 + 1e-9  # back to a latency choice
+    messages = [record.getMessage() for record in caplog.records]
+    switched = [number for number, text in enumerate(messages) if "overloaded: batches of about" in text]
+    back = [number for number, text in enumerate(messages) if "back to batches sized for the latency target" in text]
+    assert len(switched) == 1 and len(back) == 1 and switched[0] < back[0]  # said once each way, in that order
+    assert traffic.p99(since=30.0) <= SLO_S  # the backlog served, the target is met again
+    assert stats.total_completed == len(traffic.latencies)
+
+
+def test_under_overload_it_serves_at_least_as_many_records_as_static_batches(clock: VirtualClock) -> None:
+    end_of_overload = OVERLOAD[0][1] + OVERLOAD[1][1]
+    served = {}
+    for name, make in {
+        "ours": lambda: slo_batcher(max_queue_size=0),
+        "static 32": lambda: ours.DynamicBatcher(GPU, grouping="by_cost", max_batch_size=32, max_queue_size=0),
+        "static 8": lambda: ours.DynamicBatcher(GPU, grouping="by_cost", max_batch_size=8, max_queue_size=0),
+    }.items():
+        traffic, _ = run_phases(clock, make, OVERLOAD[:2])
+        served[name] = served_by(traffic, end_of_overload) - served_by(traffic, OVERLOAD[0][1])
+    assert served["ours"] >= 0.98 * max(served["static 32"], served["static 8"]), served
+
+
+def test_the_model_counts_the_batchers_own_time_between_batches() -> None:
+    def learned(gap_s: float | None) -> float:
+        controller = SloController.of(ours.BatcherSettings(latency_slo_s=SLO_S, grouping="by_cost"), "test")
+        assert controller is not None
+        records = [doc for _, doc in poisson_arrivals(1000.0, 1.0, seed=3)]
+        loop = type("Loop", (), {"call_soon": lambda self, *args: None})()
+        clock = 0.0
+        for number, size in enumerate([1, 2, 4, 8, 3, 16, 5, 32, 7, 12] * 3):
+            docs = records[number * 32 : number * 32 + size]
+            batch = Batch([type("E", (), {"cost": doc.tokens})() for doc in docs], 0, "full")  # type: ignore[misc]
+            batch.calls, batch.device_s = 1, GPU.batch_time(docs)
+            batch.after_s = None if gap_s is None or number % 4 == 0 else clock  # every fourth after an idle device
+            clock += gap_s or 0.0
+            batch.started_at, clock = clock, clock + batch.device_s
+            controller.batch_done(batch, loop)  # type: ignore[arg-type]
+        controller.model.fit()
+        return controller.model.as_dict()["overhead_s"]
+
+    assert learned(None) == pytest.approx(GPU.fixed_s, rel=1e-3)  # a virtual clock: no time between batches
+    assert learned(0.002) == pytest.approx(GPU.fixed_s + 0.002, rel=0.05)  # the batcher's 2 ms count as the device's
+
+
+def test_under_overload_in_submission_order_it_keeps_deciding(
+    clock: VirtualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    # In fifo order the clearing curves come from runs of consecutive records: noisy, yet a choice each time.
+    caplog.set_level(logging.INFO)
+    traffic, stats = run_phases(clock, lambda: ours.DynamicBatcher(GPU, latency_slo_s=SLO_S), OVERLOAD)
+    assert not [record for record in caplog.records if record.levelno >= logging.ERROR]  # no decision failed
+    assert any(flagged for _, _, flagged in traffic.choices) and not traffic.choices[-1][2]
+    assert stats.total_completed == len(traffic.latencies)
+
+
+def test_a_timer_that_fires_late_shortens_the_wait_by_its_lateness() -> None:
+    controller = SloController.of(ours.BatcherSettings(latency_slo_s=SLO_S, grouping="by_cost"), "test")
+    assert controller is not None
+    controller.model = timed_batches(GPU, [1, 2, 4, 8, 16, 32] * 2)
+    costs = sorted(doc.tokens for _, doc in poisson_arrivals(1000.0, 0.3, seed=5))
+    curve = ClearingCurve.of(controller.model, pools_of(costs), 0.11)  # waits up to 250 - 2 x 110 = 30 ms
+    on_time = controller._choice(curve).wait_s
+    for _ in range(100):
+        controller.own_time.timer_fired(0.004)
+    late = controller.own_time.timer_late_s
+    assert late == pytest.approx(0.004, rel=0.01)
+    assert on_time == pytest.approx(SLO_S - 2 * 0.11) and controller._choice(curve).wait_s == pytest.approx(
+        on_time - late
+    )
