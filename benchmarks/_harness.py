@@ -169,6 +169,24 @@ def add_fresh_process_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(FRESH_FLAG, type=int, help=argparse.SUPPRESS)
 
 
+def add_order_flags(parser: argparse.ArgumentParser) -> None:
+    """Add `--order` and `--order-window` (`RunOptions.order`, `RunOptions.order_window`): how rows are placed."""
+    from flyteplugins_batcher.jobs import RunOptions
+
+    defaults = RunOptions()
+    parser.add_argument(
+        "--order", choices=("prefix", "file"), default=defaults.order, help="rows grouped by shared prefix, or not"
+    )
+    parser.add_argument(
+        "--order-window", type=int, default=defaults.order_window, help="rows placed together in prefix order"
+    )
+
+
+def order_words(args: argparse.Namespace) -> str:
+    """The placement a run used, in words: "prefix order (windows of 8,192 rows)" or "file order"."""
+    return f"prefix order (windows of {args.order_window:,} rows)" if args.order == "prefix" else "file order"
+
+
 def in_fresh_process(script: str, size: int) -> dict[str, float]:
     """Run `script` again with this run's flags and `--one size`, in a fresh process; the figures it printed last."""
     command = [sys.executable, str(Path(script).resolve()), *sys.argv[1:], FRESH_FLAG, str(size)]

@@ -11,6 +11,7 @@ the process's peak resident memory and the peak of Python allocations (tracemall
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import sys
@@ -21,7 +22,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: `benchmarks` imports
 
 from benchmarks._charts import write_chart_data
-from benchmarks._harness import add_fresh_process_flag, benchmark_parser, in_fresh_process, memory_table, peak_memory
+from benchmarks._harness import (
+    add_fresh_process_flag,
+    add_order_flags,
+    benchmark_parser,
+    in_fresh_process,
+    memory_table,
+    order_words,
+    peak_memory,
+)
 
 
 def write_requests(path: Path, count: int) -> None:
@@ -32,7 +41,7 @@ def write_requests(path: Path, count: int) -> None:
             handle.write(json.dumps(line) + "\n")
 
 
-async def run_driver(path: Path, chunk_size: int, max_in_flight: int) -> int:
+async def run_driver(path: Path, args: argparse.Namespace) -> int:
     from flyteplugins_batcher.jobs._driver import fan_out
     from flyteplugins_batcher.jobs._jsonl.job import Job
     from flyteplugins_batcher.replica import ChunkOutcome, EngineSettings, ItemResult, ReplicaSnapshot, RequestChunk
@@ -49,15 +58,17 @@ async def run_driver(path: Path, chunk_size: int, max_in_flight: int) -> int:
         served_model_name="trivial",
         served_embedding_model="trivial",
         model_mismatch="error",
+        order=args.order,
+        window=args.order_window,
     )
     try:
-        await fan_out(job.chunks(chunk_size), answer, job.on_chunk, max_in_flight=max_in_flight)
+        await fan_out(job.chunks(args.chunk_size), answer, job.on_chunk, max_in_flight=args.max_chunks_in_flight)
     finally:
         job.close()
     return job.counts.done
 
 
-def measure(count: int, chunk_size: int, max_in_flight: int) -> dict[str, float]:
+def measure(count: int, args: argparse.Namespace) -> dict[str, float]:
     """Run the driver over `count` lines in this process (call in a fresh one)."""
     import flyte
 
@@ -65,7 +76,7 @@ def measure(count: int, chunk_size: int, max_in_flight: int) -> dict[str, float]
     folder = Path(tempfile.mkdtemp(prefix="jsonl-input-"))
     path = folder / "requests.jsonl"
     write_requests(path, count)
-    done, figures = peak_memory(lambda: asyncio.run(run_driver(path, chunk_size, max_in_flight)))
+    done, figures = peak_memory(lambda: asyncio.run(run_driver(path, args)))
     assert done == count, f"{done} of {count} requests done"
     return {"lines": count, **figures, "input_mib": path.stat().st_size / 2**20}
 
@@ -75,13 +86,17 @@ def main() -> None:
     parser.add_argument("--sizes", default="20000,200000", help="comma-separated line counts")
     parser.add_argument("--chunk-size", type=int, default=32)
     parser.add_argument("--max-chunks-in-flight", type=int, default=16)
+    add_order_flags(parser)
     add_fresh_process_flag(parser)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(measure(args.one, args.chunk_size, args.max_chunks_in_flight)))
+        print(json.dumps(measure(args.one, args)))
         return
     rows = [in_fresh_process(__file__, int(size)) for size in args.sizes.split(",")]
-    print(f"\nJSONL driver, chunks of {args.chunk_size}, at most {args.max_chunks_in_flight} in flight\n")
+    print(
+        f"\nJSONL driver, chunks of {args.chunk_size}, at most {args.max_chunks_in_flight} in flight, "
+        f"{order_words(args)}\n"
+    )
     print(memory_table(rows, "lines"))
     write_chart_data(
         args.chart_data,
@@ -89,7 +104,7 @@ def main() -> None:
         unit="peak RSS in MiB, each size in a fresh process",
         rows=[(f"{row['lines']:,} lines ({row['input_mib']:.1f} MiB)", row["peak_rss_mib"]) for row in rows],
         note=f"A trivial engine that answers at once; chunks of {args.chunk_size}, at most "
-        f"{args.max_chunks_in_flight} in flight (benchmarks/bench_jsonl_memory.py).",
+        f"{args.max_chunks_in_flight} in flight, {order_words(args)} (benchmarks/bench_jsonl_memory.py).",
         digits=0,
     )
 

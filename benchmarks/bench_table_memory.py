@@ -27,7 +27,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: `benchmarks` imports
 
 from benchmarks._charts import write_chart_data
-from benchmarks._harness import add_fresh_process_flag, benchmark_parser, in_fresh_process, memory_table, peak_memory
+from benchmarks._harness import (
+    add_fresh_process_flag,
+    add_order_flags,
+    benchmark_parser,
+    in_fresh_process,
+    memory_table,
+    order_words,
+    peak_memory,
+)
 
 
 def write_table(path: Path, count: int, row_group: int = 10_000) -> None:
@@ -60,7 +68,12 @@ def run_job(path: Path, out: Path, args: argparse.Namespace) -> tuple[int, int]:
     engine_args = json.dumps({"time_scale": args.time_scale, "gpu": {"max_model_len": 512}})
     settings = EngineSettings(engine="simulated", engine_args=engine_args, max_new_tokens=args.max_new_tokens)
     run = RunOptions(
-        chunk_size=args.chunk_size, max_chunks_in_flight=args.max_chunks_in_flight, resume=False, output_dir=str(out)
+        chunk_size=args.chunk_size,
+        max_chunks_in_flight=args.max_chunks_in_flight,
+        resume=False,
+        output_dir=str(out),
+        order=args.order,
+        order_window=args.order_window,
     )
     rows = TableOptions(prompt="{question}")
     if args.via_runner:
@@ -96,6 +109,7 @@ def main() -> None:
         "--via-runner", action="store_true", help="through flyte's local runner (it keeps every action)"
     )
     parser.add_argument("--max-new-tokens", type=int, default=8)
+    add_order_flags(parser)
     add_fresh_process_flag(parser)
     args = parser.parse_args()
     if args.one:
@@ -104,14 +118,16 @@ def main() -> None:
     rows = [in_fresh_process(__file__, int(size)) for size in args.sizes.split(",")]
     in_flight = args.max_chunks_in_flight or "the replicas' slots"
     how = "run_table through flyte's local runner" if args.via_runner else "the driver in this process"
-    print(f"\nThe table job (simulated engine), chunks of {args.chunk_size}, {in_flight} in flight")
+    print(f"\nThe table job (simulated engine), chunks of {args.chunk_size}, {in_flight} in flight, ", end="")
+    print(order_words(args))
     print(f"\n{memory_table(rows, 'rows')}")
     write_chart_data(
         args.chart_data,
         title="The table job's peak memory against the table's size",
         unit="peak RSS in MiB, each size in a fresh process",
         rows=[(f"{row['rows']:,} rows ({row['input_mib']:.1f} MiB)", row["peak_rss_mib"]) for row in rows],
-        note=f"{how} on the simulated engine; chunks of {args.chunk_size}, {args.max_chunks_in_flight} in flight",
+        note=f"{how} on the simulated engine; chunks of {args.chunk_size}, {args.max_chunks_in_flight} in flight, "
+        f"{order_words(args)} (benchmarks/bench_table_memory.py)",
         digits=0,
     )
 

@@ -330,3 +330,15 @@ def test_the_offline_ideal_counts_the_cache_too() -> None:
     assert ideal_on.prefix_cache.cached_tokens == 7 * shared and ideal_off.prefix_cache.cached_tokens == 0
     assert ideal_off.prefill_tokens - ideal_on.prefill_tokens == 7 * shared
     assert ideal_off.makespan_s - ideal_on.makespan_s == pytest.approx(7 * shared * on.gpu.prefill_token_s)
+
+
+def test_the_index_keeps_one_entry_per_run_of_blocks_no_prompt_can_find_and_evicts_them_exactly() -> None:
+    cache = PrefixCache(num_blocks=10, block_size=4)
+    for number in range(4):  # 3-token prompts (no full block to hash) that generate 5: 2 full blocks each, kept
+        run(cache, f"short {number}", [number] * 3, generated=5)
+    assert (cache.cached_blocks, cache.free_blocks, len(cache._lru)) == (8, 10, 1)  # one run of 8, not 4 of 2
+
+    run(cache, "long", [9] * 12 + [8], generated=3)  # 16 tokens, 4 blocks: the 2 blank ones, then 2 evicted
+    assert counts(cache) == (0, 3, 2, 0)  # its 3 prompt blocks computed; 2 of the run's 8 blocks evicted
+    # freed tail first: long's generated block joins the run (now 7, nothing between them), then its 3 prompt blocks
+    assert (cache.cached_blocks, cache.free_blocks, len(cache._lru)) == (10, 10, 4)

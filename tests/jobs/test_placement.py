@@ -8,9 +8,11 @@ and the table job end to end through flyte's local runner, where placement chang
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import random
 import uuid
+import weakref
 from pathlib import Path
 
 import pyarrow as pa
@@ -25,7 +27,7 @@ from flyteplugins_batcher.jobs._table.options import TableOptions
 from flyteplugins_batcher.jobs._table.parts import TableParts
 from flyteplugins_batcher.jobs._table.requests import RowRequests
 from flyteplugins_batcher.jobs._table.source import TableSource
-from flyteplugins_batcher.replica import ChunkCutter, ItemResult, RequestChunk
+from flyteplugins_batcher.replica import ChunkCutter, ItemResult, RequestChunk, RequestItem
 from flyteplugins_batcher.replica._placement import place
 from tests.jobs.conftest import CountingBatcher
 
@@ -168,6 +170,29 @@ def test_a_tables_rows_are_placed_by_prefix_and_its_part_comes_back_in_row_order
     assert written.column("generated_text").to_pylist() == [f"answer to row-{n}" for n in range(11)] + [None]
     assert written.column("error").to_pylist()[-1] == "null_value: column 'question' is null"
     assert (job.counts.done, job.counts.failed) == (12, 1)
+
+
+def test_the_table_job_holds_no_chunk_after_it_is_answered_nor_a_window_after_it_is_written(tmp_path: Path) -> None:
+    rows = question_by_question(documents=8, questions=4)  # 32 rows: 4 windows of 8, chunks of 2
+    job = table_job(tmp_path, pa.table({"question": [text for _, text in rows]}), chunk_size=2, window=8)
+    answered: list[weakref.ref[RequestItem]] = []
+
+    async def run() -> list[int]:
+        alive = []
+        async for chunk in job.chunks():  # each chunk answered before the next is asked for, as one slot would
+            results = [ItemResult(item.key, text="answer") for item in chunk.items]
+            answered.extend(weakref.ref(item) for item in chunk.items)
+            await job.on_chunk(chunk, type("Outcome", (), {"results": results, "computed_since": lambda *_: True,
+                                                           "was_retried": lambda *_: False})(), "")  # fmt: skip
+            del chunk, results
+            gc.collect()
+            alive.append(sum(reference() is not None for reference in answered))
+        return alive
+
+    alive = asyncio.run(run())
+
+    assert alive == [0] * 16  # a request is let go once its chunk is answered, even while its window is handed out
+    assert job._parts == {} and job._chunks == {} and len(job.parts.paths) == 4  # every window written and let go
 
 
 SIMULATED = {

@@ -240,14 +240,27 @@ class PrefixCache:
             private = max(0, full - len(held.blocks))
         self._free_blank += held.blank - private  # its last, part-full block (and what it never filled)
         if private:
-            self._lru[_Block(None, refs=0, size=private)] = None
-            self._free_cached += private
+            self._free_private(private)
         for block in reversed(held.blocks):
             block.refs -= 1
             if not block.refs:
                 self._lru[block] = None
                 self._free_cached += 1
         return held.cached_tokens
+
+    def _free_private(self, count: int) -> None:
+        """`count` freed blocks of content no prompt can find join the LRU order, at its end.
+
+        A run that follows another such run at the end joins it (the two are evicted in the same order
+        either way), so that the index holds one entry per run, not one per sequence: a long run of
+        prompts that share no block costs the index nothing more.
+        """
+        last = next(reversed(self._lru), None)
+        if last is not None and last.key is None:
+            last.size += count
+        else:
+            self._lru[_Block(None, refs=0, size=count)] = None
+        self._free_cached += count
 
     def _longest_hit(self, hashes: Sequence[int]) -> list[_Block]:
         if not self.enabled:

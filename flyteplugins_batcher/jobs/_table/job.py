@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 
@@ -101,35 +103,47 @@ class TableJob:
         prepared = self._prepared()
         while (made := await asyncio.to_thread(next, prepared, None)) is not None:
             part, chunks = made
+            del made  # each chunk is let go once it is handed out: a finished one's requests are freed at once
             for position, error in part.rows.errors.items():
                 self._count(part.rows, position, RowAnswer(error=error), fresh=True, retried=False)
             if not chunks:  # every row failed before it could be sent
                 await self._finish(part)
-            for chunk in chunks:
-                yield chunk
+            del part
+            while chunks:
+                yield chunks.popleft()
         self.progress.total_known = True
 
-    def _prepared(self) -> Iterator[tuple[_Part, list[JobChunk]]]:
-        """Read and cut the table, make each row's request and place them: blocking work, kept off the event loop."""
+    def _prepared(self) -> Iterator[tuple[_Part, deque[JobChunk]]]:
+        """Read and cut the table, make each row's request and place them: blocking work, kept off the event loop.
+
+        Nothing of a part is kept here once it is handed on (its rows, requests and chunks), so that the
+        driver holds one part being cut and the parts whose chunks are out, however long the table.
+        """
         number = 0
         for rows in self._part_rows():
-            items = self._items(rows)
-            part = _Part(
-                rows,
-                [RowAnswer(error=rows.errors[p]) if p in rows.errors else None for p in range(rows.table.num_rows)],
-            )
+            chunks = self._placed(rows, number)  # first: a row whose request fails joins `rows.errors`
+            answers = [
+                RowAnswer(error=rows.errors[p]) if p in rows.errors else None for p in range(rows.table.num_rows)
+            ]
+            part = _Part(rows, answers, outstanding=len(chunks))
             self._parts[rows.index] = part
-            chunks: list[JobChunk] = []
-            for members in ChunkCutter.placed(items, self.chunk_size, self.order):  # type: ignore[arg-type]
-                chosen = [items[member] for member in members]
-                if self.requests.options.encoder:
-                    chunks.append(EmbeddingChunk(number, [item for item in chosen if isinstance(item, EmbeddingItem)]))
-                else:
-                    chunks.append(RequestChunk(number, [item for item in chosen if isinstance(item, RequestItem)]))
-                self._chunks[number] = (rows.index, members)
-                number += 1
-            part.outstanding = len(chunks)
+            number += len(chunks)
+            del rows, answers
             yield part, chunks
+            del part, chunks
+
+    def _placed(self, rows: ChunkRows, first: int) -> deque[JobChunk]:
+        """The part's rows as chunks numbered from `first`, placed in `self.order`."""
+        items = self._items(rows)
+        chunks: deque[JobChunk] = deque()
+        for number, members in enumerate(ChunkCutter.placed(items, self.chunk_size, self.order), first):  # type: ignore[arg-type]
+            chosen = [items[member] for member in members]
+            if self.requests.options.encoder:
+                chunks.append(EmbeddingChunk(number, [item for item in chosen if isinstance(item, EmbeddingItem)]))
+            else:
+                chunks.append(RequestChunk(number, [item for item in chosen if isinstance(item, RequestItem)]))
+            self._chunks[number] = (rows.index, members)
+        return chunks
 
     async def on_chunk(self, chunk: JobChunk, outcome: JobOutcome | None, reason: str) -> None:
         """Answer a finished chunk's rows (`None`: the chunk failed, for `reason`), and write their part once
@@ -190,7 +204,7 @@ class TableJob:
     def _items(self, rows: ChunkRows) -> list[RowItem]:
         """The requests of the part's rows; a row that cannot make one fails now."""
         items = []
-        for position, row in enumerate(rows.table.to_pylist()):
+        for position, row in enumerate(self._python_rows(rows.table)):
             try:
                 items.append(self.requests.item(row, rows.start + position))
             except RowError as error:
@@ -198,6 +212,13 @@ class TableJob:
                 continue
             rows.sent.append(position)
         return items
+
+    @staticmethod
+    def _python_rows(table: pa.Table) -> Iterator[dict[str, Any]]:
+        """The table's rows as Python dicts, converted `READ_ROWS` at a time: a window's rows are never all
+        Python objects at once beside their requests."""
+        for batch in table.to_batches(max_chunksize=READ_ROWS):
+            yield from batch.to_pylist()
 
 
 def cut(batches: Iterator[pa.RecordBatch], size: int) -> Iterator[pa.Table]:
