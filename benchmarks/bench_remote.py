@@ -52,6 +52,8 @@ class Run:
     peak: float = 0.0
     halvings: int = 0
     retries: int = 0
+    mean_in_flight: float = 0.0
+    """Calls in flight, sampled every 50 ms over the run: how full the endpoint was kept."""
 
     @property
     def goodput(self) -> float:
@@ -69,10 +71,19 @@ def requests(lines: int, max_tokens: int) -> list[Request]:
 def run(way: str, base_url: str, records: list[Request], **options: Any) -> Run:
     engine = create_engine("openai", base_url=base_url, timeout_s=300, **options)
     with engine:
+        in_flight: list[int] = []
+
+        async def sample() -> None:
+            while True:
+                in_flight.append(engine.concurrency.in_flight)
+                await asyncio.sleep(0.05)
 
         async def go() -> list[Any]:
+            sampling = asyncio.create_task(sample())
             async with engine.batcher() as batcher:
-                return await batcher.run(records, return_exceptions=True)
+                answered = await batcher.run(records, return_exceptions=True)
+            sampling.cancel()
+            return answered
 
         started = time.perf_counter()
         outcomes = asyncio.run(go())
@@ -81,9 +92,11 @@ def run(way: str, base_url: str, records: list[Request], **options: Any) -> Run:
     limit = engine.concurrency
     result = Run(way, wall, len(done), len(outcomes) - len(done), sum(o.completion_tokens for o in done))
     result.peak, result.halvings, result.retries = limit.peak, limit.halvings, engine.retries
+    result.mean_in_flight = sum(in_flight) / max(len(in_flight), 1)
     print(
         f"{way:>22}: {wall:6.1f} s, {result.goodput:5.2f} lines/s, {result.failed} failed, "
-        f"peak concurrency {limit.peak:.0f}, {limit.halvings} halvings, {engine.retries} retries",
+        f"peak concurrency {limit.peak:.0f}, mean in flight {result.mean_in_flight:.1f}, "
+        f"{limit.halvings} halvings, {engine.retries} retries",
         flush=True,
     )
     return result
@@ -146,11 +159,12 @@ def main() -> None:
     )
 
 
-ROW_HEADERS = ["way", "wall time", "lines/s", "answered", "peak concurrency", "halvings", "retries"]
+ROW_HEADERS = ["way", "wall time", "lines/s", "answered", "peak concurrency", "mean in flight", "halvings", "retries"]
 
 
 def row_values(run: Run) -> list[Any]:
-    return [run.way, round(run.wall_s, 1), round(run.goodput, 2), run.answered, run.peak, run.halvings, run.retries]
+    measured = [round(run.wall_s, 1), round(run.goodput, 2), run.answered, run.peak, round(run.mean_in_flight, 1)]
+    return [run.way, *measured, run.halvings, run.retries]
 
 
 def report(runs: list[Run], lines: int, rounds: int) -> None:
@@ -161,7 +175,7 @@ def report(runs: list[Run], lines: int, rounds: int) -> None:
     print("\n| " + " | ".join(ROW_HEADERS) + " |\n|" + "---|" * len(ROW_HEADERS))
     for run in runs:
         row = f"| {run.way} | {run.wall_s:.1f} s | {run.goodput:.2f} | {run.answered}/{lines} | {run.peak:.0f} |"
-        print(f"{row} {run.halvings} | {run.retries} |")
+        print(f"{row} {run.mean_in_flight:.1f} | {run.halvings} | {run.retries} |")
     print(f"\nadaptive goodput: {adaptive.goodput / best.goodput:.2f}x the best fixed ({best.way}); goal >= 0.95x")
     ratio = faulty.wall_s / clean.wall_s
     print(f"30% 429: {faulty.answered}/{lines} answered, {ratio:.2f}x the time without errors; goal <= 1.5x")
