@@ -152,7 +152,8 @@ def main() -> None:
     write_chart_data(
         args.chart_data,
         title=f"{args.lines} chat lines through the remote engine to vLLM's own server",
-        unit=f"lines answered per second of wall time, median of {args.rounds} rounds (higher is better)",
+        unit="lines answered per second of wall time (higher is better)"
+        + (f", median of {args.rounds} rounds" if args.rounds > 1 else ""),
         rows=[(run.way, run.goodput) for run in runs],
         note=f"vLLM's CPU build, SmolLM2 {args.dtype}, --max-num-seqs {args.max_num_seqs}, at most "
         f"{args.max_tokens} tokens per answer; FaultyProxy answers 30% 429 (bench_remote.py).",
