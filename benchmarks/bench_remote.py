@@ -13,7 +13,9 @@ most `--max-tokens` tokens, sent through `create_engine("openai", ...)` and its 
 Goodput: lines answered per second of wall time. Goals: adaptive at least 0.95x the best fixed concurrency; with
 30% 429s every line answered once, within 1.5x the time without errors.
 
-Run: `flock /tmp/bench.lock python benchmarks/bench_remote.py`.
+Each round runs every way once, in turn; each way's median over `--rounds` is shown.
+
+Run: `flock /tmp/bench.lock python benchmarks/bench_remote.py` (`make bench-remote`).
 """
 
 from __future__ import annotations
@@ -21,14 +23,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks._charts import add_chart_flag, write_chart_data
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: `benchmarks` imports
+
+from benchmarks._charts import write_chart_data
+from benchmarks._contenders import vllm_engine_flags
 from benchmarks._faulty_proxy import FaultyProxy
+from benchmarks._harness import VLLM_ENGINE, benchmark_parser, median_run, write_rows_json
 from benchmarks.server_process import vllm_server
 from flyteplugins_batcher.engines import Completion, GenerationConfig, Request, bundled_smollm2_path, create_engine
 
@@ -45,6 +52,8 @@ class Run:
     peak: float = 0.0
     halvings: int = 0
     retries: int = 0
+    mean_in_flight: float = 0.0
+    """Calls in flight, sampled every 50 ms over the run: how full the endpoint was kept."""
 
     @property
     def goodput(self) -> float:
@@ -62,10 +71,19 @@ def requests(lines: int, max_tokens: int) -> list[Request]:
 def run(way: str, base_url: str, records: list[Request], **options: Any) -> Run:
     engine = create_engine("openai", base_url=base_url, timeout_s=300, **options)
     with engine:
+        in_flight: list[int] = []
+
+        async def sample() -> None:
+            while True:
+                in_flight.append(engine.concurrency.in_flight)
+                await asyncio.sleep(0.05)
 
         async def go() -> list[Any]:
+            sampling = asyncio.create_task(sample())
             async with engine.batcher() as batcher:
-                return await batcher.run(records, return_exceptions=True)
+                answered = await batcher.run(records, return_exceptions=True)
+            sampling.cancel()
+            return answered
 
         started = time.perf_counter()
         outcomes = asyncio.run(go())
@@ -74,62 +92,94 @@ def run(way: str, base_url: str, records: list[Request], **options: Any) -> Run:
     limit = engine.concurrency
     result = Run(way, wall, len(done), len(outcomes) - len(done), sum(o.completion_tokens for o in done))
     result.peak, result.halvings, result.retries = limit.peak, limit.halvings, engine.retries
+    result.mean_in_flight = sum(in_flight) / max(len(in_flight), 1)
     print(
         f"{way:>22}: {wall:6.1f} s, {result.goodput:5.2f} lines/s, {result.failed} failed, "
-        f"peak concurrency {limit.peak:.0f}, {limit.halvings} halvings, {engine.retries} retries",
+        f"peak concurrency {limit.peak:.0f}, mean in flight {result.mean_in_flight:.1f}, "
+        f"{limit.halvings} halvings, {engine.retries} retries",
         flush=True,
     )
     return result
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--lines", type=int, default=96)
-    parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--sweep", default="2,4,8,16,32,64")
-    parser.add_argument("--max-num-seqs", type=int, default=16)
-    add_chart_flag(parser)
+def parse_args() -> argparse.Namespace:
+    engine = {**VLLM_ENGINE, "max_model_len": 1024, "max_num_seqs": 16, "kv_cache_gb": 1.0}
+    parser = benchmark_parser(__doc__, rounds=1, quick=False, json=None, **engine)
+    parser.add_argument("--lines", type=int, default=96, help="chat requests per run")
+    parser.add_argument("--max-tokens", type=int, default=32, help="new tokens per answer at most")
+    parser.add_argument("--sweep", default="2,4,8,16,32,64", help="the fixed concurrencies, comma-separated")
     args = parser.parse_args()
+    if args.quick:
+        args.lines, args.max_tokens, args.sweep = 24, 8, "4,16"
+    args.sweep = [int(value) for value in args.sweep.split(",")]
+    return args
+
+
+def one_round(base_url: str, server_url: str, records: list[Request], sweep: list[int]) -> list[Run]:
+    """Every way once: the fixed sweep, adaptive, and adaptive behind the proxy without and with 30% 429s."""
+    runs = [
+        run(f"fixed {fixed}", base_url, records, initial_concurrency=fixed, max_concurrency=fixed) for fixed in sweep
+    ]
+    runs.append(run("adaptive", base_url, records))
+    with FaultyProxy(server_url, seed=1).running() as proxy:
+        runs.append(run("adaptive, proxy", f"{proxy.url}/v1", records))
+    with FaultyProxy(server_url, rate_limited=0.3, seed=1).running() as proxy:
+        runs.append(run("adaptive, 30% 429", f"{proxy.url}/v1", records))
+        print(f"proxy: {dict(proxy.seen)}", flush=True)
+    return runs
+
+
+def main() -> None:
+    args = parse_args()
     records = requests(args.lines, args.max_tokens)
-    flags = ["--dtype", "float32", "--enforce-eager", "--max-model-len", "1024"]
-    flags += ["--max-num-seqs", str(args.max_num_seqs), "--kv-cache-memory-bytes", str(1 << 30)]
+    flags = [*vllm_engine_flags(args), "--kv-cache-memory-bytes", str(int(args.kv_cache_gb * 2**30))]
     folder = Path(tempfile.mkdtemp(prefix="bench-remote-"))
-    server = vllm_server(folder, str(bundled_smollm2_path()), *flags)
-    runs: list[Run] = []
+    print(f"load average at the start: {os.getloadavg()[0]:.1f}", flush=True)
+    server = vllm_server(folder, args.model or str(bundled_smollm2_path()), *flags)
+    tried: list[Run] = []
     try:
         base = f"{server.url}/v1"
         run("warm-up", base, records[:16], initial_concurrency=8, max_concurrency=8)
-        for fixed in (int(value) for value in args.sweep.split(",")):
-            runs.append(run(f"fixed {fixed}", base, records, initial_concurrency=fixed, max_concurrency=fixed))
-        runs.append(run("adaptive", base, records))
-        with FaultyProxy(server.url, seed=1).running() as proxy:
-            runs.append(run("adaptive, proxy", f"{proxy.url}/v1", records))
-        with FaultyProxy(server.url, rate_limited=0.3, seed=1).running() as proxy:
-            runs.append(run("adaptive, 30% 429", f"{proxy.url}/v1", records))
-            print(f"proxy: {dict(proxy.seen)}")
+        for number in range(args.rounds):
+            print(f"round {number + 1} of {args.rounds}", flush=True)
+            tried += one_round(base, server.url, records, args.sweep)
     finally:
         server.stop()
-    report(runs, args.lines)
+    ways = list(dict.fromkeys(run.way for run in tried))
+    runs = [median_run([run for run in tried if run.way == way], key=lambda run: run.wall_s) for way in ways]
+    report(runs, args.lines, args.rounds)
+    write_rows_json(args.json, ROW_HEADERS, [row_values(run) for run in runs])
     write_chart_data(
         args.chart_data,
         title=f"{args.lines} chat lines through the remote engine to vLLM's own server",
-        unit="lines answered per second of wall time",
+        unit="lines answered per second of wall time (higher is better)"
+        + (f", median of {args.rounds} rounds" if args.rounds > 1 else ""),
         rows=[(run.way, run.goodput) for run in runs],
-        note="vLLM's CPU build, SmolLM2 float32, --max-num-seqs 16; FaultyProxy answers 30% 429 (bench_remote.py).",
+        note=f"vLLM's CPU build, SmolLM2 {args.dtype}, --max-num-seqs {args.max_num_seqs}, at most "
+        f"{args.max_tokens} tokens per answer; FaultyProxy answers 30% 429 (bench_remote.py).",
     )
 
 
-def report(runs: list[Run], lines: int) -> None:
+ROW_HEADERS = ["way", "wall time", "lines/s", "answered", "peak concurrency", "mean in flight", "halvings", "retries"]
+
+
+def row_values(run: Run) -> list[Any]:
+    measured = [round(run.wall_s, 1), round(run.goodput, 2), run.answered, run.peak, round(run.mean_in_flight, 1)]
+    return [run.way, *measured, run.halvings, run.retries]
+
+
+def report(runs: list[Run], lines: int, rounds: int) -> None:
     by_way = {run.way: run for run in runs}
     best = max((run for run in runs if run.way.startswith("fixed")), key=lambda run: run.goodput)
     adaptive, clean, faulty = by_way["adaptive"], by_way["adaptive, proxy"], by_way["adaptive, 30% 429"]
-    print("\n| way | wall time | lines/s | answered | peak concurrency | halvings | retries |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"\nmedian of {rounds} rounds (by wall time)")
+    print("\n| " + " | ".join(ROW_HEADERS) + " |\n|" + "---|" * len(ROW_HEADERS))
     for run in runs:
         row = f"| {run.way} | {run.wall_s:.1f} s | {run.goodput:.2f} | {run.answered}/{lines} | {run.peak:.0f} |"
-        print(f"{row} {run.halvings} | {run.retries} |")
-    print(f"\nadaptive goodput: {adaptive.goodput / best.goodput:.2f}x the best fixed ({best.way})")
-    print(f"30% 429: {faulty.answered}/{lines} answered, {faulty.wall_s / clean.wall_s:.2f}x the time without errors")
+        print(f"{row} {run.mean_in_flight:.1f} | {run.halvings} | {run.retries} |")
+    print(f"\nadaptive goodput: {adaptive.goodput / best.goodput:.2f}x the best fixed ({best.way}); goal >= 0.95x")
+    ratio = faulty.wall_s / clean.wall_s
+    print(f"30% 429: {faulty.answered}/{lines} answered, {ratio:.2f}x the time without errors; goal <= 1.5x")
     print(f"load average at the end: {os.getloadavg()[0]:.1f}")
 
 
