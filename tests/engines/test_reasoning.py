@@ -115,10 +115,10 @@ def test_smollm2_prompted_to_think_answers_with_its_reasoning_apart_on_vllm_with
     )
     engine.load()
     try:
+        assert type(engine._reasoning).__name__ == "VLLMReasoningParser"  # vLLM's own parser, while loaded
         [completion] = engine.generate([Request(FEW_SHOT, GenerationConfig(max_new_tokens=24))])
     finally:
         engine.close()
-    assert type(engine._reasoning).__name__ == "VLLMReasoningParser"
     check_thought(completion.samples[0], tokenizer)
 
 
