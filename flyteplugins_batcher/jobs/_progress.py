@@ -104,6 +104,7 @@ class ProgressLine:
         self._clock = clock
         self._first: tuple[float, int, int] | None = None  # (time, done, tokens) at the first update with a record
         self._last_shown = -math.inf
+        self._last_counts: tuple[int, int, int, bool] | None = None  # what the last line said was done, of what
 
     @property
     def interval_s(self) -> float:
@@ -145,9 +146,10 @@ class ProgressLine:
     def show(self, state: ProgressState) -> None:
         """Show the state, unless the last line is more recent than the interval."""
         now = self._clock()
-        if now - self._last_shown < self._interval_s:
-            return
-        self._last_shown = now
+        counts = (state.done, state.failed, state.total, state.total_known)
+        if now - self._last_shown < self._interval_s or (not self._interval_s and counts == self._last_counts):
+            return  # with no interval, a line per change: a record counted live, then by its chunk, is one line
+        self._last_shown, self._last_counts = now, counts
         self._write(state.text(self.noun))
 
     def close(self, state: ProgressState) -> None:

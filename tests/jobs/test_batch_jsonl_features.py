@@ -218,9 +218,12 @@ def test_a_local_run_prints_its_progress_the_summary_and_where_the_report_is(tmp
     ours = list(itertools.takewhile(lambda line: "╭" not in line, run.stdout.splitlines()))  # then flyte's panel
     progress, (summary, report) = ours[:-2], ours[-2:]
     counts = [re.match(r"progress: (\d+)(/| requests done of )(\d+)", line) for line in progress]
-    assert [(int(count[1]), int(count[3])) for count in counts if count] == [(1, 2), (2, 3), (3, 3)]  # while reading
+    seen = [(int(count[1]), int(count[3])) for count in counts if count]
+    assert seen[0] == (1, 2) and seen[-1] == (3, 3) and seen == sorted(seen)  # the first while the file is read
+    assert {done for done, _ in seen} == {1, 2, 3}
+    assert all(before != after for before, after in itertools.pairwise(progress))  # a line per change
     assert progress[-1].startswith("progress: 3/3 requests (100%), 0 failed | ") and progress[-1].endswith("| done")
-    assert re.search(r"\| \d+\.\d\d requests/s \|", progress[-1])
+    assert re.search(r"\| \d+\.\d\d requests/s, \d+(\.\d)? output tokens/s \|", progress[-1])
     assert summary.startswith("answered 3/3 requests, 0 failed |")
     results = Path(summary.split("results: ")[1].split(" |")[0])
     assert results.parts[:4] == ("/", "tmp", "flyte", "raw_data") and len(read_lines(str(results))) == 3
