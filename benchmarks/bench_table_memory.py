@@ -9,6 +9,9 @@ is the driver: it reads the table by row groups, makes each row's request, keeps
 (64 rows, 32 at a time: 2,048 rows, as the default 8 x 256), writes each chunk's Parquet part as it
 finishes and publishes the parts. The replica's queue is bounded by the chunks in flight.
 `--via-runner` goes through flyte's local runner instead. Each size runs in a fresh process.
+Each size's process starts with the allocator settings of the driver task's container
+(`--allocators driver`: two glibc malloc arenas, Arrow on the system allocator), as a driver on a
+cluster runs; `--allocators default` leaves glibc's and Arrow's own.
 Reported are the process's peak resident memory, taken before the output is checked, and the peak
 of Python allocations (tracemalloc).
 
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -36,6 +40,7 @@ from benchmarks._harness import (
     order_words,
     peak_memory,
 )
+from flyteplugins_batcher.jobs._environments import DRIVER_ALLOCATOR_ENV
 
 
 def write_table(path: Path, count: int, row_group: int = 10_000) -> None:
@@ -109,9 +114,18 @@ def main() -> None:
         "--via-runner", action="store_true", help="through flyte's local runner (it keeps every action)"
     )
     parser.add_argument("--max-new-tokens", type=int, default=8)
+    parser.add_argument(
+        "--allocators",
+        choices=("driver", "default"),
+        default="driver",
+        help="driver: the allocator settings of the driver task's container (DRIVER_ALLOCATOR_ENV); default: glibc's "
+        "and Arrow's own",
+    )
     add_order_flags(parser)
     add_fresh_process_flag(parser)
     args = parser.parse_args()
+    if args.allocators == "driver":  # read at a process's start: the sizes' fresh processes inherit them
+        os.environ.update(DRIVER_ALLOCATOR_ENV)
     if args.one:
         print(json.dumps(measure(args.one, args)))
         return
@@ -119,7 +133,7 @@ def main() -> None:
     in_flight = args.max_chunks_in_flight or "the replicas' slots"
     how = "run_table through flyte's local runner" if args.via_runner else "the driver in this process"
     print(f"\nThe table job (simulated engine), chunks of {args.chunk_size}, {in_flight} in flight, ", end="")
-    print(order_words(args))
+    print(f"{order_words(args)}, {args.allocators} allocators")
     print(f"\n{memory_table(rows, 'rows')}")
     write_chart_data(
         args.chart_data,

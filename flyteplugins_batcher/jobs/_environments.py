@@ -66,12 +66,20 @@ class ReplicaPool:
         )
 
 
+DRIVER_ALLOCATOR_ENV = {"MALLOC_ARENA_MAX": "2", "ARROW_DEFAULT_MEMORY_POOL": "system"}
+"""A driver's allocators, set in its container: it streams a table through a few worker threads and holds little,
+and with glibc's default of one malloc arena per busy thread (and Arrow's own pool beside them) the memory freed
+between windows stays held, so its peak grew with the table's length (`benchmarks/bench_table_memory.py`)."""
+
+
 def driver_environment(name: str, *depends_on: flyte.TaskEnvironment) -> flyte.TaskEnvironment:
-    """A driver's environment: the driver image, no GPU, deployed together with the replicas it calls."""
+    """A driver's environment: the driver image, no GPU, its allocators held to what streaming needs, deployed
+    together with the replicas it calls."""
     return flyte.TaskEnvironment(
         name=name,
         image=DRIVER_SPEC.resolve(),
         resources=flyte.Resources(cpu=2, memory="4Gi"),
+        env_vars=dict(DRIVER_ALLOCATOR_ENV),
         depends_on=list(depends_on),
     )
 

@@ -49,6 +49,9 @@ def test_driver_task_specs_are_plain_tasks():
         template = spec_of(env, task.short_name).task_template
         assert not template.HasField("reuse_policy")
         assert not template.extended_resources.HasField("gpu_accelerator")
+        # a driver streams its input: its container holds glibc to two arenas and Arrow on the system allocator
+        variables = {pair.key: pair.value for pair in template.container.env}
+        assert variables["MALLOC_ARENA_MAX"] == "2" and variables["ARROW_DEFAULT_MEMORY_POOL"] == "system"
 
 
 def test_the_deploy_plan_covers_each_driver_and_the_replicas_it_calls():
