@@ -326,9 +326,3 @@ def backoff_s(attempt: int, retry_after_s: float | None = None) -> float:
     """The wait before try `attempt + 2`: full jitter over an exponential bound, at least `Retry-After`."""
     jittered = random.uniform(0, min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2**attempt))
     return max(jittered, retry_after_s or 0.0)
-
-
-def engine_summary(engine: OpenAIEngine) -> dict[str, Any]:
-    """What the pacing did, for reports and benchmarks: the concurrency reached, halvings, retries."""
-    limit = engine.concurrency
-    return {"concurrency": limit.limit, "peak": limit.peak, "halvings": limit.halvings, "retries": engine.retries}
