@@ -19,7 +19,13 @@ import time
 from typing import Any
 
 from flyteplugins_batcher import BatcherSettings
-from flyteplugins_batcher.engines._base import Engine, LoadedModel, Outcome, with_engine_options
+from flyteplugins_batcher.engines._base import (
+    Engine,
+    LoadedModel,
+    Outcome,
+    stream_batcher_settings,
+    with_engine_options,
+)
 from flyteplugins_batcher.engines._completion import Completion
 from flyteplugins_batcher.engines._engine_errors import (
     ContextLengthExceededError,
@@ -27,12 +33,11 @@ from flyteplugins_batcher.engines._engine_errors import (
     InvalidPromptError,
     RequestCancelledError,
     UnknownAdapterError,
+    redact,
 )
 from flyteplugins_batcher.engines._openai._pacing import AdaptiveConcurrency, RatePacer
 from flyteplugins_batcher.engines._openai._wire import GarbledAnswerError, WireRequest, completion_of, wire_request
 from flyteplugins_batcher.engines._prompts import PromptRecord, Request, approximate_tokens, describe, normalize_record
-from flyteplugins_batcher.engines._redact import redact
-from flyteplugins_batcher.engines._stream_defaults import stream_batcher_settings
 
 RETRYABLE_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504})
 """Answers that may pass on a second try: rate limits, an overloaded or restarting endpoint."""
