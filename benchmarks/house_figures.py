@@ -6,7 +6,7 @@ so any commit can be measured without checking it out; `WORKTREE` measures the f
 - **lines**, **modules**: the package's Python files (`flyteplugins_batcher/**/*.py`) and their lines, blank
   lines, comments and docstrings included (what `find flyteplugins_batcher -name '*.py' | xargs cat | wc -l` says).
 - **exception classes**: classes of the package that derive, through the package's own classes, from a
-  built-in exception or from a class whose name ends in `Error` or `Exception`.
+  built-in exception or from a class whose name ends in `Error` or `Exception` (warnings left out).
 - **request shapes**: how many of `BatchRequest`, `RequestItem`, `Request`, `PreparedPrompt` the package
   defines, and how many of `GenerationConfig`'s fields `RequestItem` declares again (copies).
 - **dead definitions**: functions, methods and classes of the package whose name occurs nowhere but in
@@ -118,8 +118,9 @@ def base_name(node: ast.expr) -> str:
 
 
 def is_builtin_exception(name: str) -> bool:
+    """Whether `name` is a built-in exception (warnings are not counted: they are not raised as errors)."""
     found = getattr(builtins, name, None)
-    return isinstance(found, type) and issubclass(found, BaseException)
+    return isinstance(found, type) and issubclass(found, BaseException) and not issubclass(found, Warning)
 
 
 def exception_classes(trees: dict[str, ast.Module]) -> set[str]:
