@@ -10,11 +10,11 @@ so any commit can be measured without checking it out; `WORKTREE` measures the f
 - **request shapes**: how many of `BatchRequest`, `RequestItem`, `Request`, `PreparedPrompt` the package
   defines, and how many of `GenerationConfig`'s fields `RequestItem` declares again (copies).
 - **dead definitions**: functions, methods and classes of the package whose name occurs nowhere but in
-  their own definitions, across the package, `tests/`, `benchmarks/`, `workflows/`, `images/`, `docs/` and
-  the README; dunder names, and functions under a decorator that is a call (a route, a command) are
-  left out, as are names defined by a protocol the package answers (vLLM's `log_engine_initialized`,
-  click's `list_commands`, `get_command`). A name
-  defined twice and used once elsewhere is not counted; this is a floor, not vulture's fuller list.
+  their own definitions, across the package, `tests/`, `benchmarks/`, `workflows/`, `images/`, `docs/`
+  (not `docs/development.md`, which reports them) and the README. Left out: dunder names, functions
+  under a decorator that is a call (a route, a command), and names defined by a protocol the package
+  answers (vLLM's `log_engine_initialized`, click's `list_commands`, `get_command`). A name defined
+  twice and used once elsewhere is not counted: this is a floor, not vulture's fuller list.
 - **benchmark setup lines**: in `benchmarks/`, the lines that set a benchmark up rather than measure:
   the repository-root header (`REPO_ROOT = ...`, `sys.path` edits) in the scripts outside the shared
   harness modules (`_*.py`), `argparse` parsers and `add_argument` calls for flags the harness declares
@@ -57,6 +57,7 @@ COMMON_FLAGS = (
     "--chart-data",
 )
 PROTOCOL_NAMES = {"log_engine_initialized", "list_commands", "get_command"}
+FIGURES_PAGE = "docs/development.md"
 WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -184,7 +185,9 @@ def definitions(tree: ast.Module) -> list[str]:
 
 def dead_definitions(texts: dict[str, str], trees: dict[str, ast.Module]) -> list[str]:
     """The package's definitions whose name is written nowhere but where it is defined."""
-    words = Counter(word for text in texts.values() for word in WORD.findall(text))
+    # The page that reports these figures names the dead definitions: it does not use them.
+    read = [text for path, text in texts.items() if path != FIGURES_PAGE]
+    words = Counter(word for text in read for word in WORD.findall(text))
     defined = Counter(name for path, tree in trees.items() if path.startswith(PACKAGE) for name in definitions(tree))
     return sorted(name for name, count in defined.items() if words[name] <= count)
 
