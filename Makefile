@@ -192,6 +192,10 @@ bench-smoke: install  ## every benchmark that runs on a CPU without vLLM, with s
 	$(BIN)/python benchmarks/bench_table_memory.py --sizes 500,2000
 	$(BIN)/python benchmarks/bench_prefix.py --simulated --sim-documents 32 --questions 2 --sim-replicas 1,2 --time-scale 50
 
+REVS ?= 75d6b41 b613641 HEAD
+house-figures: install  ## the house's figures (lines, modules, errors, request shapes, dead code, benchmark setup) at REVS
+	$(BIN)/python benchmarks/house_figures.py $(REVS)
+
 charts: install  ## draw the benchmark pages' charts (docs/benchmarks/charts/) from their data (docs/benchmarks/data/)
 	$(BIN)/python benchmarks/render_charts.py
 

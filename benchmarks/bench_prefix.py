@@ -46,7 +46,7 @@ from benchmarks._contenders import batch_bodies, chat_line, fresh_folder, run_co
 from benchmarks._harness import GSM8K, VLLM_ENGINE, benchmark_parser, gsm8k_rows, medians_by, round_order
 from benchmarks._tables import markdown_table
 from flyteplugins_batcher.engines import bundled_smollm2_path
-from flyteplugins_batcher.jobs._gsm8k.prompt import SYSTEM_PROMPT
+from flyteplugins_batcher.jobs._gsm8k import SYSTEM_PROMPT
 
 WAYS = ("ours, prefix", "ours, file", "vllm run-batch", "LLM.chat", "Ray Data LLM")
 WORKLOADS = ("documents", "few-shot", "plain")

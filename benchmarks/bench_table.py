@@ -64,7 +64,7 @@ from benchmarks._harness import (
 from benchmarks._tables import markdown_table
 from flyteplugins_batcher.engines import bundled_smollm2_path
 from flyteplugins_batcher.engines._smollm2 import BUNDLED_MODEL_NAME
-from flyteplugins_batcher.jobs._gsm8k.prompt import SYSTEM_PROMPT
+from flyteplugins_batcher.jobs._gsm8k import SYSTEM_PROMPT
 
 RAY_PYTHON = REPO_ROOT / ".venv-ray" / "bin" / "python"  # made by `make ray-env`
 WAYS = ("table job", "run-batch", "vllm run-batch", "LLM.chat", "Ray Data LLM")

@@ -92,10 +92,9 @@ Example:
 from __future__ import annotations
 
 from flyteplugins_batcher.batch_api._embeddings import EMBEDDINGS_ENDPOINT, EmbeddingRequest
-from flyteplugins_batcher.batch_api._ids import SeenIds
 from flyteplugins_batcher.batch_api._json import JSONBoundsError, loads_bounded
 from flyteplugins_batcher.batch_api._line_errors import RequestLineError, error_code
-from flyteplugins_batcher.batch_api._lines import read_request_lines
+from flyteplugins_batcher.batch_api._lines import SeenIds, error_line, read_request_lines
 from flyteplugins_batcher.batch_api._requests import (
     ENDPOINTS,
     BatchRequest,
@@ -111,7 +110,6 @@ from flyteplugins_batcher.batch_api._responses import (
     encode_vector,
     response_line,
 )
-from flyteplugins_batcher.batch_api._results import error_line
 
 __all__ = [
     "EMBEDDINGS_ENDPOINT",

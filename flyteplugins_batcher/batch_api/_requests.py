@@ -21,11 +21,11 @@ from flyteplugins_batcher.batch_api._fields import FieldChecks
 from flyteplugins_batcher.batch_api._generation import generation_settings
 from flyteplugins_batcher.batch_api._json import JSONBoundsError, loads_bounded
 from flyteplugins_batcher.batch_api._line_errors import RequestLineError
+from flyteplugins_batcher.batch_api._lines import line_id
 from flyteplugins_batcher.batch_api._logprobs import chat_logprobs, completion_logprobs
 from flyteplugins_batcher.batch_api._messages import chat_messages, template_kwargs
 from flyteplugins_batcher.batch_api._pooling import pooling_request
 from flyteplugins_batcher.batch_api._responses_api import chat_body
-from flyteplugins_batcher.batch_api._results import line_id
 from flyteplugins_batcher.batch_api._tools import ToolUse, tool_use
 from flyteplugins_batcher.engines import GenerationConfig, Request, TokenLogprob, model_display_name
 

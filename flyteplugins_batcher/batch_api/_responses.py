@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any
 from flyteplugins_batcher import __version__
 from flyteplugins_batcher.batch_api._embeddings import EmbeddingRequest, EncodingFormat
 from flyteplugins_batcher.batch_api._endpoints import ENDPOINT_TABLE, Task
+from flyteplugins_batcher.batch_api._lines import output_line
 from flyteplugins_batcher.batch_api._pooling import pooling_body
 from flyteplugins_batcher.batch_api._requests import BatchRequest
-from flyteplugins_batcher.batch_api._results import output_line
 
 if TYPE_CHECKING:
     from flyteplugins_batcher.engines import Completion, Sample

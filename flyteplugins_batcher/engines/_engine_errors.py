@@ -1,8 +1,16 @@
-"""What engines raise: a record that cannot run, a configuration that cannot work, and an engine that died."""
+"""What engines raise: a record that cannot run, a configuration that cannot work, and an engine that died.
+
+And the helpers that word their messages: `shown` (a value, cut short), `parse_json_object`, and `redact`
+(secrets kept out of what the package prints: every credential a text may hold masked).
+"""
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+import json
+import os
+import re
+from collections.abc import Iterable
+from typing import Any, ClassVar, Literal
 
 from flyteplugins_batcher import BatcherError, UnrecoverableError
 
@@ -14,6 +22,62 @@ def shown(value: object, limit: int = 80) -> str:
     except Exception as error:  # a broken __repr__ must not hide the error being reported
         return f"<{type(value).__name__} with failing repr: {error!r}>"
     return text if len(text) <= limit else f"{text[: limit - 3]}..."
+
+
+def parse_json_object(text: str, what: str) -> dict[str, Any]:
+    """The JSON object `text` holds.
+
+    Args:
+        text: JSON text.
+        what: What the text is, for the error message (`"a JSON schema"`).
+
+    Raises:
+        ValueError: `text` is not JSON, or not a JSON object; the message names `what`.
+
+    Example:
+        ```python
+        assert parse_json_object('{"max_model_len": 4096}', "engine arguments") == {"max_model_len": 4096}
+        ```
+    """
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{what} must be JSON text, got {shown(text)}: {error}") from None
+    if not isinstance(parsed, dict):
+        raise ValueError(f"{what} must be a JSON object, got {type(parsed).__name__}: {shown(text)}")
+    return parsed
+
+
+_SECRET_NAME = re.compile(r"(SECRET|TOKEN|PASSWORD|API_KEY|ACCESS_KEY|SESSION|CREDENTIAL)", re.IGNORECASE)
+"""Environment variables whose values are credentials (AWS_SECRET_ACCESS_KEY, OPENAI_API_KEY, HF_TOKEN, ...)."""
+
+_SHORTEST_SECRET = 6
+"""Values shorter than this are not masked: they would mask ordinary words (and no real credential is so short)."""
+
+_SIGNATURES = re.compile(r"(Credential=|Signature=|X-Amz-Signature=|Bearer\s+|sig=|key=)[^\s&,\"'<]+", re.IGNORECASE)
+"""A credential written into a request's line or headers, as an error may quote it."""
+
+MASK = "***"
+
+
+def redact(text: str, *secrets: str | None) -> str:
+    """`text` with every credential masked: `secrets`, each credential in the environment, signed request parts.
+
+    Example:
+        ```python
+        os.environ["OPENAI_API_KEY"] = "sk-live-123456"
+        assert redact("refused sk-live-123456") == "refused ***"
+        ```
+    """
+    for secret in sorted(_known_secrets(secrets), key=len, reverse=True):
+        text = text.replace(secret, MASK)
+    return _SIGNATURES.sub(lambda match: match.group(1) + MASK, text)
+
+
+def _known_secrets(given: Iterable[str | None]) -> set[str]:
+    values = {value for value in given if value}
+    values.update(value for name, value in os.environ.items() if _SECRET_NAME.search(name))
+    return {value for value in values if len(value) >= _SHORTEST_SECRET}
 
 
 InvalidPromptCode = Literal["invalid_prompt", "context_length_exceeded", "invalid_request", "model_mismatch"]

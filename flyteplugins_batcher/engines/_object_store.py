@@ -27,8 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from flyteplugins_batcher.engines._engine_errors import EngineConfigError, ModelNotFoundError
-from flyteplugins_batcher.engines._redact import redact
+from flyteplugins_batcher.engines._engine_errors import EngineConfigError, ModelNotFoundError, redact
 
 T = TypeVar("T")
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from flyteplugins_batcher.engines._engine_errors import ContextLengthExceededError, EngineConfigError
+from flyteplugins_batcher.engines._model_loading import loading_model
 
 PoolingInput = str | tuple[str, str]
 """What a classifier reads: a text, or a (query, document) pair read together (a cross-encoder's)."""
@@ -213,8 +214,6 @@ def _transformers(
     import torch
     from transformers import AutoModelForSequenceClassification
 
-    from flyteplugins_batcher.engines._model_loading import loading_model
-
     device = "cuda" if torch.cuda.is_available() else "cpu"
     with loading_model():
         model = AutoModelForSequenceClassification.from_pretrained(classifier.reference).to(device).eval()
@@ -244,7 +243,7 @@ def _vllm(classifier: Classifier) -> tuple[Callable[[list[PoolingInput]], list[l
     vllm = import_vllm()
     args = with_device_defaults(classifier.engine_args, on_cpu=running_on_cpu())
     args.setdefault("max_model_len", classifier.max_length)
-    with config_errors(classifier.reference), _loading():
+    with config_errors(classifier.reference), loading_model():
         llm = vllm.LLM(classifier.reference, runner="pooling", **args)
     raw = vllm.PoolingParams(use_activation=False)
 
@@ -263,9 +262,3 @@ def _vllm(classifier: Classifier) -> tuple[Callable[[list[PoolingInput]], list[l
         return [out[index] for index in range(len(items))]
 
     return run, lambda: shutdown_offline(llm)
-
-
-def _loading() -> Any:
-    from flyteplugins_batcher.engines._model_loading import loading_model
-
-    return loading_model()

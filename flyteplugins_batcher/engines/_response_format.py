@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from flyteplugins_batcher.engines._json_text import parse_json_object
+from flyteplugins_batcher.engines._engine_errors import parse_json_object
 
 ANY_JSON_OBJECT_SCHEMA = '{"type":"object"}'
 """The schema a `json_object` format decodes with: any JSON object (as vLLM and OpenAI's JSON mode do)."""

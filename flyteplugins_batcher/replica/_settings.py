@@ -117,15 +117,8 @@ class EngineSettings:
         """The replica batcher's keywords these settings give, over the engine's defaults (`engine.batcher(**...)`)."""
         # "split": a record that breaks a whole batch must not fail the other tasks' records batched with it.
         keywords: dict[str, Any] = {"batch_timeout_s": self.batch_timeout_s, "on_error": "split", "name": "llm"}
-        if self.target_batch_tokens:
-            keywords["target_batch_tokens"] = self.target_batch_tokens
-        if self.max_batch_size:
-            keywords["max_batch_size"] = self.max_batch_size
-        if self.max_queue_size:
-            keywords["max_queue_size"] = self.max_queue_size
-        if self.latency_slo_s:
-            keywords["latency_slo_s"] = self.latency_slo_s
-        return keywords
+        given = ("target_batch_tokens", "max_batch_size", "max_queue_size", "latency_slo_s")  # 0: the engine's default
+        return keywords | {name: getattr(self, name) for name in given if getattr(self, name)}
 
     def adapters(self) -> dict[str, str]:
         """The LoRA adapters `lora_modules` names, name -> path, in the order given.

@@ -92,7 +92,7 @@ def engine_hold_keywords(engine: Engine) -> dict[str, object]:
 
     An engine that schedules requests itself (vLLM stream mode, the simulated engine) gets records
     the moment they arrive, and a batch job keeps up to 4x its capacity inside it
-    (`engines/_stream_defaults.py`), in the engine's own first-come queue. An online request would
+    (`stream_batcher_settings` in `engines/_base.py`), in the engine's own first-come queue. An online request would
     wait behind all of them: on the GPU-timed engine, a batch running beside online traffic made
     the online p99 24x its idle value. A server lets the engine hold its slots and a quarter more
     (enough to refill the slots freed at each step), and keeps the rest in the batcher, where

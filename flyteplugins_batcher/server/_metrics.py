@@ -39,6 +39,7 @@ started.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections import Counter as Tally
@@ -148,43 +149,25 @@ class ServerMetrics:
         online_admission: Callable[[], OnlineAdmissionStats | None] = lambda: None,
     ) -> None:
         self.registry = CollectorRegistry()
-        labels = ["batcher"]
-        self.batch_size = Histogram(
-            "batcher_batch_size", "Records per batch", labels, registry=self.registry, buckets=SIZE_BUCKETS
-        )
-        self.batch_cost = Histogram(
+        histogram = functools.partial(_histogram, self.registry, labels=["batcher"])
+        self.batch_size = histogram("batcher_batch_size", "Records per batch", buckets=SIZE_BUCKETS)
+        self.batch_cost = histogram(
             "batcher_batch_cost",
             "Estimated cost per batch, in the batcher's unit (tokens for the LLM)",
-            labels,
-            registry=self.registry,
             buckets=COST_BUCKETS,
         )
-        self.batch_wait = Histogram(
-            "batcher_batch_wait_seconds",
-            "Time a record waited from submit to its batch's dispatch",
-            labels,
-            registry=self.registry,
-            buckets=SECONDS_BUCKETS,
+        self.batch_wait = histogram(
+            "batcher_batch_wait_seconds", "Time a record waited from submit to its batch's dispatch"
         )
-        self.latency = Histogram(
-            "batcher_request_latency_seconds",
-            "Time from submit to a record's result",
-            labels,
-            registry=self.registry,
-            buckets=SECONDS_BUCKETS,
-        )
+        self.latency = histogram("batcher_request_latency_seconds", "Time from submit to a record's result")
         self.http_requests = Counter(
             "batcher_http_requests",
             "HTTP requests by endpoint and outcome",
             ["endpoint", "outcome"],
             registry=self.registry,
         )
-        self.http_duration = Histogram(
-            "batcher_http_request_duration_seconds",
-            "HTTP request handling time",
-            ["endpoint"],
-            registry=self.registry,
-            buckets=SECONDS_BUCKETS,
+        self.http_duration = _histogram(
+            self.registry, "batcher_http_request_duration_seconds", "HTTP request handling time", labels=["endpoint"]
         )
         self.online_ttfb, self.online_ttft, self.online_tpot = _online_metrics(self.registry, online_admission)
         self.registry.register(_StatsCollector(batchers, engine, batch_jobs))
@@ -220,25 +203,33 @@ def _online_metrics(
     """Streamed online requests' time to first byte; online requests' time to first token, and per output token
     after it (vLLM's two figures of a stream); the online target's gauges, read at scrape time."""
     registry.register(_OnlineAdmissionCollector(online_admission))
-    first_byte = Histogram(
+    first_byte = _histogram(
+        registry,
         "batcher_online_time_to_first_byte_seconds",
         "Time from a streamed online request's arrival to its response's headers",
-        registry=registry,
-        buckets=SECONDS_BUCKETS,
     )
-    first = Histogram(
+    first = _histogram(
+        registry,
         "batcher_online_time_to_first_token_seconds",
         "Time from an online request's arrival to its first token",
-        registry=registry,
-        buckets=SECONDS_BUCKETS,
     )
-    per_token = Histogram(
+    per_token = _histogram(
+        registry,
         "batcher_online_time_per_output_token_seconds",
         "Time per output token of an online request, after its first",
-        registry=registry,
-        buckets=SECONDS_BUCKETS,
     )
     return first_byte, first, per_token
+
+
+def _histogram(
+    registry: CollectorRegistry,
+    name: str,
+    documentation: str,
+    *,
+    labels: Sequence[str] = (),
+    buckets: Sequence[float] = SECONDS_BUCKETS,
+) -> Histogram:
+    return Histogram(name, documentation, list(labels), registry=registry, buckets=buckets)
 
 
 def _outcome(status: int) -> str:

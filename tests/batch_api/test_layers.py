@@ -27,4 +27,4 @@ def test_the_modules_import_each_other_without_a_cycle():
         order = list(TopologicalSorter(graph).static_order())
     except CycleError as error:
         raise AssertionError(f"batch_api modules import each other in a circle: {error.args[1]}") from None
-    assert order.index("_results") < order.index("_responses") and order.index("_requests") < order.index("_responses")
+    assert order.index("_lines") < order.index("_responses") and order.index("_requests") < order.index("_responses")

@@ -26,9 +26,9 @@ from flyteplugins_batcher.engines import (
     create_engine,
     model_display_name,
 )
+from flyteplugins_batcher.engines._engine_errors import redact
 from flyteplugins_batcher.engines._model_reference import check_model_reference
 from flyteplugins_batcher.engines._object_store import StoredModel, is_remote
-from flyteplugins_batcher.engines._redact import redact
 
 QUESTIONS = ["What is 2 + 2?", "Name three primary colors.", "Write one sentence about the ocean."]
 GREEDY = GenerationConfig(max_new_tokens=16)

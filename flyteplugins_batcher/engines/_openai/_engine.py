@@ -19,7 +19,13 @@ import time
 from typing import Any
 
 from flyteplugins_batcher import BatcherSettings
-from flyteplugins_batcher.engines._base import Engine, LoadedModel, Outcome, with_engine_options
+from flyteplugins_batcher.engines._base import (
+    Engine,
+    LoadedModel,
+    Outcome,
+    stream_batcher_settings,
+    with_engine_options,
+)
 from flyteplugins_batcher.engines._completion import Completion
 from flyteplugins_batcher.engines._engine_errors import (
     ContextLengthExceededError,
@@ -27,12 +33,11 @@ from flyteplugins_batcher.engines._engine_errors import (
     InvalidPromptError,
     RequestCancelledError,
     UnknownAdapterError,
+    redact,
 )
 from flyteplugins_batcher.engines._openai._pacing import AdaptiveConcurrency, RatePacer
 from flyteplugins_batcher.engines._openai._wire import GarbledAnswerError, WireRequest, completion_of, wire_request
 from flyteplugins_batcher.engines._prompts import PromptRecord, Request, approximate_tokens, describe, normalize_record
-from flyteplugins_batcher.engines._redact import redact
-from flyteplugins_batcher.engines._stream_defaults import stream_batcher_settings
 
 RETRYABLE_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504})
 """Answers that may pass on a second try: rate limits, an overloaded or restarting endpoint."""
@@ -326,9 +331,3 @@ def backoff_s(attempt: int, retry_after_s: float | None = None) -> float:
     """The wait before try `attempt + 2`: full jitter over an exponential bound, at least `Retry-After`."""
     jittered = random.uniform(0, min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2**attempt))
     return max(jittered, retry_after_s or 0.0)
-
-
-def engine_summary(engine: OpenAIEngine) -> dict[str, Any]:
-    """What the pacing did, for reports and benchmarks: the concurrency reached, halvings, retries."""
-    limit = engine.concurrency
-    return {"concurrency": limit.limit, "peak": limit.peak, "halvings": limit.halvings, "retries": engine.retries}

@@ -63,18 +63,12 @@ def wire_request(record: object, generation: GenerationConfig, model: str, syste
 def generation_fields(generation: GenerationConfig) -> dict[str, Any]:
     """OpenAI's fields for the settings (those at their defaults left out, as a client would)."""
     fields: dict[str, Any] = {"max_tokens": generation.max_new_tokens, "temperature": generation.temperature}
-    if generation.top_p != 1.0:
-        fields["top_p"] = generation.top_p
+    defaults = GenerationConfig()
+    for name in ("top_p", "seed", "n", "presence_penalty", "frequency_penalty"):
+        if getattr(generation, name) != getattr(defaults, name):
+            fields[name] = getattr(generation, name)
     if generation.stop:
         fields["stop"] = list(generation.stop)
-    if generation.seed is not None:
-        fields["seed"] = generation.seed
-    if generation.n != 1:
-        fields["n"] = generation.n
-    if generation.presence_penalty:
-        fields["presence_penalty"] = generation.presence_penalty
-    if generation.frequency_penalty:
-        fields["frequency_penalty"] = generation.frequency_penalty
     if generation.logit_bias:
         fields["logit_bias"] = {str(token): bias for token, bias in generation.logit_bias}
     if generation.logprobs is not None:

@@ -25,7 +25,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from flyteplugins_batcher import BatcherSettings
-from flyteplugins_batcher.engines._base import LoadedModel, Outcome, StreamingEngine, with_engine_options
+from flyteplugins_batcher.engines._base import (
+    LoadedModel,
+    Outcome,
+    StreamingEngine,
+    stream_batcher_settings,
+    with_engine_options,
+)
 from flyteplugins_batcher.engines._completion import Completion, FinishReason, Sample, TokenLogprob
 from flyteplugins_batcher.engines._config import GenerationConfig
 from flyteplugins_batcher.engines._engine_errors import (
@@ -34,7 +40,6 @@ from flyteplugins_batcher.engines._engine_errors import (
     UnsupportedSettingError,
 )
 from flyteplugins_batcher.engines._prompts import PreparedPrompt, PromptRecord
-from flyteplugins_batcher.engines._stream_defaults import stream_batcher_settings
 from flyteplugins_batcher.engines.simulated._continuous_batching import (
     OfflineRun,
     SequenceJob,

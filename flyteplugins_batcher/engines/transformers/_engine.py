@@ -39,6 +39,7 @@ from flyteplugins_batcher.engines._model_reference import check_model_reference,
 from flyteplugins_batcher.engines._model_thread import ModelThread
 from flyteplugins_batcher.engines._object_store import StoredModel, is_remote
 from flyteplugins_batcher.engines._prompts import PreparedPrompt
+from flyteplugins_batcher.engines._smollm2 import bundled_smollm2_path
 from flyteplugins_batcher.engines._structured import Grammars
 from flyteplugins_batcher.engines.transformers._passes import Pass, plan_passes
 
@@ -167,7 +168,7 @@ class TransformersEngine(BatchEngine):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.threads = size_torch_threads(torch, self.num_threads)
-        source = self.model_source if self.model_source is not None else str(_bundled_checkpoint())
+        source = self.model_source if self.model_source is not None else str(bundled_smollm2_path())
         device = torch_device(self.device_request)
         dtype = resolve_dtype(self.dtype_request, device)
         if is_remote(source):
@@ -525,12 +526,6 @@ def _split_model_reference(
     if gguf_file is None and path.suffix == ".gguf" and path.is_file():
         return str(path.parent), path.name
     return (str(path) if path.exists() else os.fspath(model)), gguf_file
-
-
-def _bundled_checkpoint() -> Path:
-    from flyteplugins_batcher.engines._smollm2 import bundled_smollm2_path
-
-    return bundled_smollm2_path()
 
 
 def _load_failure_message(source: str, error: OSError) -> str:

@@ -18,8 +18,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from flyteplugins_batcher.engines._engine_errors import EngineConfigError
-from flyteplugins_batcher.engines._json_text import parse_json_object
+from flyteplugins_batcher.engines._engine_errors import EngineConfigError, parse_json_object
 
 CPU_KV_CACHE_CAP_BYTES = 2 << 30
 """At most this much host memory for the KV cache by default on CPU (enough for ~90k SmolLM2 tokens)."""

@@ -42,6 +42,7 @@ from flyteplugins_batcher.engines._base import (
     Engine,
     LoadedModel,
     Outcome,
+    stream_batcher_settings,
     take_engine_options,
     with_engine_options,
 )
@@ -54,7 +55,6 @@ from flyteplugins_batcher.engines._object_store import StoredModel, is_remote
 from flyteplugins_batcher.engines._prompts import PreparedPrompt
 from flyteplugins_batcher.engines._reasoning import ReasoningParser, vllm_reasoning_parser
 from flyteplugins_batcher.engines._response_format import ResponseFormat
-from flyteplugins_batcher.engines._stream_defaults import stream_batcher_settings
 from flyteplugins_batcher.engines.vllm._args import (
     accepted_arguments,
     check_engine_args,

@@ -11,8 +11,14 @@ Example:
 
 from __future__ import annotations
 
-from flyteplugins_batcher.jobs._gsm8k.dataset import SAMPLE_PATH, LoadedProblems, Problem, load_problems
-from flyteplugins_batcher.jobs._gsm8k.prompt import SYSTEM_PROMPT, chat_prompt
+from flyteplugins_batcher.jobs._gsm8k.dataset import (
+    SAMPLE_PATH,
+    SYSTEM_PROMPT,
+    LoadedProblems,
+    Problem,
+    chat_prompt,
+    load_problems,
+)
 from flyteplugins_batcher.jobs._gsm8k.scoring import extract_answer, gold_answer, is_correct, parse_number
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""Loading gsm8k problems: from the Hugging Face Hub, a local jsonl/parquet file, or our bundled sample."""
+"""gsm8k problems loaded (from the Hugging Face Hub, a local jsonl/parquet file, or our sample), and their prompt."""
 
 from __future__ import annotations
 
@@ -14,6 +14,15 @@ logger = logging.getLogger("flyteplugins_batcher.jobs._gsm8k")
 
 HUB_DATASET = ("openai/gsm8k", "main", "test")
 SAMPLE_PATH = Path(__file__).resolve().parent.parent / "data" / "gsm8k_sample.jsonl"
+SYSTEM_PROMPT = (
+    "You are a careful math tutor. Solve the problem step by step with short sentences, "
+    "then finish with a final line of the form 'The answer is N.' where N is a number."
+)
+
+
+def chat_prompt(question: str) -> list[dict[str, str]]:
+    """Chat messages for one problem (engines render them with the model's chat template)."""
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question}]
 
 
 @dataclass(frozen=True)
