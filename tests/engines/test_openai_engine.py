@@ -126,9 +126,14 @@ def test_a_halving_never_goes_below_the_calls_the_endpoint_holds_or_answered_in_
         assert (full.limit, full.halvings, full.slow_start) == (16, 0, True)
         served = AdaptiveConcurrency(initial=32, most=64)
         for _ in range(20):
-            await served.answered(0.5, 10, was_full=False)  # twenty answers within the last round trip
+            await served.answered(2.0, 10, was_full=False)  # twenty answers within the last round trip (2 s)
         await served.overloaded()
-        assert served.limit == 20
+        assert served.limit == pytest.approx(20)  # twenty at once, by Little's law
+        fast = AdaptiveConcurrency(initial=32, most=64)
+        for _ in range(40):
+            await fast.answered(0.1, 10, was_full=False)  # forty in the last second, each in 0.1 s: four at once
+        await fast.overloaded()
+        assert fast.limit == 16
 
     asyncio.run(scenario())
 

@@ -9,7 +9,7 @@ grows by one per round trip. A late answer never shrinks it: a CPU server's late
 machine runs, and says nothing the next answers would not. An overloaded endpoint's answer (429 or 503, or a request
 that timed out) halves it, once per window: only for a request sent after the last halving (what was sent before
 cannot have seen it, so one burst of 429s halves once), and never below what the endpoint holds: the requests in
-flight, or those it answered in the last round trip (Little's law). A share of 429s that says nothing about load, as
+flight, or its answers per second times the round trip (Little's law). A share of 429s that says nothing about load, as
 a provider's per-key limit or a proxy's, then leaves a full endpoint full; an endpoint that refuses what it cannot
 hold is brought down to what it holds. A `Retry-After` pauses every new request until then. `RatePacer` keeps
 optional limits in requests and tokens per minute.
@@ -32,6 +32,12 @@ FORGET = 1.001
 
 INITIAL_CONCURRENCY = 16
 """Requests in flight to start from, unless told."""
+
+MIN_WINDOW_S = 1.0
+"""The least time over which answers per second are counted (a fast endpoint's round trip holds too few)."""
+
+ANSWERS_KEPT = 4096
+"""The answer times kept for that count: enough for 4,096 answers a second."""
 
 
 @dataclass
@@ -78,7 +84,7 @@ class AdaptiveConcurrency:
             raise ValueError(f"concurrency must start at >= 1 and at most {self.most}, got {self.initial}")
         self.limit = float(self.initial)
         self.peak = self.limit
-        self._answer_times = deque(maxlen=self.most)
+        self._answer_times = deque(maxlen=ANSWERS_KEPT)
 
     async def acquire(self) -> None:
         """Wait for a place within the limit (and past any `Retry-After` pause), then take it."""
@@ -120,12 +126,12 @@ class AdaptiveConcurrency:
     async def overloaded(self, retry_after_s: float | None = None, *, sent_at: float | None = None) -> None:
         """A 429, a 503 or a timeout for a request sent at `sent_at` (`time.monotonic()`; `None`: now): pause for
         `retry_after_s`, and, if the request was sent after the last halving, halve the limit, but not below what
-        the endpoint holds: the requests in flight (this one's place included) or those it answered in the last
-        round trip. A halving ends the slow start."""
+        the endpoint holds: the requests in flight (this one's place included), or what it `served` at once of
+        late. A halving ends the slow start."""
         now = time.monotonic()
         if retry_after_s:
             self.paused_until = max(self.paused_until, now + retry_after_s)
-        held = max(self.in_flight + 1, self.answered_within(self._round_trip_s))
+        held = max(self.in_flight + 1, self.served())
         halved = max(1.0, self.limit / 2, float(held))
         if (now if sent_at is None else sent_at) > self._last_halving and halved < self.limit:
             self.limit = halved
@@ -134,10 +140,13 @@ class AdaptiveConcurrency:
             self.slow_start = False
         await self._wake()
 
-    def answered_within(self, seconds: float) -> int:
-        """Answers the endpoint gave in the last `seconds`."""
-        since = time.monotonic() - seconds
-        return sum(1 for _ in itertools.takewhile(lambda at: at >= since, reversed(self._answer_times)))
+    def served(self) -> float:
+        """How many requests the endpoint serves at once, by Little's law: its answers per second over the last round
+        trip (at least `MIN_WINDOW_S`) times the round trip."""
+        window_s = max(self._round_trip_s, MIN_WINDOW_S)
+        since = time.monotonic() - window_s
+        answers = sum(1 for _ in itertools.takewhile(lambda at: at >= since, reversed(self._answer_times)))
+        return answers * self._round_trip_s / window_s
 
     def _condition(self) -> asyncio.Condition:
         """The condition of the running loop (an engine may be used from one loop, then another)."""
