@@ -97,9 +97,11 @@ def test_the_concurrency_doubles_in_its_slow_start_then_grows_one_per_round_trip
     asyncio.run(scenario())
 
 
-def test_one_burst_of_429s_halves_once_and_a_later_call_halves_again() -> None:
+def test_one_burst_of_429s_halves_once_and_a_later_call_sent_at_the_limit_halves_again() -> None:
     async def scenario() -> None:
         limit = AdaptiveConcurrency(initial=32, most=64)
+        await limit.overloaded(was_full=False)  # sent while the limit was not in use: the limit was not refused
+        assert (limit.limit, limit.halvings, limit.slow_start) == (32, 0, True)
         sent = time.monotonic()
         await asyncio.sleep(0.001)
         await limit.overloaded(sent_at=sent)

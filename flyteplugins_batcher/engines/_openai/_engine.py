@@ -229,7 +229,7 @@ class OpenAIEngine(Engine):
         try:
             response = await self._client().post(call.path, json=call.body)
         except httpx.TimeoutException:
-            await self.concurrency.overloaded(sent_at=started)
+            await self.concurrency.overloaded(sent_at=started, was_full=was_full)
             return _Retryable(TimeoutError(f"{label}: no answer within {self.timeout_s:g} s")), None
         except httpx.HTTPError as error:
             return _Retryable(ConnectionError(f"{label}: the call failed: {self._redacted(error)}")), None
@@ -243,7 +243,7 @@ class OpenAIEngine(Engine):
             return outcome, None
         said = self._redacted(" ".join(response.text[:300].split()))
         if status in OVERLOAD_STATUSES:
-            await self.concurrency.overloaded(retry_after_s, sent_at=started)
+            await self.concurrency.overloaded(retry_after_s, sent_at=started, was_full=was_full)
         if status in RETRYABLE_STATUSES:
             return _Retryable(ConnectionError(f"{label}: the endpoint answered HTTP {status}: {said}")), retry_after_s
         return refusal(label, status, said, self.api_key_env), None

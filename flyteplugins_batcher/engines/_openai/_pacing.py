@@ -7,8 +7,9 @@ trip. The first answer that came back late (much longer per output token than th
 endpoint's queue, and more of them would only wait longer) or the first halving ends the slow start: from then it
 grows by one per round trip. A late answer never shrinks it: a CPU server's latency moves with what else the
 machine runs, and says nothing the next answers would not. An overloaded endpoint's answer (429 or 503, or a request
-that timed out) halves it, once per window: only for a request sent after the last halving (what was sent before
-cannot have seen it, so one burst of 429s halves once), and never below what the endpoint holds: the requests in
+that timed out) halves it, once per window: only for a request sent while the limit was in use (else the limit
+was not what the endpoint refused) and after the last halving (what was sent before cannot have seen it, so one
+burst of 429s halves once), and never below what the endpoint holds: the requests in
 flight, or its answers per second times the round trip (Little's law). A share of 429s that says nothing about load, as
 a provider's per-key limit or a proxy's, then leaves a full endpoint full; an endpoint that refuses what it cannot
 hold is brought down to what it holds. A `Retry-After` pauses every new request until then. `RatePacer` keeps
@@ -123,17 +124,19 @@ class AdaptiveConcurrency:
             self.peak = max(self.peak, self.limit)
             await self._wake()
 
-    async def overloaded(self, retry_after_s: float | None = None, *, sent_at: float | None = None) -> None:
-        """A 429, a 503 or a timeout for a request sent at `sent_at` (`time.monotonic()`; `None`: now): pause for
-        `retry_after_s`, and, if the request was sent after the last halving, halve the limit, but not below what
-        the endpoint holds: the requests in flight (this one's place included), or what it `served` at once of
-        late. A halving ends the slow start."""
+    async def overloaded(
+        self, retry_after_s: float | None = None, *, sent_at: float | None = None, was_full: bool = True
+    ) -> None:
+        """A 429, a 503 or a timeout for a request sent at `sent_at` (`time.monotonic()`; `None`: now), `was_full`:
+        the limit was in use when it was sent. Pause for `retry_after_s`; if the limit was in use and the request
+        was sent after the last halving, halve the limit, but not below what the endpoint holds: the requests in
+        flight (this one's place included), or what it `served` at once of late. A halving ends the slow start."""
         now = time.monotonic()
         if retry_after_s:
             self.paused_until = max(self.paused_until, now + retry_after_s)
         held = max(self.in_flight + 1, self.served())
         halved = max(1.0, self.limit / 2, float(held))
-        if (now if sent_at is None else sent_at) > self._last_halving and halved < self.limit:
+        if was_full and (now if sent_at is None else sent_at) > self._last_halving and halved < self.limit:
             self.limit = halved
             self._last_halving = now
             self.halvings += 1
