@@ -9,10 +9,10 @@ grows by one per round trip. A late answer never shrinks it: a CPU server's late
 machine runs, and says nothing the next answers would not. An overloaded endpoint's answer (429 or 503, or a request
 that timed out) halves it, once per window: only for a request sent while the limit was in use (else the limit
 was not what the endpoint refused) and after the last halving (what was sent before cannot have seen it, so one
-burst of 429s halves once), and never below what the endpoint holds: the requests in
-flight, or its answers per second times the round trip (Little's law). A share of 429s that says nothing about load, as
-a provider's per-key limit or a proxy's, then leaves a full endpoint full; an endpoint that refuses what it cannot
-hold is brought down to what it holds. A `Retry-After` pauses every new request until then. `RatePacer` keeps
+burst of 429s halves once), and never below what the endpoint holds: the requests in flight, or its answers per
+second times the round trip (Little's law). A share of 429s that says nothing about load, as a provider's per-key
+limit or a proxy's, then leaves a full endpoint full; an endpoint that refuses what it cannot hold is brought down
+to what it holds. A `Retry-After` pauses every new request until then. `RatePacer` keeps
 optional limits in requests and tokens per minute.
 """
 
