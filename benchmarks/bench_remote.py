@@ -13,7 +13,8 @@ most `--max-tokens` tokens, sent through `create_engine("openai", ...)` and its 
 Goodput: lines answered per second of wall time. Goals: adaptive at least 0.95x the best fixed concurrency; with
 30% 429s every line answered once, within 1.5x the time without errors.
 
-Each round runs every way once, in turn; each way's median over `--rounds` is shown.
+Each round runs every way once, in turn, the order rotated by one way each round; each way's median over
+`--rounds` is shown, and the ratios round by round (each against its own round's best fixed).
 
 Run: `flock /tmp/bench.lock python benchmarks/bench_remote.py` (`make bench-remote`).
 """
@@ -26,6 +27,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,6 +56,7 @@ class Run:
     retries: int = 0
     mean_in_flight: float = 0.0
     """Calls in flight, sampled every 50 ms over the run: how full the endpoint was kept."""
+    round: int = 0
 
     @property
     def goodput(self) -> float:
@@ -115,18 +118,41 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-def one_round(base_url: str, server_url: str, records: list[Request], sweep: list[int]) -> list[Run]:
-    """Every way once: the fixed sweep, adaptive, and adaptive behind the proxy without and with 30% 429s."""
-    runs = [
-        run(f"fixed {fixed}", base_url, records, initial_concurrency=fixed, max_concurrency=fixed) for fixed in sweep
-    ]
-    runs.append(run("adaptive", base_url, records))
-    with FaultyProxy(server_url, seed=1).running() as proxy:
-        runs.append(run("adaptive, proxy", f"{proxy.url}/v1", records))
-    with FaultyProxy(server_url, rate_limited=0.3, seed=1).running() as proxy:
-        runs.append(run("adaptive, 30% 429", f"{proxy.url}/v1", records))
-        print(f"proxy: {dict(proxy.seen)}", flush=True)
-    return runs
+def one_round(base_url: str, server_url: str, records: list[Request], sweep: list[int], number: int) -> list[Run]:
+    """Every way once (the fixed sweep, adaptive, adaptive behind the proxy without and with 30% 429s), in an order
+    rotated by one each round, so that no way always runs first after a pause or last as the machine fills up."""
+
+    def fixed(concurrency: int) -> Callable[[], Run]:
+        return lambda: run(
+            f"fixed {concurrency}", base_url, records, initial_concurrency=concurrency, max_concurrency=concurrency
+        )
+
+    def proxied(way: str, rate_limited: float) -> Run:
+        with FaultyProxy(server_url, rate_limited=rate_limited, seed=1).running() as proxy:
+            result = run(way, f"{proxy.url}/v1", records)
+        if rate_limited:
+            print(f"proxy: {dict(proxy.seen)}", flush=True)
+        return result
+
+    ways: list[Callable[[], Run]] = [fixed(concurrency) for concurrency in sweep]
+    ways.append(lambda: run("adaptive", base_url, records))
+    ways.append(lambda: proxied("adaptive, proxy", 0.0))
+    ways.append(lambda: proxied("adaptive, 30% 429", 0.3))
+    shift = number % len(ways)
+    return [way() for way in ways[shift:] + ways[:shift]]
+
+
+def paired_ratios(tried: list[Run]) -> tuple[list[float], list[float]]:
+    """Per round: adaptive's goodput over that round's best fixed, and the 30% 429 run's time over the clean one's."""
+    rounds: dict[int, dict[str, Run]] = {}
+    for run_ in tried:
+        rounds.setdefault(run_.round, {})[run_.way] = run_
+    to_oracle, to_clean = [], []
+    for ways in rounds.values():
+        best = max(run_.goodput for way, run_ in ways.items() if way.startswith("fixed"))
+        to_oracle.append(ways["adaptive"].goodput / best)
+        to_clean.append(ways["adaptive, 30% 429"].wall_s / ways["adaptive, proxy"].wall_s)
+    return to_oracle, to_clean
 
 
 def main() -> None:
@@ -142,12 +168,18 @@ def main() -> None:
         run("warm-up", base, records[:16], initial_concurrency=8, max_concurrency=8)
         for number in range(args.rounds):
             print(f"round {number + 1} of {args.rounds}", flush=True)
-            tried += one_round(base, server.url, records, args.sweep)
+            for result in one_round(base, server.url, records, args.sweep, number):
+                result.round = number
+                tried.append(result)
     finally:
         server.stop()
     ways = list(dict.fromkeys(run.way for run in tried))
     runs = [median_run([run for run in tried if run.way == way], key=lambda run: run.wall_s) for way in ways]
     report(runs, args.lines, args.rounds)
+    to_oracle, to_clean = paired_ratios(tried)
+    print("per round, adaptive / that round's best fixed: " + ", ".join(f"{r:.2f}x" for r in to_oracle))
+    print("per round, 30% 429 time / adaptive, proxy time: " + ", ".join(f"{r:.2f}x" for r in to_clean))
+    print(f"load average at the end: {os.getloadavg()[0]:.1f}")
     write_rows_json(args.json, ROW_HEADERS, [row_values(run) for run in runs])
     write_chart_data(
         args.chart_data,
@@ -180,7 +212,6 @@ def report(runs: list[Run], lines: int, rounds: int) -> None:
     print(f"\nadaptive goodput: {adaptive.goodput / best.goodput:.2f}x the best fixed ({best.way}); goal >= 0.95x")
     ratio = faulty.wall_s / clean.wall_s
     print(f"30% 429: {faulty.answered}/{lines} answered, {ratio:.2f}x the time without errors; goal <= 1.5x")
-    print(f"load average at the end: {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

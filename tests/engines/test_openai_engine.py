@@ -77,19 +77,65 @@ def test_every_record_is_answered_once_through_429s_and_dropped_connections(
     assert KEY not in caplog.text + printed.out + printed.err
 
 
-def test_the_concurrency_grows_while_answers_come_back_in_time_and_halves_on_overload() -> None:
+def test_the_concurrency_doubles_in_its_slow_start_then_grows_one_per_round_trip_and_never_shrinks_when_late() -> None:
     async def scenario() -> None:
         limit = AdaptiveConcurrency(initial=4, most=64, slow_s=10.0)
+        assert limit.slow_start
         for _ in range(20):
             await limit.answered(0.1, 10, was_full=True)
-        assert limit.limit == 24
+        assert limit.limit == 24  # one per answer in time: 4 answers double 4
         await limit.answered(0.1, 10, was_full=False)  # the limit was not in use: nothing learnt
+        assert limit.limit == 24 and limit.slow_start
         await limit.answered(1.0, 10, was_full=True)  # ten times slower per token: calls wait in a queue
         await limit.answered(20.0, 1000, was_full=True)  # past slow_s
-        assert limit.limit == 24
-        await limit.overloaded()
-        await limit.overloaded()  # within the same second: the second says nothing new
-        assert (limit.limit, limit.halvings) == (12, 1)
+        assert limit.limit == 24 and not limit.slow_start  # late: the slow start ends, nothing shrinks
+        for _ in range(24):
+            await limit.answered(0.1, 10, was_full=True)
+        assert 24.9 < limit.limit < 25.1  # a round trip's answers (24) grow it by one
+        assert (limit.peak, limit.halvings) == (limit.limit, 0)
+
+    asyncio.run(scenario())
+
+
+def test_one_burst_of_429s_halves_once_and_a_later_call_sent_at_the_limit_halves_again() -> None:
+    async def scenario() -> None:
+        limit = AdaptiveConcurrency(initial=32, most=64)
+        await limit.overloaded(was_full=False)  # sent while the limit was not in use: the limit was not refused
+        assert (limit.limit, limit.halvings, limit.slow_start) == (32, 0, True)
+        sent = time.monotonic()
+        await asyncio.sleep(0.001)
+        await limit.overloaded(sent_at=sent)
+        await limit.overloaded(sent_at=sent)  # sent before the halving: it cannot have seen it
+        assert (limit.limit, limit.halvings, limit.slow_start) == (16, 1, False)
+        await asyncio.sleep(0.001)
+        await limit.overloaded(sent_at=time.monotonic())  # sent after it: the endpoint is still overloaded
+        assert (limit.limit, limit.halvings) == (8, 2)
+
+    asyncio.run(scenario())
+
+
+def test_a_halving_never_goes_below_the_calls_the_endpoint_holds_or_answered_in_the_last_round_trip() -> None:
+    async def scenario() -> None:
+        held = AdaptiveConcurrency(initial=16, most=64)
+        for _ in range(12):
+            await held.acquire()
+        await held.overloaded()  # twelve in flight and this one's place: 13, not 8
+        assert (held.limit, held.halvings) == (13, 1)
+        full = AdaptiveConcurrency(initial=16, most=64)
+        for _ in range(15):
+            await full.acquire()
+        await full.overloaded()  # the endpoint holds all it was sent: a 429 that says nothing about load
+        assert (full.limit, full.halvings, full.slow_start) == (16, 0, True)
+        served = AdaptiveConcurrency(initial=32, most=64)
+        for _ in range(20):
+            await served.answered(2.0, 10, was_full=False)  # twenty answers within the last round trip (2 s)
+        await served.overloaded()
+        assert served.limit == pytest.approx(20)  # twenty at once, by Little's law
+        fast = AdaptiveConcurrency(initial=32, most=64)
+        for _ in range(40):
+            await fast.answered(0.1, 10, was_full=False)  # forty in the last second, each in 0.1 s: four at once
+        await fast.overloaded()
+        assert fast.limit == 16
 
     asyncio.run(scenario())
 

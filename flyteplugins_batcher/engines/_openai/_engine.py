@@ -35,7 +35,7 @@ from flyteplugins_batcher.engines._engine_errors import (
     UnknownAdapterError,
     redact,
 )
-from flyteplugins_batcher.engines._openai._pacing import AdaptiveConcurrency, RatePacer
+from flyteplugins_batcher.engines._openai._pacing import INITIAL_CONCURRENCY, AdaptiveConcurrency, RatePacer
 from flyteplugins_batcher.engines._openai._wire import GarbledAnswerError, WireRequest, completion_of, wire_request
 from flyteplugins_batcher.engines._prompts import PromptRecord, Request, approximate_tokens, describe, normalize_record
 
@@ -90,7 +90,7 @@ class OpenAIEngine(Engine):
         api_key_env: str = "OPENAI_API_KEY",
         timeout_s: float = 120.0,
         max_retries: int = 10,
-        initial_concurrency: int = 4,
+        initial_concurrency: int = INITIAL_CONCURRENCY,
         max_concurrency: int = 256,
         requests_per_minute: float = 0.0,
         tokens_per_minute: float = 0.0,
@@ -234,7 +234,7 @@ class OpenAIEngine(Engine):
         try:
             response = await self._client().post(call.path, json=call.body)
         except httpx.TimeoutException:
-            await self.concurrency.overloaded()
+            await self.concurrency.overloaded(sent_at=started, was_full=was_full)
             return _Retryable(TimeoutError(f"{label}: no answer within {self.timeout_s:g} s")), None
         except httpx.HTTPError as error:
             return _Retryable(ConnectionError(f"{label}: the call failed: {self._redacted(error)}")), None
@@ -248,7 +248,7 @@ class OpenAIEngine(Engine):
             return outcome, None
         said = self._redacted(" ".join(response.text[:300].split()))
         if status in OVERLOAD_STATUSES:
-            await self.concurrency.overloaded(retry_after_s)
+            await self.concurrency.overloaded(retry_after_s, sent_at=started, was_full=was_full)
         if status in RETRYABLE_STATUSES:
             return _Retryable(ConnectionError(f"{label}: the endpoint answered HTTP {status}: {said}")), retry_after_s
         return refusal(label, status, said, self.api_key_env), None

@@ -1,21 +1,28 @@
 """How many requests an endpoint gets at once, and how fast: concurrency that adapts, limits per minute.
 
-`AdaptiveConcurrency` finds the concurrency an endpoint serves without being told it. It starts small and
-grows by one request for each answer that came back in time while the limit was in use (doubling each round
-trip, as TCP's slow start), so an endpoint that keeps up is soon kept full; it stops growing once answers take
-much longer per output token than the best seen (the calls wait in the endpoint's queue: vLLM queues what its
-slots cannot hold, and more calls would only wait longer). An overloaded endpoint's answer (429 or 503, or a
-request that timed out) halves it, at most once per two round trips and once a second (what was sent before the
-halving cannot have seen it; a share of 429s that says nothing about load, as a provider's per-key limit, must
-not drive it to one), and a `Retry-After` pauses every new request until then. `RatePacer` keeps optional
-limits in requests and tokens per minute.
+`AdaptiveConcurrency` finds the concurrency an endpoint serves without being told it, as TCP finds a window. It
+starts at 16 (an endpoint worth calling serves that many; a provider's limits are far above) and, in its slow start,
+grows by one request for each answer that came back in time while the limit was in use: it doubles each round
+trip. The first answer that came back late (much longer per output token than the best seen: the calls wait in the
+endpoint's queue, and more of them would only wait longer) or the first halving ends the slow start: from then it
+grows by one per round trip. A late answer never shrinks it: a CPU server's latency moves with what else the
+machine runs, and says nothing the next answers would not. An overloaded endpoint's answer (429 or 503, or a request
+that timed out) halves it, once per window: only for a request sent while the limit was in use (else the limit
+was not what the endpoint refused) and after the last halving (what was sent before cannot have seen it, so one
+burst of 429s halves once), and never below what the endpoint holds: the requests in flight, or its answers per
+second times the round trip (Little's law). A share of 429s that says nothing about load, as a provider's per-key
+limit or a proxy's, then leaves a full endpoint full; an endpoint that refuses what it cannot hold is brought down
+to what it holds. A `Retry-After` pauses every new request until then. `RatePacer` keeps
+optional limits in requests and tokens per minute.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 SLOWDOWN = 3.0
@@ -24,8 +31,14 @@ SLOWDOWN = 3.0
 FORGET = 1.001
 """The best time per output token drifts up by this factor per answer, so that one lucky answer is forgotten."""
 
-MIN_HALVING_GAP_S = 1.0
-"""The least time between two halvings, whatever the round trip (a 429 answered at once has none to speak of)."""
+INITIAL_CONCURRENCY = 16
+"""Requests in flight to start from, unless told."""
+
+MIN_WINDOW_S = 1.0
+"""The least time over which answers per second are counted (a fast endpoint's round trip holds too few)."""
+
+ANSWERS_KEPT = 4096
+"""The answer times kept for that count: enough for 4,096 answers a second."""
 
 
 @dataclass
@@ -39,17 +52,18 @@ class AdaptiveConcurrency:
 
     Example:
         ```python
-        limit = AdaptiveConcurrency(initial=4, most=256, slow_s=30.0)
+        limit = AdaptiveConcurrency(initial=16, most=256, slow_s=30.0)
         await limit.acquire()
+        sent = time.monotonic()
         try:
             answer = await send()
         finally:
             await limit.release()
-        await limit.answered(elapsed_s, tokens, was_full=True)  # or: await limit.overloaded(retry_after_s)
+        await limit.answered(elapsed_s, tokens, was_full=True)  # or: await limit.overloaded(sent_at=sent)
         ```
     """
 
-    initial: int = 4
+    initial: int = INITIAL_CONCURRENCY
     most: int = 256
     slow_s: float = 30.0
     limit: float = field(init=False)
@@ -57,9 +71,12 @@ class AdaptiveConcurrency:
     paused_until: float = field(init=False, default=0.0)
     halvings: int = field(init=False, default=0)
     peak: float = field(init=False, default=0.0)
+    slow_start: bool = field(init=False, default=True)
+    """Growing by one per answer in time (doubling each round trip) until the first late answer or overload."""
     _round_trip_s: float = field(init=False, default=1.0)
     _best_per_token: float = field(init=False, default=float("inf"))
     _last_halving: float = field(init=False, default=float("-inf"))
+    _answer_times: deque[float] = field(init=False)
     _changed: asyncio.Condition | None = field(init=False, default=None)
     _loop: object = field(init=False, default=None)
 
@@ -68,6 +85,7 @@ class AdaptiveConcurrency:
             raise ValueError(f"concurrency must start at >= 1 and at most {self.most}, got {self.initial}")
         self.limit = float(self.initial)
         self.peak = self.limit
+        self._answer_times = deque(maxlen=ANSWERS_KEPT)
 
     async def acquire(self) -> None:
         """Wait for a place within the limit (and past any `Retry-After` pause), then take it."""
@@ -90,28 +108,48 @@ class AdaptiveConcurrency:
 
     async def answered(self, elapsed_s: float, tokens: int, *, was_full: bool) -> None:
         """An answer of `tokens` output tokens in `elapsed_s`; `was_full`: the limit was in use when it was sent
-        (else growing proves nothing). It grows the limit by one when it came back in time: within `slow_s`, and
-        at most `SLOWDOWN` times the best time per output token seen (more means calls wait in the endpoint's
-        queue, and more of them would only wait longer)."""
+        (else growing proves nothing). One that came back in time (within `slow_s`, and at most `SLOWDOWN` times
+        the best time per output token seen) grows the limit: by one in the slow start, else by one per round trip;
+        a late one ends the slow start and changes nothing else."""
+        self._answer_times.append(time.monotonic())
         self._round_trip_s = 0.8 * self._round_trip_s + 0.2 * elapsed_s
         per_token = elapsed_s / max(tokens, 1)
         self._best_per_token = min(self._best_per_token * FORGET, per_token)
         in_time = elapsed_s <= self.slow_s and per_token <= SLOWDOWN * self._best_per_token
-        if in_time and was_full and self.limit < self.most:
-            self.limit = min(float(self.most), self.limit + 1.0)
+        if not in_time:
+            self.slow_start = False
+        elif was_full and self.limit < self.most:
+            step = 1.0 if self.slow_start else 1.0 / self.limit
+            self.limit = min(float(self.most), self.limit + step)
             self.peak = max(self.peak, self.limit)
             await self._wake()
 
-    async def overloaded(self, retry_after_s: float | None = None) -> None:
-        """A 429, a 503 or a timeout: halve the limit (once per two round trips) and pause for `retry_after_s`."""
+    async def overloaded(
+        self, retry_after_s: float | None = None, *, sent_at: float | None = None, was_full: bool = True
+    ) -> None:
+        """A 429, a 503 or a timeout for a request sent at `sent_at` (`time.monotonic()`; `None`: now), `was_full`:
+        the limit was in use when it was sent. Pause for `retry_after_s`; if the limit was in use and the request
+        was sent after the last halving, halve the limit, but not below what the endpoint holds: the requests in
+        flight (this one's place included), or what it `served` at once of late. A halving ends the slow start."""
         now = time.monotonic()
         if retry_after_s:
             self.paused_until = max(self.paused_until, now + retry_after_s)
-        if now - self._last_halving >= max(2 * self._round_trip_s, MIN_HALVING_GAP_S):
-            self.limit = max(1.0, self.limit / 2)
+        held = max(self.in_flight + 1, self.served())
+        halved = max(1.0, self.limit / 2, float(held))
+        if was_full and (now if sent_at is None else sent_at) > self._last_halving and halved < self.limit:
+            self.limit = halved
             self._last_halving = now
             self.halvings += 1
+            self.slow_start = False
         await self._wake()
+
+    def served(self) -> float:
+        """How many requests the endpoint serves at once, by Little's law: its answers per second over the last round
+        trip (at least `MIN_WINDOW_S`) times the round trip."""
+        window_s = max(self._round_trip_s, MIN_WINDOW_S)
+        since = time.monotonic() - window_s
+        answers = sum(1 for _ in itertools.takewhile(lambda at: at >= since, reversed(self._answer_times)))
+        return answers * self._round_trip_s / window_s
 
     def _condition(self) -> asyncio.Condition:
         """The condition of the running loop (an engine may be used from one loop, then another)."""
