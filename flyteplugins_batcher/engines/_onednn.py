@@ -2,10 +2,11 @@
 prepacked kernel (`encoder_on_cpu`, where the embedder and the Transformers cross-encoder load).
 
 A small encoder (all-MiniLM-L6-v2, a cross-encoder) spends about three quarters of its CPU forward
-pass in its linear layers (`aten::addmm`). PyTorch's CPU wheels run a float32 `addmm` on MKL, whose
-AVX-512 kernels serve Intel processors only: on an AMD EPYC (this project's machine) it took about
-twice as long as oneDNN's kernel over the same weights, reordered once into oneDNN's blocked layout
-(`torch.ops.mkldnn._linear_pointwise`, what `torch.compile`'s CPU freezing and vLLM's CPU build run).
+pass in its linear layers (`aten::addmm`). PyTorch's CPU wheels run a float32 `addmm` on MKL, which is
+tuned for Intel processors: on an AMD EPYC (this project's machine) it took about twice as long as
+oneDNN's kernel over the same weights, reordered once into oneDNN's blocked layout
+(`torch.ops.mkldnn._linear_pointwise`, which `torch.compile`'s CPU freezing runs; vLLM's CPU build
+runs its linear layers on oneDNN too).
 The answers agree to float error (about 3e-6 on a layer's outputs). So `prepack_linears` swaps each
 float32 `torch.nn.Linear` of a model on the CPU for that call, unless `BATCHER_ONEDNN_LINEAR=0`, or
 the torch build has no oneDNN, where the model stays as it is.
