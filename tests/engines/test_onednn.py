@@ -40,3 +40,28 @@ def test_the_switch_keeps_pytorchs_layers(monkeypatch: pytest.MonkeyPatch) -> No
     model = encoder()
     assert prepack_linears(model) == 0
     assert "forward" not in vars(model[0])  # the class's own forward
+
+
+@pytest.mark.slow
+def test_the_bundled_embedder_loads_set_up_for_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default a user gets: the embedder's linear layers packed, torch on all CPUs but one, the same vectors."""
+    from flyteplugins_batcher.engines import EmbeddingModel
+    from flyteplugins_batcher.engines._cpu_threads import usable_cpus
+
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU the embedder is left as it is")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    before = torch.get_num_threads()
+    try:
+        model = EmbeddingModel().load()
+        packed = [module for module in model.modules() if "forward" in vars(module)]
+        assert packed and all(type(module) is torch.nn.Linear for module in packed)
+        assert torch.get_num_threads() <= max(1, usable_cpus() - 1)
+        [vector] = model.encode(["a small feline"], normalize_embeddings=True, convert_to_tensor=True)
+        for module in packed:
+            del module.forward  # PyTorch's own layers again
+        [expected] = model.encode(["a small feline"], normalize_embeddings=True, convert_to_tensor=True)
+        prepack_linears(model)  # as the process's shared embedder was loaded
+    finally:
+        torch.set_num_threads(before)
+    assert torch.allclose(vector, expected, atol=1e-5)
