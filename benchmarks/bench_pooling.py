@@ -14,8 +14,7 @@ Two models: the bundled all-MiniLM-L6-v2, which both score by the cosine similar
 Transformers. vLLM runs in float32 (bf16 is emulated on AVX2-only CPUs). Rounds alternate; the table
 gives each way's median pairs per second and its ratio to vLLM's, and checks that the scores agree.
 `--baseline DIR` adds ours from another checkout of this repository (its package first on `PYTHONPATH`),
-for each way the embedder's CPU set-up changes (sentence-transformers, and the cross-encoder on
-Transformers), so that a change is timed before and after in the same alternating rounds.
+for each of ours, so that a change is timed before and after in the same alternating rounds.
 
     python benchmarks/bench_pooling.py                          # 256 lines x 8 documents, 2 rounds
     python benchmarks/bench_pooling.py --lines 32 --rounds 1    # a quick run
@@ -158,11 +157,10 @@ def compare(
 
 
 def with_baseline(ways: list[Way], baseline: Path | None) -> list[Way]:
-    """The ways, and ours from the `baseline` checkout for each way the embedder's CPU set-up changes (not vLLM's,
-    nor ours on vLLM's engine)."""
+    """The ways, and ours from the `baseline` checkout for each of ours."""
     if baseline is None:
         return ways
-    changed = [way for way in ways if not way.vllm and way.engine != "vllm"]
+    changed = [way for way in ways if not way.vllm]
     path = (("PYTHONPATH", str(baseline.resolve())),)
     return ways + [Way(f"{way.label}, baseline", False, way.engine, env=way.env + path) for way in changed]
 
