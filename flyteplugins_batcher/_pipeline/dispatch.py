@@ -24,7 +24,6 @@ from flyteplugins_batcher._pipeline.envelope import (
     COMPLETED,
     FAILED,
     Envelope,
-    submit_time,
     tell_when_cancelled,
 )
 from flyteplugins_batcher._pipeline.invoke import is_async_callable
@@ -150,7 +149,7 @@ class Dispatcher:
         tell_when_cancelled(envelopes)  # a caller who leaves from now on stops the work, where the record can
         self._stats.record_dispatch(
             _monotonic(),
-            list(map(submit_time, envelopes)),  # in C: nothing runs per record in Python
+            [envelope.submitted_at for envelope in envelopes],
             batch.cost,
             batch.reason,
             oversized=len(envelopes) == 1 and batch.cost > self._budget,

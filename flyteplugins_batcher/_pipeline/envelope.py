@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import operator
 from typing import Any
 
 from flyteplugins_batcher._errors import short_repr
@@ -155,10 +154,6 @@ def move(envelopes: list[Envelope], to: RecordState) -> list[Envelope]:
     return envelopes
 
 
-submit_time = operator.attrgetter("submitted_at")
-"""An envelope's submit time: `map(submit_time, envelopes)` reads a batch's without Python code per record."""
-_record_of = operator.attrgetter("record")
-
 _CANCELLABLE: dict[type, bool] = {}
 """Whether records of a type have a `cancel()` method (`_records.Cancellable`), by type: asked once per type."""
 
@@ -187,7 +182,7 @@ def tell_when_cancelled(envelopes: list[Envelope]) -> None:
     a worker thread took the batch) is told at once. A batch's records are mostly of one type, and
     mostly of types without `cancel()`: those are told apart once per type, not once per record.
     """
-    if not any(_has_cancel(kind) for kind in set(map(type, map(_record_of, envelopes)))):  # in C, per record
+    if not any(_has_cancel(kind) for kind in {type(envelope.record) for envelope in envelopes}):
         return
     for envelope in envelopes:
         if is_cancellable(envelope.record):
