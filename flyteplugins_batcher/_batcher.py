@@ -325,11 +325,10 @@ class DynamicBatcher(RecordStreams[RecordT, ResultT]):
             await backpressure.wait_for_space()
         now = _monotonic()
         future: asyncio.Future[ResultT] = loop.create_future()
+        deadline = None if deadline_s is None else now + deadline_s
         seq = self._stats.record_submit(now)
-        if deadline_s is None:
-            envelope = new_envelope(record, cost, future, now, seq, priority, latency_slo_s, prefix)
-        else:
-            envelope = new_envelope(record, cost, future, now, seq, priority, latency_slo_s, prefix, now + deadline_s)
+        envelope = new_envelope(record, cost, future, now, seq, priority, latency_slo_s, prefix, deadline)
+        if deadline is not None:
             dispatcher.deadlines.watch(envelope)
         plan = dispatcher.staging.plan(now, envelope)  # once per record: act only when there is something to do
         if plan is not None or backpressure.waiters:
