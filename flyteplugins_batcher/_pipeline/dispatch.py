@@ -19,13 +19,7 @@ from flyteplugins_batcher._errors import BatcherFailedError
 from flyteplugins_batcher._measure.stats import StatsRecorder
 from flyteplugins_batcher._pipeline.backpressure import Backpressure
 from flyteplugins_batcher._pipeline.deadlines import DeadlineWatch
-from flyteplugins_batcher._pipeline.envelope import (
-    CANCELLED,
-    COMPLETED,
-    FAILED,
-    Envelope,
-    tell_when_cancelled,
-)
+from flyteplugins_batcher._pipeline.envelope import CANCELLED, COMPLETED, FAILED, Envelope, tell_when_cancelled
 from flyteplugins_batcher._pipeline.invoke import is_async_callable
 from flyteplugins_batcher._pipeline.runners import RunnerHooks, RunnerPool
 from flyteplugins_batcher._pipeline.settle import Settler

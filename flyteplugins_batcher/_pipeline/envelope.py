@@ -55,8 +55,8 @@ TRANSITIONS: dict[RecordState, frozenset[RecordState]] = {
 class Envelope:
     """A submitted record with its future and accounting; lives only until its record has ended.
 
-    `new_envelope` makes one: the class is called once per record, and CPython (up to 3.12) calls a
-    Python `__init__` through C, at about twice the cost of a plain function that sets the slots.
+    `new_envelope` makes one, once per record: CPython 3.11 calls a class's Python `__init__` through C,
+    which took half as many instructions again as a plain function setting the slots (4,700 against 3,200).
 
     Example:
         ```python
