@@ -37,7 +37,7 @@ from flyteplugins_batcher._measure.observers import BatchObserver
 from flyteplugins_batcher._measure.stats import BatchStats, StatsRecorder
 from flyteplugins_batcher._pipeline.cost import CostResolver
 from flyteplugins_batcher._pipeline.dispatch import Dispatcher
-from flyteplugins_batcher._pipeline.envelope import Envelope
+from flyteplugins_batcher._pipeline.envelope import new_envelope
 from flyteplugins_batcher._pipeline.invoke import is_async_callable
 from flyteplugins_batcher._pipeline.lifecycle import ACTIVE, BatcherState, Lifecycle
 from flyteplugins_batcher._pipeline.prefix import KeyFn, PrefixResolver
@@ -325,10 +325,10 @@ class DynamicBatcher(RecordStreams[RecordT, ResultT]):
             await backpressure.wait_for_space()
         now = _monotonic()
         future: asyncio.Future[ResultT] = loop.create_future()
-        envelope = Envelope(record, cost, future, now, self._stats.record_submit(now), priority, slo_s=latency_slo_s)
-        envelope.prefix = prefix
-        if deadline_s is not None:
-            envelope.deadline = now + deadline_s
+        deadline = None if deadline_s is None else now + deadline_s
+        seq = self._stats.record_submit(now)
+        envelope = new_envelope(record, cost, future, now, seq, priority, latency_slo_s, prefix, deadline)
+        if deadline is not None:
             dispatcher.deadlines.watch(envelope)
         plan = dispatcher.staging.plan(now, envelope)  # once per record: act only when there is something to do
         if plan is not None or backpressure.waiters:

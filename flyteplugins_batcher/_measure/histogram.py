@@ -46,7 +46,7 @@ class Distribution:
 
 
 SUBSAMPLE = 32
-"""Most values of one `add_many` call that are binned individually."""
+"""Most values of one `add_since` call that are binned individually."""
 
 
 class LogHistogram:
@@ -85,15 +85,16 @@ class LogHistogram:
         buckets = self._buckets
         buckets[index] = buckets.get(index, 0) + 1
 
-    def add_many(self, values: list[float]) -> None:
-        """Record several observations at once (a batch's worth: this is on the hot path).
+    def add_since(self, now: float, starts: list[float]) -> None:
+        """Record `now - start` for each of `starts`: a batch's times since each record's submit (the hot path).
 
-        Count, mean, min and max stay exact. A long list is binned through an evenly spaced
+        Count, mean, min and max stay exact, and come from `starts` without a value made per record
+        (the sum is `count * now - sum(starts)`). A long list is binned through an evenly spaced
         subsample of `SUBSAMPLE` values, each standing for the values up to the next one; values
         of one batch are close together (and in order, for FIFO batches), so percentiles keep
         their accuracy while the cost per record drops several-fold.
         """
-        count = len(values)
+        count = len(starts)
         if not count:
             return
         log, floor, log_floor, scale = math.log, self._floor, self._log_floor, self._scale
@@ -101,14 +102,15 @@ class LogHistogram:
         get = buckets.get
         step = -(-count // SUBSAMPLE)  # ceil: at most SUBSAMPLE values are binned
         index = 0
-        for value in values[::step]:  # each stands for `step` values...
+        for start in starts[::step]:  # each stands for `step` values...
+            value = now - start
             index = int((log(value) - log_floor) * scale) if value > floor else 0
             buckets[index] = get(index, 0) + step
         buckets[index] -= -count % step  # ...but the last one for those left
         self._count += count
-        self._sum += sum(values)
-        ordered = sorted(values)  # faster than min() and max() for floats: sorting compares them natively
-        low, high = ordered[0], ordered[-1]
+        self._sum += count * now - sum(starts)
+        ordered = sorted(starts)  # faster than min() and max() for floats: sorting compares them natively
+        low, high = now - ordered[-1], now - ordered[0]
         if low < self._min:
             self._min = low
         if high > self._max:

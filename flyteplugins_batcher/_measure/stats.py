@@ -272,28 +272,30 @@ class StatsRecorder:
         """Records accepted so far; the last one accepted has this submission number."""
         return self._submitted
 
-    def record_dispatch(self, waited: list[float], cost: int, reason: DispatchReason, *, oversized: bool) -> None:
-        """A batch went to the process function; `waited` is each record's time from submit to now."""
+    def record_dispatch(
+        self, now: float, starts: list[float], cost: int, reason: DispatchReason, *, oversized: bool
+    ) -> None:
+        """A batch went to the process function; `starts` are its records' submit times (`time.monotonic`)."""
         self._batches += 1
         self._total_cost += cost
         self._reasons[reason] += 1
         self._oversized += oversized
-        self._batch_size.add(len(waited))
+        self._batch_size.add(len(starts))
         self._batch_cost.add(max(cost, 1))
-        self._queue_wait.add_many(waited)
+        self._queue_wait.add_since(now, starts)
         if self.observers:
-            self.observers.dispatched(len(waited), cost, reason, waited)
+            self.observers.dispatched(len(starts), cost, reason, [now - start for start in starts])
 
-    def record_settled(self, now: float, latencies: list[float], end: RecordState, *, failed: int = 0) -> None:
-        """Records that ended in `end`, each with its time from submit to now.
+    def record_settled(self, now: float, starts: list[float], end: RecordState, *, failed: int = 0) -> None:
+        """Records that ended in `end` at `now`; `starts` are their submit times (`time.monotonic`).
 
         `failed` of them (when they completed) got an exception.
         """
-        count = len(latencies)
+        count = len(starts)
         if end is RecordState.COMPLETED:
             self._completed += count
             self._failed += failed
-            self._latency.add_many(latencies)
+            self._latency.add_since(now, starts)
         elif end is RecordState.FAILED:
             self._failed += count
         elif end is RecordState.CANCELLED:
@@ -304,7 +306,7 @@ class StatsRecorder:
         if not self._in_system:
             self._active_total += now - self._active_since
         if self.observers:
-            self.observers.settled(_OUTCOMES[end], latencies, failed)
+            self.observers.settled(_OUTCOMES[end], [now - start for start in starts], failed)
 
     def snapshot(self, now: float, *, queue_depth: int, in_flight_batches: int) -> BatchStats:
         """The statistics as of `now`."""

@@ -141,9 +141,9 @@ class Dispatcher:
             self._settler.settle_dropped(skipped)
         envelopes = batch.envelopes
         tell_when_cancelled(envelopes)  # a caller who leaves from now on stops the work, where the record can
-        now = _monotonic()
         self._stats.record_dispatch(
-            [now - envelope.submitted_at for envelope in envelopes],
+            _monotonic(),
+            [envelope.submitted_at for envelope in envelopes],
             batch.cost,
             batch.reason,
             oversized=len(envelopes) == 1 and batch.cost > self._budget,

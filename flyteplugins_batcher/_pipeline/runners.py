@@ -36,6 +36,8 @@ logger = logging.getLogger("flyteplugins_batcher")
 
 Deliver = Callable[[list[Envelope], Any], None]
 """Receives part of a batch with its outcome: the process function's results, or one exception for all."""
+Outcomes = list[tuple[list[Envelope], Any]]
+"""Parts of a batch with their outcomes, as a worker thread holds them until it tells the event loop."""
 
 
 @dataclass(frozen=True)
@@ -164,12 +166,14 @@ class RunnerPool:
                 if finished is not None:
                     batch.after_s = finished.ended_at
                 post(hooks.on_dispatched, batch, skipped)
+                outcomes: Outcomes = []
                 try:
-                    self._drive_sync(batch, context, lambda part, outcome: post(hooks.on_outcome, part, outcome))
+                    self._drive_sync(batch, context, outcomes)
                 except _Fatal as fatal:
+                    post(self._report_outcomes, outcomes)
                     post(hooks.on_fatal, fatal.error, batch)
                     return
-                post(hooks.on_done, batch)
+                post(self._report_done, batch, outcomes)
                 finished = batch
         except RuntimeError:
             if not loop.is_closed():
@@ -199,8 +203,23 @@ class RunnerPool:
 
     # -- calling the process function ----------------------------------------------------------
 
-    def _drive_sync(self, batch: Batch, context: contextvars.Context, deliver: Deliver) -> None:
-        calls = _Calls(self._attempts(batch.envelopes, deliver))
+    def _report_outcomes(self, outcomes: Outcomes) -> None:
+        for part, outcome in outcomes:
+            self._hooks.on_outcome(part, outcome)
+
+    def _report_done(self, batch: Batch, outcomes: Outcomes) -> None:
+        self._report_outcomes(outcomes)
+        self._hooks.on_done(batch)
+
+    def _drive_sync(self, batch: Batch, context: contextvars.Context, outcomes: Outcomes) -> None:
+        """Run `batch` in this worker thread; the outcomes of its last call are left in `outcomes` for the caller.
+
+        Each wake-up of the event loop from a thread costs a write to its self-pipe and a handoff of
+        the GIL: a batch's last outcomes travel with its end (`_report_done`), in one wake-up, while
+        the parts of a split batch that end before its last call are told at once.
+        """
+        post = self._loop.call_soon_threadsafe  # type: ignore[union-attr]
+        calls = _Calls(self._attempts(batch.envelopes, lambda part, outcome: outcomes.append((part, outcome))))
         while (part := calls.part) is not None:
             started, results = self._busy.enter(), None
             try:
@@ -216,6 +235,9 @@ class RunnerPool:
             finally:
                 self._time_call(batch, part, started, results)
             calls.answer(reply)
+            if calls.part is not None and outcomes:  # more calls to come: what is known now goes now
+                post(self._report_outcomes, outcomes[:])
+                outcomes.clear()
 
     async def _drive_async(self, batch: Batch, deliver: Deliver) -> None:
         calls = _Calls(self._attempts(batch.envelopes, deliver))

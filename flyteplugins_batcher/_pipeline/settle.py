@@ -176,10 +176,11 @@ class Settler:
 
     def _count(self, now: float, envelopes: Sequence[Envelope], end: RecordState, *, failed: int = 0) -> None:
         if envelopes:
-            latencies = [now - envelope.submitted_at for envelope in envelopes]
-            self._stats.record_settled(now, latencies, end, failed=failed)
+            starts = [envelope.submitted_at for envelope in envelopes]
+            self._stats.record_settled(now, starts, end, failed=failed)
             slo = self._stats.slo
             if slo is not None and end is COMPLETED:  # a latency target counts the records that got their answer
+                latencies = [now - start for start in starts]
                 targets = [envelope.slo_s for envelope in envelopes]
                 slo.settled(now, [envelope.priority for envelope in envelopes], latencies, targets)
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import flyteplugins_batcher as ours
-from flyteplugins_batcher._pipeline.envelope import RUNNING, Envelope
+from flyteplugins_batcher._pipeline.envelope import RUNNING, Envelope, new_envelope
 from flyteplugins_batcher._pipeline.grouping import common_prefix_length
 from flyteplugins_batcher._pipeline.pending import PendingQueue
 from flyteplugins_batcher._pipeline.prefix import PrefixResolver
@@ -258,7 +258,7 @@ def queued(keys_and_costs: list[tuple[str | None, int]]) -> tuple[PendingQueue, 
     queue = PendingQueue("by_prefix")
     envelopes = []
     for seq, (key, cost) in enumerate(keys_and_costs):
-        envelope = Envelope(seq, cost, NotCancelled(), 0.0, seq)  # type: ignore[arg-type]
+        envelope = new_envelope(seq, cost, NotCancelled(), 0.0, seq)  # type: ignore[arg-type]
         envelope.prefix = key
         queue.push(envelope)
         envelopes.append(envelope)
