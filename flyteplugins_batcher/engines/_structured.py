@@ -56,7 +56,7 @@ def check_response_format(response_format: ResponseFormat) -> None:
     """
     problem = _format_problem(*grammar_source(response_format))
     if problem is not None:
-        raise InvalidResponseFormatError(f"{_label(response_format)} cannot be enforced: {problem}")
+        raise InvalidResponseFormatError(f"{response_format.label} cannot be enforced: {problem}")
 
 
 def grammar_source(response_format: ResponseFormat) -> tuple[str, str]:
@@ -82,13 +82,6 @@ def grammar_source(response_format: ResponseFormat) -> tuple[str, str]:
 
 _EBNF_SPECIAL = re.compile(r'(["\\])')
 """What a quoted EBNF literal escapes."""
-
-
-def _label(response_format: ResponseFormat) -> str:
-    """How a message names a format: as the request field that sets it."""
-    if response_format.is_json:
-        return f"response_format {response_format.describe()}"
-    return f"structured_outputs.{response_format.kind}"
 
 
 @functools.lru_cache(maxsize=_SCHEMA_CHECK_CACHE_SIZE)
@@ -169,7 +162,7 @@ class Grammars:
                 else:
                     grammar = compiler.compile_grammar(text)
             except Exception as error:
-                message = f"{_label(response_format)} cannot be enforced: {compiler_message(error)}"
+                message = f"{response_format.label} cannot be enforced: {compiler_message(error)}"
                 raise InvalidResponseFormatError(message) from error
             self._compiled[source] = grammar
             return grammar
