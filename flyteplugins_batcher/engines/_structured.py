@@ -102,6 +102,39 @@ def _format_problem(source: str, text: str) -> str | None:
     return None
 
 
+def forced_piece(matcher: Any, tokenizer: Any) -> int:
+    """Where the grammar allows one text only, the length in bytes of the tokenizer's first token of it; else 0.
+
+    A schema's keys and punctuation are forced (`,"answer":` after a value, say). A model kept from
+    the newline and indent it would write there picks whatever allowed token it likes best, often a
+    piece of a key (`"`, `s`, `te`, `p`, `s`): compact JSON then costs more tokens than its text needs.
+    A token shorter than this one there only splits the forced text more finely than the tokenizer
+    would, so the processors (`GrammarLogitsProcessor`, vLLM's `ForcedTokens`) drop those: the model
+    still chooses among the rest (the tokenizer's own, or a longer one running into what follows).
+
+    Example:
+        ```python
+        matcher = grammars.matcher(ResponseFormat.json_schema(schema))  # {"steps": [...], "answer": ...}
+        assert forced_piece(matcher, tokenizer) == 2  # the text is '{"steps":["', whose first token is '{"'
+        ```
+    """
+    forced = matcher.find_jump_forward_string()
+    if not forced:
+        return 0
+    tokens = tokenizer.encode(forced, add_special_tokens=False)
+    return len(tokenizer.decode(tokens[:1]).encode()) if tokens else 0
+
+
+def without_shorter(logits: Any, token_lengths: Any, length: int) -> Any:
+    """One row of logits (a torch tensor) with the tokens shorter than `length` bytes masked (`token_lengths`: a
+    tensor of each token's), unless that would mask every token the grammar allows (a tokenizer that writes the
+    forced text differently when it stands alone): then the row as it was."""
+    width = min(logits.shape[-1], token_lengths.shape[0])
+    kept = logits.clone()
+    kept[:width].masked_fill_(token_lengths[:width].to(logits.device) < length, float("-inf"))
+    return kept if bool(kept.isfinite().any()) else logits
+
+
 def compiler_message(error: BaseException) -> str:
     """xgrammar's complaint without the time stamp and C++ source location it starts with.
 
@@ -140,6 +173,8 @@ class Grammars:
         self._lock = threading.Lock()
         self._compiler: Any = None
         self._compiled: dict[tuple[str, str], Any] = {}
+        self._token_lengths: list[int] | None = None
+        self._tokenizer_info: Any = None
 
     def compiled(self, response_format: ResponseFormat) -> Any:
         """The compiled grammar for a format (compiled on first use, then cached).
@@ -173,6 +208,17 @@ class Grammars:
 
         return xgr.GrammarMatcher(self.compiled(response_format))
 
+    @property
+    def token_lengths(self) -> list[int]:
+        """Each token's length in bytes, as the grammar reads it (`vocab_size` of them; 0 past the vocabulary)."""
+        if self._token_lengths is None:
+            with self._lock:
+                if self._compiler is None:
+                    self._new_compiler()
+            lengths = [len(text) for text in self._tokenizer_info.decoded_vocab]
+            self._token_lengths = (lengths + [0] * self.vocab_size)[: self.vocab_size]
+        return self._token_lengths
+
     def _new_compiler(self) -> Any:
         _install.require("structured-output", ("xgrammar",), STRUCTURED_OUTPUT_INSTALL)
         import xgrammar as xgr
@@ -180,5 +226,6 @@ class Grammars:
         info = xgr.TokenizerInfo.from_huggingface(
             self.tokenizer, vocab_size=self.vocab_size, stop_token_ids=self.stop_token_ids
         )
+        self._tokenizer_info = info
         self._compiler = xgr.GrammarCompiler(info, cache_enabled=False)  # we cache by schema ourselves
         return self._compiler
