@@ -102,37 +102,40 @@ def _format_problem(source: str, text: str) -> str | None:
     return None
 
 
-def forced_piece(matcher: Any, tokenizer: Any) -> int:
-    """Where the grammar allows one text only, the length in bytes of the tokenizer's first token of it; else 0.
+def forced_token(matcher: Any, tokenizer: Any) -> int | None:
+    """Where the grammar allows one text only, the tokenizer's first token of that text; else None.
 
     A schema's keys and punctuation are forced (`,"answer":` after a value, say). A model kept from
     the newline and indent it would write there picks whatever allowed token it likes best, often a
     piece of a key (`"`, `s`, `te`, `p`, `s`): compact JSON then costs more tokens than its text needs.
     A token shorter than this one there only splits the forced text more finely than the tokenizer
-    would, so the processors (`GrammarLogitsProcessor`, vLLM's `ForcedTokens`) drop those: the model
-    still chooses among the rest (the tokenizer's own, or a longer one running into what follows).
+    would, so the processors (`GrammarLogitsProcessor`, vLLM's `ForcedTokens`) drop those
+    (`without_shorter`): the model still chooses among the rest (this one, or a longer one running into
+    what follows).
 
     Example:
         ```python
         matcher = grammars.matcher(ResponseFormat.json_schema(schema))  # {"steps": [...], "answer": ...}
-        assert forced_piece(matcher, tokenizer) == 2  # the text is '{"steps":["', whose first token is '{"'
+        assert tokenizer.decode([forced_token(matcher, tokenizer)]) == '{"'  # the forced text is '{"steps":["'
         ```
     """
     forced = matcher.find_jump_forward_string()
     if not forced:
-        return 0
+        return None
     tokens = tokenizer.encode(forced, add_special_tokens=False)
-    return len(tokenizer.decode(tokens[:1]).encode()) if tokens else 0
+    return tokens[0] if tokens else None
 
 
-def without_shorter(logits: Any, token_lengths: Any, length: int) -> Any:
-    """One row of logits (a torch tensor) with the tokens shorter than `length` bytes masked (`token_lengths`: a
-    tensor of each token's), unless that would mask every token the grammar allows (a tokenizer that writes the
-    forced text differently when it stands alone): then the row as it was."""
+def without_shorter(logits: Any, token_lengths: Any, token: int | None) -> Any:
+    """One row of logits (a torch tensor) with the tokens shorter than `token` masked (`token_lengths`: a tensor
+    of each token's length in bytes), when the grammar's mask kept `token` (so one is always left); else as it was.
+    """
     width = min(logits.shape[-1], token_lengths.shape[0])
-    kept = logits.clone()
-    kept[:width].masked_fill_(token_lengths[:width].to(logits.device) < length, float("-inf"))
-    return kept if bool(kept.isfinite().any()) else logits
+    if token is None or token >= width or logits[token].item() == float("-inf"):
+        return logits
+    kept = logits.clone()  # plain numbers below: a 0-d tensor in a comparison takes torch's slow path
+    kept[:width].masked_fill_((token_lengths[:width] < int(token_lengths[token])).to(logits.device), float("-inf"))
+    return kept
 
 
 def compiler_message(error: BaseException) -> str:

@@ -83,22 +83,24 @@ def grammars() -> Any:
 def test_where_the_grammar_forces_the_text_tokens_that_split_it_finer_than_the_tokenizer_are_masked(grammars: Any):
     import torch
 
-    from flyteplugins_batcher.engines._structured import forced_piece, without_shorter
+    from flyteplugins_batcher.engines._structured import forced_token, without_shorter
 
     tokenizer, lengths = grammars.tokenizer, torch.tensor(grammars.token_lengths)
     matcher = grammars.matcher(ResponseFormat.json_schema(SCHEMA))
     assert matcher.find_jump_forward_string() == '{"name":"'  # the schema forces its first key
-    assert forced_piece(matcher, tokenizer) == len(tokenizer.decode(tokenizer.encode('{"name":"')[:1]).encode()) > 1
+    token = forced_token(matcher, tokenizer)
+    assert token == tokenizer.encode('{"name":"')[0] and tokenizer.decode([token]) == '{"'
     [brace] = tokenizer.encode("{")
     logits = torch.zeros(len(lengths))
-    kept = without_shorter(logits, lengths, forced_piece(matcher, tokenizer))
-    assert kept[brace] == float("-inf") and kept[tokenizer.encode('{"')[0]] == 0  # '{' alone would split '{"'
-    for token in tokenizer.encode('{"name":"Ada","age":'):
-        assert matcher.accept_token(token)
-    assert forced_piece(matcher, tokenizer) == 0  # a number is the model's to choose: nothing more is masked
+    kept = without_shorter(logits, lengths, token)
+    assert kept[brace] == float("-inf") and kept[token] == 0  # '{' alone would split '{"' finer than the tokenizer
+    assert bool((kept == 0).sum() > 1)  # longer tokens stay the model's to choose
+    for piece in tokenizer.encode('{"name":"Ada","age":'):
+        assert matcher.accept_token(piece)
+    assert forced_token(matcher, tokenizer) is None  # a number is the model's to choose: nothing more is masked
     only_short = torch.full_like(logits, float("-inf"))
     only_short[brace] = 0.0
-    assert torch.equal(without_shorter(only_short, lengths, 2), only_short)  # never every token the grammar allows
+    assert torch.equal(without_shorter(only_short, lengths, token), only_short)  # never every token the grammar allows
 
 
 def answer(engine: Any, generation: GenerationConfig) -> str:

@@ -3,7 +3,7 @@
 Each batch row has its own `xgrammar` matcher, or none (an unconstrained record). Before every
 decoding step the processor feeds each constrained row the token it sampled last, then masks the
 tokens its grammar forbids next; where the grammar forces the text (a schema's keys and
-punctuation), also the tokens shorter than the tokenizer's own first token of it (`forced_piece`:
+punctuation), also the tokens shorter than the tokenizer's own first token of it (`forced_token`:
 the same text in fewer tokens, as vLLM's `ForcedTokens` does). Rows without a matcher are left alone, so one
 `generate` call serves records with and without a response format.
 
@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from transformers import LogitsProcessor, TopPLogitsWarper
 
-from flyteplugins_batcher.engines._structured import forced_piece, without_shorter
+from flyteplugins_batcher.engines._structured import forced_token, without_shorter
 
 logger = logging.getLogger("flyteplugins_batcher")
 
@@ -110,6 +110,6 @@ class GrammarLogitsProcessor(LogitsProcessor):
 
     def _force(self, row: int, scores: torch.Tensor) -> None:
         """Where the row's grammar forces the text, mask the tokens that would split it finer than the tokenizer."""
-        length = forced_piece(self._matchers[row], self._tokenizer)
-        if length > 1:
-            scores[row] = without_shorter(scores[row], self._token_lengths, length)
+        token = forced_token(self._matchers[row], self._tokenizer)
+        if token is not None:
+            scores[row] = without_shorter(scores[row], self._token_lengths, token)

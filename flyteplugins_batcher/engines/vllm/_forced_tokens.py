@@ -6,7 +6,7 @@ model spells keys a piece at a time (`"`, `s`, `te`, `p`, `s`), and compact JSON
 more tokens than its whitespace saved. This logits processor (vLLM's per-request kind, run in its
 engine core after the grammar's mask) follows each JSON request with its own `xgrammar` matcher
 and, where the text is forced, masks the tokens shorter than the tokenizer's own first token of it
-(`engines._structured.forced_piece`), as the Transformers engine's grammar processor does. It only
+(`engines._structured.forced_token`), as the Transformers engine's grammar processor does. It only
 ever masks more than the grammar does, never every token, and what the model was free to choose
 stays its choice.
 
@@ -22,7 +22,7 @@ import torch
 from vllm.v1.sample.logits_processor import AdapterLogitsProcessor
 
 from flyteplugins_batcher.engines._response_format import ResponseFormat
-from flyteplugins_batcher.engines._structured import Grammars, forced_piece, without_shorter
+from flyteplugins_batcher.engines._structured import Grammars, forced_token, without_shorter
 
 logger = logging.getLogger("flyteplugins_batcher")
 
@@ -88,8 +88,7 @@ class _RequestForcing:
     def __call__(self, output_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
         if not self.live or not self._follow(output_ids):
             return logits
-        length = forced_piece(self.matcher, self.tokenizer)
-        return without_shorter(logits, self.token_lengths, length) if length > 1 else logits
+        return without_shorter(logits, self.token_lengths, forced_token(self.matcher, self.tokenizer))
 
     def _follow(self, output_ids: list[int]) -> bool:
         """Feed the matcher the tokens generated since the last step; False once it cannot follow the request."""
