@@ -380,7 +380,10 @@ def _responses(body: Mapping[str, Any], checks: FieldChecks, url: str, rules: Li
     """A Responses request: the chat request it means (`_responses_api.chat_body`), through the chat parser."""
     chat, echo = chat_body(body, checks)
     request = _generation_request(chat, checks, "/v1/chat/completions", rules.get("tool_parser", ""))
-    return replace(request, endpoint="/v1/responses", request_echo=echo)
+    settings = dict(request.settings)
+    if settings.get("response_format") is not None:  # its errors name the field this request wrote
+        settings["response_format"] = settings["response_format"].set_by("text.format")
+    return replace(request, endpoint="/v1/responses", request_echo=echo, settings=settings)
 
 
 _PARSERS: dict[Task, Callable[[Mapping[str, Any], FieldChecks, str, LineChecks], ParsedRequest]] = {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from flyteplugins_batcher.engines._engine_errors import parse_json_object
@@ -37,6 +37,9 @@ class ResponseFormat:
         pattern: A regular expression the whole output matches.
         options: The strings the output is one of.
         rules: A grammar in EBNF (GBNF, as xgrammar and vLLM take it; its start rule is `root`).
+        request_field: The request field that set it, as messages name it: `response_format` (chat and
+            completions), `text.format` (the Responses API). Not part of the format: formats that differ
+            only in it are equal.
 
     Example:
         ```python
@@ -54,6 +57,7 @@ class ResponseFormat:
     pattern: str | None = None
     options: tuple[str, ...] = ()
     rules: str | None = None
+    request_field: str = field(default="response_format", compare=False)
 
     def __post_init__(self) -> None:
         if self.schema is not None:
@@ -127,6 +131,18 @@ class ResponseFormat:
     def grammar_schema(self) -> str:
         """The JSON schema text decoding is constrained by (any object for `json_object`; JSON formats only)."""
         return ANY_JSON_OBJECT_SCHEMA if self.schema is None else self.schema
+
+    def set_by(self, request_field: str) -> ResponseFormat:
+        """The same format, named in messages as the request field `request_field` (`text.format`, say)."""
+        return replace(self, request_field=request_field)
+
+    @property
+    def label(self) -> str:
+        """How a message names it: the field that set it and what it is (`text.format json_schema 'user'`), or vLLM's
+        `structured_outputs.regex` (`choice`, `grammar`)."""
+        if self.is_json:
+            return f"{self.request_field} {self.describe()}"
+        return f"structured_outputs.{self.kind}"
 
     def describe(self) -> str:
         """A short label for messages: `json_object`, `json_schema 'name'`, `regex`, `choice` or `grammar`."""

@@ -56,7 +56,7 @@ def check_response_format(response_format: ResponseFormat) -> None:
     """
     problem = _format_problem(*grammar_source(response_format))
     if problem is not None:
-        raise InvalidResponseFormatError(f"{_label(response_format)} cannot be enforced: {problem}")
+        raise InvalidResponseFormatError(f"{response_format.label} cannot be enforced: {problem}")
 
 
 def grammar_source(response_format: ResponseFormat) -> tuple[str, str]:
@@ -84,13 +84,6 @@ _EBNF_SPECIAL = re.compile(r'(["\\])')
 """What a quoted EBNF literal escapes."""
 
 
-def _label(response_format: ResponseFormat) -> str:
-    """How a message names a format: as the request field that sets it."""
-    if response_format.is_json:
-        return f"response_format {response_format.describe()}"
-    return f"structured_outputs.{response_format.kind}"
-
-
 @functools.lru_cache(maxsize=_SCHEMA_CHECK_CACHE_SIZE)
 def _format_problem(source: str, text: str) -> str | None:
     if _install.missing("xgrammar"):
@@ -107,6 +100,42 @@ def _format_problem(source: str, text: str) -> str | None:
     except Exception as error:  # xgrammar reports schema problems as RuntimeError or ValueError
         return compiler_message(error)
     return None
+
+
+def forced_token(matcher: Any, tokenizer: Any) -> int | None:
+    """Where the grammar allows one text only, the tokenizer's first token of that text; else None.
+
+    A schema's keys and punctuation are forced (`,"answer":` after a value, say). A model kept from
+    the newline and indent it would write there picks whatever allowed token it likes best, often a
+    piece of a key (`"`, `s`, `te`, `p`, `s`): compact JSON then costs more tokens than its text needs.
+    A token shorter than this one there only splits the forced text more finely than the tokenizer
+    would, so the processors (`GrammarLogitsProcessor`, vLLM's `ForcedTokens`) drop those
+    (`without_shorter`): the model still chooses among the rest (this one, or a longer one running into
+    what follows).
+
+    Example:
+        ```python
+        matcher = grammars.matcher(ResponseFormat.json_schema(schema))  # {"steps": [...], "answer": ...}
+        assert tokenizer.decode([forced_token(matcher, tokenizer)]) == '{"'  # the forced text is '{"steps":["'
+        ```
+    """
+    forced = matcher.find_jump_forward_string()
+    if not forced:
+        return None
+    tokens = tokenizer.encode(forced, add_special_tokens=False)
+    return tokens[0] if tokens else None
+
+
+def without_shorter(logits: Any, token_lengths: Any, token: int | None) -> Any:
+    """One row of logits (a torch tensor) with the tokens shorter than `token` masked (`token_lengths`: a tensor
+    of each token's length in bytes), when the grammar's mask kept `token` (so one is always left); else as it was.
+    """
+    width = min(logits.shape[-1], token_lengths.shape[0])
+    if token is None or token >= width or logits[token].item() == float("-inf"):
+        return logits
+    kept = logits.clone()  # plain numbers below: a 0-d tensor in a comparison takes torch's slow path
+    kept[:width].masked_fill_((token_lengths[:width] < int(token_lengths[token])).to(logits.device), float("-inf"))
+    return kept
 
 
 def compiler_message(error: BaseException) -> str:
@@ -147,6 +176,8 @@ class Grammars:
         self._lock = threading.Lock()
         self._compiler: Any = None
         self._compiled: dict[tuple[str, str], Any] = {}
+        self._token_lengths: list[int] | None = None
+        self._tokenizer_info: Any = None
 
     def compiled(self, response_format: ResponseFormat) -> Any:
         """The compiled grammar for a format (compiled on first use, then cached).
@@ -169,7 +200,7 @@ class Grammars:
                 else:
                     grammar = compiler.compile_grammar(text)
             except Exception as error:
-                message = f"{_label(response_format)} cannot be enforced: {compiler_message(error)}"
+                message = f"{response_format.label} cannot be enforced: {compiler_message(error)}"
                 raise InvalidResponseFormatError(message) from error
             self._compiled[source] = grammar
             return grammar
@@ -180,6 +211,17 @@ class Grammars:
 
         return xgr.GrammarMatcher(self.compiled(response_format))
 
+    @property
+    def token_lengths(self) -> list[int]:
+        """Each token's length in bytes, as the grammar reads it (`vocab_size` of them; 0 past the vocabulary)."""
+        if self._token_lengths is None:
+            with self._lock:
+                if self._compiler is None:
+                    self._new_compiler()
+            lengths = [len(text) for text in self._tokenizer_info.decoded_vocab]
+            self._token_lengths = (lengths + [0] * self.vocab_size)[: self.vocab_size]
+        return self._token_lengths
+
     def _new_compiler(self) -> Any:
         _install.require("structured-output", ("xgrammar",), STRUCTURED_OUTPUT_INSTALL)
         import xgrammar as xgr
@@ -187,5 +229,6 @@ class Grammars:
         info = xgr.TokenizerInfo.from_huggingface(
             self.tokenizer, vocab_size=self.vocab_size, stop_token_ids=self.stop_token_ids
         )
+        self._tokenizer_info = info
         self._compiler = xgr.GrammarCompiler(info, cache_enabled=False)  # we cache by schema ourselves
         return self._compiler

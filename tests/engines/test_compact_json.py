@@ -52,8 +52,55 @@ def test_the_vllm_engines_structured_outputs_are_compact_unless_its_arguments_sa
 
     config = with_compact_json({"max_model_len": 512})["structured_outputs_config"]
     assert (config.backend, config.disable_any_whitespace) == ("xgrammar", True)
-    own = with_compact_json({"structured_outputs_config": {"backend": "guidance"}})["structured_outputs_config"]
-    assert (own.backend, own.disable_any_whitespace) == ("guidance", False)  # the user's own config wins
+    own = with_compact_json({"structured_outputs_config": {"backend": "guidance"}})
+    config = own["structured_outputs_config"]
+    assert (config.backend, config.disable_any_whitespace) == ("guidance", False)  # the user's own config wins
+    assert "logits_processors" not in own  # and no forcing made for a grammar it does not compile
+
+
+def test_vllm_gets_the_forced_tokens_processor_with_compact_json_but_not_beside_speculative_decoding():
+    pytest.importorskip("vllm", reason="needs vLLM: `make install` adds its CPU build")
+    from flyteplugins_batcher.engines.vllm._args import with_compact_json
+    from flyteplugins_batcher.engines.vllm._forced_tokens import ForcedTokens
+
+    processors = with_compact_json({"logits_processors": ["my.Processor"]})["logits_processors"]
+    assert processors == ["my.Processor", ForcedTokens]  # after the user's own
+    assert "logits_processors" not in with_compact_json({"speculative_config": {"method": "ngram"}})
+
+
+@pytest.fixture(scope="module")
+def grammars() -> Any:
+    pytest.importorskip("xgrammar", reason="needs xgrammar (the grammar compiler)")
+    from transformers import AutoTokenizer
+
+    from flyteplugins_batcher.engines import bundled_smollm2_path
+    from flyteplugins_batcher.engines._structured import Grammars
+
+    tokenizer = AutoTokenizer.from_pretrained(str(bundled_smollm2_path()))
+    return Grammars(tokenizer, len(tokenizer), stop_token_ids=[tokenizer.eos_token_id])
+
+
+def test_where_the_grammar_forces_the_text_tokens_that_split_it_finer_than_the_tokenizer_are_masked(grammars: Any):
+    import torch
+
+    from flyteplugins_batcher.engines._structured import forced_token, without_shorter
+
+    tokenizer, lengths = grammars.tokenizer, torch.tensor(grammars.token_lengths)
+    matcher = grammars.matcher(ResponseFormat.json_schema(SCHEMA))
+    assert matcher.find_jump_forward_string() == '{"name":"'  # the schema forces its first key
+    token = forced_token(matcher, tokenizer)
+    assert token == tokenizer.encode('{"name":"')[0] and tokenizer.decode([token]) == '{"'
+    [brace] = tokenizer.encode("{")
+    logits = torch.zeros(len(lengths))
+    kept = without_shorter(logits, lengths, token)
+    assert kept[brace] == float("-inf") and kept[token] == 0  # '{' alone would split '{"' finer than the tokenizer
+    assert bool((kept == 0).sum() > 1)  # longer tokens stay the model's to choose
+    for piece in tokenizer.encode('{"name":"Ada","age":'):
+        assert matcher.accept_token(piece)
+    assert forced_token(matcher, tokenizer) is None  # a number is the model's to choose: nothing more is masked
+    only_short = torch.full_like(logits, float("-inf"))
+    only_short[brace] = 0.0
+    assert torch.equal(without_shorter(only_short, lengths, token), only_short)  # never every token the grammar allows
 
 
 def answer(engine: Any, generation: GenerationConfig) -> str:

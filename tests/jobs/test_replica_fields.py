@@ -117,3 +117,22 @@ def test_the_adapters_reach_every_engine_that_takes_them() -> None:
     assert engine_kwargs(EngineSettings(engine="transformers", lora_modules="alpha=/a")) == adapters
     assert engine_kwargs(EngineSettings(engine="vllm", lora_modules="alpha=/a")) == adapters
     assert engine_kwargs(EngineSettings(engine="simulated", lora_modules="alpha=/a")) == adapters
+
+
+def test_a_responses_lines_bad_schema_fails_naming_text_format_after_the_task_boundary() -> None:
+    # A valid JSON schema no value can follow: only the grammar compiler refuses it, as the record runs on a replica.
+    pytest.importorskip("xgrammar", reason="needs xgrammar (the grammar compiler)")
+    from flyteplugins_batcher.engines import InvalidResponseFormatError
+    from flyteplugins_batcher.engines._structured import check_generation
+
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 5, "maximum": 1}}}
+    body = {"input": "Pick a number.", "text": {"format": {"type": "json_schema", "name": "answer", "schema": schema}}}
+    text = json.dumps({"custom_id": "r", "url": "/v1/responses", "body": body})
+    request = parse_request_line(text, 1, served_model="m")
+    assert isinstance(request, BatchRequest)
+    generation = RequestItem.of(request).engine_request(GenerationConfig()).generation
+    assert generation is not None and generation.response_format is not None
+    with pytest.raises(InvalidResponseFormatError) as raised:
+        check_generation(generation)
+    assert str(raised.value).startswith("text.format json_schema 'answer' cannot be enforced: Invalid range")
+    assert "response_format" not in str(raised.value)  # the Chat field it is converted to is not what the line wrote

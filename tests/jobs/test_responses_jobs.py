@@ -79,10 +79,11 @@ def test_bad_input_fails_each_line_alone_naming_what_is_wrong(outcome: tuple[dic
     assert all(line["response"] is None and line["error"]["message"] for line in errors.values())
     image = errors["image"]["error"]
     assert image["code"] == "invalid_body" and "body.input[0].type 'input_image' is not supported" in image["message"]
-    # The engine's grammar compiler refuses it as the record runs: its line fails, naming the schema and why.
-    # (The message calls it response_format, the engine request's field; online, the server says text.format.)
+    # The engine's grammar compiler refuses it as the record runs: its line fails, naming the field as the line
+    # wrote it (text.format, not response_format, the Chat field it is converted to) and why.
     empty_range = errors["empty-range"]["error"]
     assert empty_range["code"] == "invalid_request"
-    assert "json_schema 'answer' cannot be enforced: Invalid range: minimum greater" in empty_range["message"]
+    assert "text.format json_schema 'answer' cannot be enforced: Invalid range" in empty_range["message"]
+    assert "response_format" not in empty_range["message"]
     generator = errors["score-on-generator"]["error"]
     assert generator["code"] == "model_mismatch" and "is a text generator: it cannot score" in generator["message"]

@@ -438,7 +438,13 @@ def grammar_processor(rows: Sequence[PreparedPrompt], settings: GenerationConfig
     from flyteplugins_batcher.engines.transformers._grammar_processor import GrammarLogitsProcessor
 
     matchers = [None if fmt is None else grammars.matcher(fmt) for fmt in formats]
-    return GrammarLogitsProcessor(matchers, grammars.vocab_size, top_p=settings.top_p)
+    return GrammarLogitsProcessor(
+        matchers,
+        grammars.vocab_size,
+        top_p=settings.top_p,
+        tokenizer=grammars.tokenizer,
+        token_lengths=grammars.token_lengths,
+    )
 
 
 def stopping_criteria(

@@ -2,8 +2,10 @@
 
 Each batch row has its own `xgrammar` matcher, or none (an unconstrained record). Before every
 decoding step the processor feeds each constrained row the token it sampled last, then masks the
-tokens its grammar forbids next. Rows without a matcher are left alone, so one `generate` call
-serves records with and without a response format.
+tokens its grammar forbids next; where the grammar forces the text (a schema's keys and
+punctuation), also the tokens shorter than the tokenizer's own first token of it (`forced_token`:
+the same text in fewer tokens, as vLLM's `ForcedTokens` does). Rows without a matcher are left alone, so one
+`generate` call serves records with and without a response format.
 
 Rows that stop being constrained:
 - the grammar finished (its matcher accepted a stop token): `generate` finishes the row itself;
@@ -24,6 +26,8 @@ from typing import Any
 import torch
 from transformers import LogitsProcessor, TopPLogitsWarper
 
+from flyteplugins_batcher.engines._structured import forced_token, without_shorter
+
 logger = logging.getLogger("flyteplugins_batcher")
 
 
@@ -36,6 +40,9 @@ class GrammarLogitsProcessor(LogitsProcessor):
         matchers: One `xgrammar.GrammarMatcher` per batch row, or `None` for a free row.
         vocab_size: Width of the model's logits.
         top_p: Nucleus-sampling mass applied after the mask (1.0: none); see the module notes.
+        tokenizer: The model's tokenizer, and `token_lengths` each token's length in bytes: where the grammar
+            forces the text, tokens shorter than the tokenizer's first token of it are masked too (None: the
+            grammar's mask alone).
 
     Example:
         ```python
@@ -45,13 +52,23 @@ class GrammarLogitsProcessor(LogitsProcessor):
         ```
     """
 
-    def __init__(self, matchers: Sequence[Any | None], vocab_size: int, *, top_p: float = 1.0) -> None:
+    def __init__(
+        self,
+        matchers: Sequence[Any | None],
+        vocab_size: int,
+        *,
+        top_p: float = 1.0,
+        tokenizer: Any = None,
+        token_lengths: Sequence[int] = (),
+    ) -> None:
         import xgrammar as xgr
 
         self._matchers: list[Any | None] = list(matchers)
         self._bitmask = xgr.allocate_token_bitmask(len(self._matchers), vocab_size)
         self._top_p = TopPLogitsWarper(top_p) if top_p < 1.0 else None
         self._started = False
+        self._tokenizer = tokenizer if token_lengths else None
+        self._token_lengths = torch.tensor(list(token_lengths), dtype=torch.int32)
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         if len(self._matchers) != input_ids.shape[0]:
@@ -87,3 +104,12 @@ class GrammarLogitsProcessor(LogitsProcessor):
         for row in rows:
             self._matchers[row].fill_next_token_bitmask(self._bitmask, row)  # type: ignore[union-attr]
         xgr.apply_token_bitmask_inplace(scores, self._bitmask.to(scores.device), indices=rows)
+        if self._tokenizer is not None:
+            for row in rows:
+                self._force(row, scores)
+
+    def _force(self, row: int, scores: torch.Tensor) -> None:
+        """Where the row's grammar forces the text, mask the tokens that would split it finer than the tokenizer."""
+        token = forced_token(self._matchers[row], self._tokenizer)
+        if token is not None:
+            scores[row] = without_shorter(scores[row], self._token_lengths, token)

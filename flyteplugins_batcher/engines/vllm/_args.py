@@ -86,12 +86,20 @@ tokens (`benchmarks/bench_compact_json.py`)."""
 
 def with_compact_json(engine_args: Mapping[str, Any]) -> dict[str, Any]:
     """`engine_args` with structured output generated without free whitespace (`COMPACT_JSON`), unless they
-    configure structured outputs themselves (`structured_outputs_config`, a JSON object or vLLM's config)."""
+    configure structured outputs themselves (`structured_outputs_config`, a JSON object or vLLM's config).
+
+    With compact JSON, `ForcedTokens` writes the text the grammar forces in the tokenizer's own tokens (vLLM
+    refuses custom logits processors beside speculative decoding: there it is left out).
+    """
     from vllm.config import StructuredOutputsConfig
 
     args = dict(engine_args)
     given = args.get("structured_outputs_config", COMPACT_JSON)
     args["structured_outputs_config"] = StructuredOutputsConfig(**given) if isinstance(given, Mapping) else given
+    if "structured_outputs_config" not in engine_args and not args.get("speculative_config"):
+        from flyteplugins_batcher.engines.vllm._forced_tokens import ForcedTokens
+
+        args["logits_processors"] = [*(args.get("logits_processors") or []), ForcedTokens]
     return args
 
 

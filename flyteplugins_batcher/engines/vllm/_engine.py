@@ -353,18 +353,10 @@ class VLLMEngine(VLLMSupport, BatchEngine):
 
 
 def _verified_fields(generation: GenerationConfig) -> list[str]:
-    """The fields vLLM was asked to verify, named as a request names them, each with `is` (for messages)."""
-    fields = []
-    response_format = generation.response_format
-    if response_format is not None:
-        kind = response_format.kind
-        fields.append(
-            f"response_format {response_format.describe()} is"
-            if response_format.is_json
-            else f"structured_outputs.{kind} is"
-        )
+    """The fields vLLM was asked to verify, named as the request named them (for messages)."""
+    fields = [] if generation.response_format is None else [generation.response_format.label]
     if generation.logit_bias:
-        fields.append(f"logit_bias {dict(generation.logit_bias)} is")
+        fields.append(f"logit_bias {dict(generation.logit_bias)}")
     return fields
 
 

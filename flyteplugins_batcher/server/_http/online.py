@@ -151,8 +151,8 @@ async def _generate(request: Request, service: Service, url: str, id_prefix: str
     except OnlineOverloadedError as error:
         raise APIError.over_target(error) from None
     except InvalidResponseFormatError as error:
-        where = "text.format" if url == "/v1/responses" else "response_format"
-        raise APIError(400, f"{where}: {error}", code=error_code(error), param=where) from None
+        where = "text.format" if url == "/v1/responses" else "response_format"  # the message names it as written
+        raise APIError(400, str(error), code=error_code(error), param=where) from None
     except InvalidPromptError as error:
         raise APIError(400, str(error), code=error_code(error)) from None
     except EngineDeadError as error:
