@@ -191,8 +191,12 @@ class TableJob:
         """Write a part whose rows all have their answers."""
         del self._parts[part.rows.index]
         answers = [answer if answer is not None else RowAnswer(error="unanswered") for answer in part.answers]
-        await asyncio.to_thread(self.parts.write, part.rows, answers)
-        await asyncio.to_thread(_release_freed_memory)
+        await asyncio.to_thread(self._write, part.rows, answers)
+
+    def _write(self, rows: ChunkRows, answers: list[RowAnswer]) -> None:
+        """Write a part, then hand back what its rows' making freed (one trip to the worker thread)."""
+        self.parts.write(rows, answers)
+        _release_freed_memory()
 
     def _part_rows(self) -> Iterator[ChunkRows]:
         start = 0
